@@ -1,0 +1,218 @@
+//! Token authentication as the contract describes it: `ABX_SERVER_TOKEN` read once; when
+//! set, routes with `auth_required` need it in `X-Access-Token` or `Authorization: Bearer`.
+//!
+//! Comparison is constant-time: both sides go through HMAC-SHA256 under a key drawn at
+//! startup and the fixed-length tags are compared with `verify_slice`, so neither the
+//! content nor the length of the expected token leaks through timing.
+
+use std::sync::Arc;
+
+use hmac::{Hmac, Mac};
+use sha2::Sha256;
+
+use crate::error::ApiError;
+
+/// Who is calling, and what they may do.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Identity {
+    pub id: String,
+    pub scopes: Vec<String>,
+}
+
+impl Identity {
+    /// Whether this identity holds every scope in `required` (`*` holds them all).
+    pub fn has_scopes(&self, required: &[String]) -> bool {
+        self.scopes.iter().any(|s| s == "*") || required.iter().all(|r| self.scopes.contains(r))
+    }
+
+    /// The first scope in `required` this identity lacks.
+    pub fn missing_scope<'a>(&self, required: &'a [String]) -> Option<&'a str> {
+        if self.scopes.iter().any(|s| s == "*") {
+            return None;
+        }
+        required
+            .iter()
+            .find(|r| !self.scopes.contains(r))
+            .map(String::as_str)
+    }
+}
+
+/// The credential check, built once from the configuration.
+pub struct Auth {
+    key: [u8; 32],
+    expected_tag: Option<Vec<u8>>,
+    anonymous: Arc<Identity>,
+    token_holder: Arc<Identity>,
+}
+
+impl Auth {
+    /// `token` is `ABX_SERVER_TOKEN` (None or empty: local mode).
+    pub fn new(token: Option<&str>) -> Auth {
+        let mut key = [0u8; 32];
+        // A failed getrandom leaves a zero key: still constant-time, just not secret.
+        let _ = rustix::rand::getrandom(&mut key, rustix::rand::GetRandomFlags::empty());
+        let expected_tag = token
+            .filter(|t| !t.is_empty())
+            .map(|t| tag(&key, t.as_bytes()));
+        Auth {
+            key,
+            expected_tag,
+            anonymous: Arc::new(Identity {
+                id: "anonymous".into(),
+                scopes: vec!["*".into()],
+            }),
+            token_holder: Arc::new(Identity {
+                id: "token".into(),
+                scopes: vec!["*".into()],
+            }),
+        }
+    }
+
+    /// `"token"` when a token is configured, `"local"` otherwise.
+    pub fn mode(&self) -> &'static str {
+        if self.expected_tag.is_some() {
+            "token"
+        } else {
+            "local"
+        }
+    }
+
+    /// The identity of a caller who presents no credential.
+    pub fn anonymous(&self) -> Arc<Identity> {
+        self.anonymous.clone()
+    }
+
+    /// Checks the credentials in `headers` (lower-case names) and, for the PTY socket,
+    /// `query_token`. Any one presented credential that matches is enough, so a gateway's
+    /// own `X-Access-Token` next to our `Authorization: Bearer` works.
+    pub fn authenticate(
+        &self,
+        headers: &[(String, String)],
+        query_token: Option<&str>,
+        required: bool,
+    ) -> Result<Arc<Identity>, ApiError> {
+        let Some(expected) = &self.expected_tag else {
+            return Ok(self.anonymous.clone());
+        };
+        if !required {
+            return Ok(self.anonymous.clone());
+        }
+        let mut access_token: Option<&str> = None;
+        let mut bearer: Option<&str> = None;
+        for (name, value) in headers {
+            if name == "x-access-token" {
+                match access_token {
+                    Some(seen) if seen != value => {
+                        return Err(ApiError::new(
+                            400,
+                            "AuthError",
+                            "Two different X-Access-Token values in one request; send the token once, or use Authorization: Bearer",
+                        )
+                        .with_code("ambiguous_credentials"));
+                    }
+                    _ => access_token = Some(value),
+                }
+            } else if name == "authorization" {
+                let value = value.trim();
+                if value.len() > 7 && value[..7].eq_ignore_ascii_case("bearer ") {
+                    bearer = Some(value[7..].trim());
+                }
+            }
+        }
+        let mut accepted = false;
+        // Evaluate every candidate so the time taken does not depend on which one matched.
+        for candidate in [access_token, bearer, query_token].into_iter().flatten() {
+            accepted |= self.matches(expected, candidate);
+        }
+        if accepted {
+            Ok(self.token_holder.clone())
+        } else {
+            Err(ApiError::unauthorized())
+        }
+    }
+
+    fn matches(&self, expected: &[u8], candidate: &str) -> bool {
+        let mut mac = <Hmac<Sha256> as Mac>::new_from_slice(&self.key).expect("any key length");
+        mac.update(candidate.as_bytes());
+        mac.verify_slice(expected).is_ok()
+    }
+}
+
+fn tag(key: &[u8], data: &[u8]) -> Vec<u8> {
+    let mut mac = <Hmac<Sha256> as Mac>::new_from_slice(key).expect("any key length");
+    mac.update(data);
+    mac.finalize().into_bytes().to_vec()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn h(pairs: &[(&str, &str)]) -> Vec<(String, String)> {
+        pairs
+            .iter()
+            .map(|(n, v)| (n.to_string(), v.to_string()))
+            .collect()
+    }
+
+    #[test]
+    fn local_mode_is_anonymous_with_all_scopes() {
+        let auth = Auth::new(None);
+        let id = auth.authenticate(&[], None, true).unwrap();
+        assert_eq!(id.id, "anonymous");
+        assert_eq!(id.scopes, vec!["*"]);
+        assert_eq!(Auth::new(Some("")).mode(), "local");
+    }
+
+    #[test]
+    fn token_mode_matrix() {
+        let auth = Auth::new(Some("s3cret"));
+        assert!(auth.authenticate(&[], None, true).is_err());
+        assert!(auth.authenticate(&[], None, false).is_ok());
+        assert!(auth
+            .authenticate(&h(&[("x-access-token", "s3cret")]), None, true)
+            .is_ok());
+        assert!(auth
+            .authenticate(&h(&[("authorization", "Bearer s3cret")]), None, true)
+            .is_ok());
+        assert!(auth
+            .authenticate(&h(&[("authorization", "bearer s3cret")]), None, true)
+            .is_ok());
+        assert!(auth
+            .authenticate(&h(&[("x-access-token", "s3cre")]), None, true)
+            .is_err());
+        assert!(auth
+            .authenticate(&h(&[("x-access-token", "s3cret2")]), None, true)
+            .is_err());
+        assert!(auth
+            .authenticate(&h(&[("authorization", "Basic s3cret")]), None, true)
+            .is_err());
+        assert!(auth.authenticate(&[], Some("s3cret"), true).is_ok());
+        let gateway_plus_bearer =
+            h(&[("x-access-token", "gw"), ("authorization", "Bearer s3cret")]);
+        assert!(auth.authenticate(&gateway_plus_bearer, None, true).is_ok());
+        let err = auth
+            .authenticate(
+                &h(&[("x-access-token", "a"), ("x-access-token", "s3cret")]),
+                None,
+                true,
+            )
+            .unwrap_err();
+        assert_eq!((err.status, err.code), (400, Some("ambiguous_credentials")));
+        let same_twice = h(&[("x-access-token", "s3cret"), ("x-access-token", "s3cret")]);
+        assert!(auth.authenticate(&same_twice, None, true).is_ok());
+    }
+
+    #[test]
+    fn scopes() {
+        let id = Identity {
+            id: "x".into(),
+            scopes: vec!["agents:use".into()],
+        };
+        assert!(id.has_scopes(&["agents:use".into()]));
+        assert_eq!(
+            id.missing_scope(&["files:write".into()]),
+            Some("files:write")
+        );
+    }
+}

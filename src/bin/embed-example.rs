@@ -1,0 +1,140 @@
+//! An embedding program: agent-sandbox plus custom routes, the way a template's own Rust
+//! main would add them. The integration tests run it to exercise custom routes, streaming,
+//! opt-in groups and the panic guard against a real process.
+
+use std::process::ExitCode;
+use std::time::Duration;
+
+use agent_sandbox::config::{Config, Parsed};
+use agent_sandbox::http::sse;
+use agent_sandbox::{handler, ApiError, Endpoint, Group, Method, Response, Server};
+use serde_json::json;
+
+fn main() -> ExitCode {
+    let config = match Config::parse(std::env::args().skip(1), |n| std::env::var(n).ok()) {
+        Ok(Parsed::Run(config)) => *config,
+        Ok(_) => return ExitCode::SUCCESS,
+        Err(message) => {
+            eprintln!("embed-example: {message}");
+            return ExitCode::from(2);
+        }
+    };
+    let server = Server::new(config)
+        .route(
+            Method::Get,
+            "/hello/{name}",
+            Group::Commands,
+            handler(|request| async move {
+                let name = request.path_param("name").unwrap_or("World").to_string();
+                Ok(Response::ok(
+                    &json!({"greeting": format!("Hello, {name}!")}),
+                ))
+            }),
+        )
+        .endpoint(
+            Endpoint::new(
+                Method::Get,
+                "/open/ping",
+                Group::Commands,
+                handler(|_| async { Ok(Response::ok(&json!({"pong": true}))) }),
+            )
+            .auth_required(false),
+        )
+        .endpoint(
+            Endpoint::new(
+                Method::Get,
+                "/debug/panic",
+                Group::Commands,
+                handler(|_| async { panic!("deliberate panic for the test suite") }),
+            )
+            .id("debug_panic"),
+        )
+        .endpoint(
+            Endpoint::new(
+                Method::Post,
+                "/debug/panic-later",
+                Group::Commands,
+                handler(|_| async {
+                    monoio::time::sleep(Duration::from_millis(10)).await;
+                    let items: Vec<u32> = Vec::new();
+                    Ok(Response::ok(&items[3]))
+                }),
+            )
+            .id("debug_panic_later"),
+        )
+        .endpoint(
+            Endpoint::new(
+                Method::Get,
+                "/debug/slow",
+                Group::Commands,
+                handler(|request| async move {
+                    let ms: u64 = request
+                        .query("ms")
+                        .and_then(|v| v.parse().ok())
+                        .unwrap_or(1000);
+                    monoio::time::sleep(Duration::from_millis(ms)).await;
+                    Ok(Response::ok(&json!({"slept_ms": ms})))
+                }),
+            )
+            .id("debug_slow"),
+        )
+        .endpoint(
+            Endpoint::new(
+                Method::Get,
+                "/debug/events",
+                Group::Commands,
+                handler(|request| async move {
+                    let gap: u64 = request
+                        .query("gap_ms")
+                        .and_then(|v| v.parse().ok())
+                        .unwrap_or(1500);
+                    let (mut tx, rx) = sse::channel(4);
+                    monoio::spawn(async move {
+                        for n in 0..2 {
+                            if tx.send("tick", &json!({"n": n})).await.is_err() {
+                                return;
+                            }
+                            monoio::time::sleep(Duration::from_millis(gap)).await;
+                        }
+                        let _ = tx.send("done", &json!({})).await;
+                    });
+                    Ok(Response::sse(rx))
+                }),
+            )
+            .id("debug_events")
+            .streaming(true),
+        )
+        .endpoint(
+            Endpoint::new(
+                Method::Get,
+                "/example/opt-in",
+                Group::DevTools,
+                handler(|_| async { Ok(Response::ok(&json!({"opted_in": true}))) }),
+            )
+            .id("example_opt_in")
+            .summary("An opt-in endpoint for tests."),
+        )
+        .endpoint(
+            Endpoint::new(
+                Method::Get,
+                "/example/scoped",
+                Group::Commands,
+                handler(|_| async {
+                    Err::<Response, _>(ApiError::new(
+                        418,
+                        "ValueError",
+                        "unreachable without the scope",
+                    ))
+                }),
+            )
+            .id("example_scoped")
+            .scopes(&["example:admin"]),
+        );
+    match server.run() {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(message) => {
+            eprintln!("embed-example: {message}");
+            ExitCode::from(2)
+        }
+    }
+}

@@ -1,0 +1,125 @@
+//! The one error type of every handler, and the one place it becomes the contract's JSON
+//! envelope `{"error": <message>, "type": <ExceptionName>, "code"?: ..., ...}`.
+
+use serde_json::{Map, Value};
+
+use crate::http::Response;
+
+/// An error a handler (or the dispatcher) answers with. `kind` is the Python exception name
+/// the contract shows in `type`; `code` is set for policy and protocol refusals.
+#[derive(Debug, Clone)]
+pub struct ApiError {
+    pub status: u16,
+    pub message: String,
+    pub kind: &'static str,
+    pub code: Option<&'static str>,
+    /// Further fields of the envelope, such as `endpoint` and `rule`.
+    pub extra: Vec<(&'static str, Value)>,
+    /// Extra response headers, such as `Allow` on a 405.
+    pub headers: Vec<(&'static str, String)>,
+    /// Whether the connection must close after this answer (a body we did not read).
+    pub close: bool,
+}
+
+impl ApiError {
+    pub fn new(status: u16, kind: &'static str, message: impl Into<String>) -> Self {
+        ApiError {
+            status,
+            message: message.into(),
+            kind,
+            code: None,
+            extra: Vec::new(),
+            headers: Vec::new(),
+            close: false,
+        }
+    }
+
+    /// 400 `ValueError`: the caller sent something we cannot use.
+    pub fn bad_request(message: impl Into<String>) -> Self {
+        Self::new(400, "ValueError", message)
+    }
+
+    /// 404 `ValueError` for a path no route serves, worded as the contract words it.
+    pub fn not_found_path(path: &str) -> Self {
+        Self::new(404, "ValueError", format!("Not found: {path}"))
+    }
+
+    /// 413 `payload_too_large` for a body over `limit` bytes.
+    pub fn payload_too_large(limit: usize) -> Self {
+        Self::new(
+            413,
+            "ValueError",
+            format!("Request body too large: the limit is {limit} bytes"),
+        )
+        .with_code("payload_too_large")
+    }
+
+    pub fn unauthorized() -> Self {
+        Self::new(401, "AuthError", "unauthorized")
+    }
+
+    /// 500 with the message of whatever failed inside a handler.
+    pub fn internal(kind: &'static str, message: impl Into<String>) -> Self {
+        Self::new(500, kind, message)
+    }
+
+    pub fn with_code(mut self, code: &'static str) -> Self {
+        self.code = Some(code);
+        self
+    }
+
+    pub fn with_field(mut self, name: &'static str, value: impl Into<Value>) -> Self {
+        self.extra.push((name, value.into()));
+        self
+    }
+
+    pub fn with_header(mut self, name: &'static str, value: impl Into<String>) -> Self {
+        self.headers.push((name, value.into()));
+        self
+    }
+
+    pub fn closing(mut self) -> Self {
+        self.close = true;
+        self
+    }
+
+    /// The JSON envelope. Field order follows the contract's examples.
+    pub fn body(&self) -> Value {
+        let mut map = Map::new();
+        map.insert("error".into(), Value::String(self.message.clone()));
+        map.insert("type".into(), Value::String(self.kind.into()));
+        if let Some(code) = self.code {
+            map.insert("code".into(), Value::String(code.into()));
+        }
+        for (name, value) in &self.extra {
+            map.insert((*name).into(), value.clone());
+        }
+        Value::Object(map)
+    }
+
+    /// Renders the error; the only place an `ApiError` becomes bytes.
+    pub fn into_response(self) -> Response {
+        let mut response = Response::json(self.status, &self.body());
+        for (name, value) in self.headers {
+            response = response.header(name, value);
+        }
+        if self.close {
+            response.close = true;
+        }
+        response
+    }
+}
+
+impl std::fmt::Display for ApiError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} {}: {}", self.status, self.kind, self.message)
+    }
+}
+
+impl std::error::Error for ApiError {}
+
+impl From<std::io::Error> for ApiError {
+    fn from(err: std::io::Error) -> Self {
+        ApiError::internal("OSError", err.to_string())
+    }
+}

@@ -1,0 +1,3 @@
+//! Files: confinement of caller paths beneath the base directory.
+
+pub mod confine;

@@ -1,0 +1,715 @@
+//! One HTTP/1.1 connection: read heads with httparse, apply the contract's common rules,
+//! dispatch through the route table, write answers. Keep-alive and pipelining are served
+//! in order; responses to pipelined requests are gathered and leave in one write.
+
+use std::any::Any;
+use std::future::Future;
+use std::os::fd::{AsRawFd, BorrowedFd, RawFd};
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::pin::Pin;
+use std::rc::Rc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use monoio::buf::IoBufMut;
+use monoio::io::{AsyncReadRent, AsyncWriteRentExt};
+use monoio::net::TcpStream;
+
+use super::request::{split_target, validate_json_object, Request};
+use super::response::{write_chunk, write_head, Body, Framing, Response};
+use crate::config::MAX_JSON_BODY;
+use crate::error::ApiError;
+use crate::routes::Method;
+use crate::runtime::WorkerContext;
+use crate::timefmt::with_http_date;
+
+/// Largest request head (request line plus headers) we buffer before answering 431.
+pub const MAX_HEAD_BYTES: usize = 64 * 1024;
+/// Most header lines in one request (Python's http.server allows 100).
+pub const MAX_HEADERS: usize = 100;
+/// Bodies up to this size are copied behind the head so both leave in one `send`.
+const COALESCE_BODY_BYTES: usize = 16 * 1024;
+/// Pending pipelined output is flushed once it reaches this size.
+const MAX_PENDING_OUTPUT: usize = 64 * 1024;
+const READ_CHUNK: usize = 16 * 1024;
+
+/// The parts of a request head we keep after the read buffer moves on.
+struct Head {
+    method: String,
+    target: String,
+    http10: bool,
+    headers: Vec<(String, String)>,
+    content_length: Option<u64>,
+    chunked: bool,
+    expect_continue: bool,
+    keep_alive: bool,
+}
+
+/// Why a connection stops.
+enum Stop {
+    /// Peer closed, timed out, or the socket failed: nothing more to say.
+    Quiet,
+}
+
+struct Connection {
+    stream: TcpStream,
+    /// Received bytes; `buf[pos..]` is not consumed yet.
+    buf: Vec<u8>,
+    pos: usize,
+    /// Responses waiting to be written.
+    out: Vec<u8>,
+    /// Whether the request being answered spoke HTTP/1.0.
+    http10: bool,
+    /// The last answer refused a request whose bytes may still be arriving.
+    linger_on_close: bool,
+    ctx: Rc<WorkerContext>,
+}
+
+/// Serves `stream` until the peer closes, a timeout fires, or the server shuts down.
+pub async fn serve(stream: TcpStream, ctx: Rc<WorkerContext>) {
+    let mut conn = Connection {
+        stream,
+        buf: Vec::with_capacity(READ_CHUNK),
+        pos: 0,
+        out: Vec::with_capacity(READ_CHUNK),
+        http10: false,
+        linger_on_close: false,
+        ctx,
+    };
+    let _ = conn.run().await;
+    if conn.flush().await.is_ok() && conn.linger_on_close {
+        conn.linger().await;
+    }
+}
+
+/// How long and how much a closing connection drains after an error answer.
+const LINGER_TIME: Duration = Duration::from_secs(2);
+const LINGER_BYTES: usize = 16 * 1024 * 1024;
+
+enum Deadline {
+    Met,
+    Missed,
+}
+
+/// Runs an I/O future with a deadline. When it passes, the socket is shut down, which
+/// completes the pending operation under both drivers (an in-flight io_uring op would
+/// otherwise keep the socket open after we drop it), and the operation's buffer is
+/// returned as usual.
+async fn with_deadline<F: Future>(fd: RawFd, timeout: Duration, io: F) -> (Deadline, F::Output) {
+    let mut io = std::pin::pin!(io);
+    monoio::select! {
+        output = &mut io => return (Deadline::Met, output),
+        _ = monoio::time::sleep(timeout) => {}
+    }
+    let _ = rustix::net::shutdown(borrow(fd), rustix::net::Shutdown::Both);
+    (Deadline::Missed, io.await)
+}
+
+fn borrow(fd: RawFd) -> BorrowedFd<'static> {
+    // The connection owns the socket for as long as any of its futures run.
+    unsafe { BorrowedFd::borrow_raw(fd) }
+}
+
+impl Connection {
+    async fn run(&mut self) -> Result<(), Stop> {
+        loop {
+            let head = match self.read_head().await? {
+                Ok(Some(head)) => head,
+                Ok(None) => return Ok(()),
+                Err(error) => {
+                    self.queue_response(error.closing().into_response(), false)
+                        .await?;
+                    return Ok(());
+                }
+            };
+            let ctx = self.ctx.clone();
+            let _in_flight = ctx.shutdown.request_started();
+            self.http10 = head.http10;
+            let (response, keep_alive) = self.handle(head).await?;
+            let keep_alive = keep_alive && !self.ctx.shutdown.is_shutting_down();
+            if !self.queue_response(response, keep_alive).await? {
+                return Ok(());
+            }
+        }
+    }
+
+    /// Reads one request head. `Ok(None)` is a clean close between requests; `Err` inside
+    /// is a malformed head to answer and close.
+    async fn read_head(&mut self) -> Result<Result<Option<Head>, ApiError>, Stop> {
+        loop {
+            if self.pos < self.buf.len() {
+                let mut headers = [httparse::EMPTY_HEADER; MAX_HEADERS];
+                let mut parsed = httparse::Request::new(&mut headers);
+                match parsed.parse(&self.buf[self.pos..]) {
+                    Ok(httparse::Status::Complete(len)) => {
+                        if len > MAX_HEAD_BYTES {
+                            return Ok(Err(head_too_large()));
+                        }
+                        let head = extract_head(&parsed);
+                        self.pos += len;
+                        return Ok(head.map(Some));
+                    }
+                    Ok(httparse::Status::Partial) => {
+                        if self.buf.len() - self.pos > MAX_HEAD_BYTES {
+                            return Ok(Err(head_too_large()));
+                        }
+                    }
+                    Err(httparse::Error::TooManyHeaders) => return Ok(Err(head_too_large())),
+                    Err(e) => {
+                        return Ok(Err(ApiError::bad_request(format!(
+                            "Malformed request: {e}"
+                        ))))
+                    }
+                }
+            }
+            // Answers to earlier pipelined requests go out before we wait for more input.
+            self.flush().await?;
+            if self.ctx.shutdown.is_shutting_down() && self.pos == self.buf.len() {
+                return Ok(Ok(None));
+            }
+            let started = self.pos < self.buf.len();
+            let timeout = if started {
+                self.ctx.state.config.read_timeout
+            } else {
+                self.ctx.state.config.idle_timeout
+            };
+            if self.fill(timeout).await? == 0 {
+                return Ok(Ok(None));
+            }
+        }
+    }
+
+    /// Reads more bytes into the buffer; 0 means the peer closed.
+    async fn fill(&mut self, timeout: Duration) -> Result<usize, Stop> {
+        if self.pos > 0 && self.pos == self.buf.len() {
+            self.buf.clear();
+            self.pos = 0;
+        } else if self.pos > 0 && self.buf.capacity() - self.buf.len() < READ_CHUNK {
+            self.buf.drain(..self.pos);
+            self.pos = 0;
+        }
+        self.buf.reserve(READ_CHUNK);
+        // monoio reads into a Vec from its start; a slice over the spare capacity appends.
+        let filled = self.buf.len();
+        let capacity = self.buf.capacity();
+        let spare = std::mem::take(&mut self.buf).slice_mut(filled..capacity);
+        let fd = self.stream.as_raw_fd();
+        let read = self.stream.read(spare);
+        let (outcome, (result, spare)) = with_deadline(fd, timeout, read).await;
+        self.buf = spare.into_inner();
+        match (outcome, result) {
+            (Deadline::Met, Ok(n)) => Ok(n),
+            _ => Err(Stop::Quiet),
+        }
+    }
+
+    /// Writes everything queued.
+    async fn flush(&mut self) -> Result<(), Stop> {
+        if self.out.is_empty() {
+            return Ok(());
+        }
+        let out = std::mem::take(&mut self.out);
+        let (result, mut out) = self.write(out).await;
+        out.clear();
+        self.out = out;
+        result
+    }
+
+    /// Writes all of `data`, giving a client that stops reading `read_timeout` to drain
+    /// it before the connection is torn down.
+    async fn write(&mut self, data: Vec<u8>) -> (Result<(), Stop>, Vec<u8>) {
+        let fd = self.stream.as_raw_fd();
+        let timeout = self.ctx.state.config.read_timeout;
+        let write = self.stream.write_all(data);
+        let (outcome, (result, data)) = with_deadline(fd, timeout, write).await;
+        match (outcome, result) {
+            (Deadline::Met, Ok(_)) => (Ok(()), data),
+            _ => (Err(Stop::Quiet), data),
+        }
+    }
+
+    /// Closes after an error answer without losing it: unread request bytes in our receive
+    /// queue would make the kernel send RST, which can destroy the answer in flight. So
+    /// send FIN first, then swallow what the client still sends, for a bounded time.
+    async fn linger(&mut self) {
+        let fd = self.stream.as_raw_fd();
+        let _ = rustix::net::shutdown(borrow(fd), rustix::net::Shutdown::Write);
+        let deadline = std::time::Instant::now() + LINGER_TIME;
+        let mut drained = 0usize;
+        let mut sink = std::mem::take(&mut self.buf);
+        while drained < LINGER_BYTES {
+            let left = deadline.saturating_duration_since(std::time::Instant::now());
+            if left.is_zero() {
+                break;
+            }
+            sink.clear();
+            let (outcome, (result, back)) = with_deadline(fd, left, self.stream.read(sink)).await;
+            sink = back;
+            match (outcome, result) {
+                (Deadline::Met, Ok(n)) if n > 0 => drained += n,
+                _ => break,
+            }
+        }
+    }
+
+    /// Applies the common rules, reads the body and runs the handler. Returns the response
+    /// and whether the connection may stay open.
+    async fn handle(&mut self, head: Head) -> Result<(Response, bool), Stop> {
+        let state = self.ctx.state.clone();
+        let keep_alive = head.keep_alive;
+        let has_body = head.chunked || head.content_length.is_some_and(|n| n > 0);
+
+        let Some(method) = Method::from_http(&head.method) else {
+            let error = ApiError::new(
+                405,
+                "ValueError",
+                format!(
+                    "Method {} is not allowed; use GET, POST or DELETE",
+                    head.method
+                ),
+            )
+            .with_header("Allow", "GET, POST, DELETE");
+            return Ok((self.refuse(error, has_body, &head).await?, keep_alive));
+        };
+        if head
+            .content_length
+            .is_some_and(|n| n > MAX_JSON_BODY as u64)
+        {
+            // Refused from the header alone: the body is never read, so the connection
+            // cannot be reused.
+            return Ok((
+                ApiError::payload_too_large(MAX_JSON_BODY)
+                    .closing()
+                    .into_response(),
+                false,
+            ));
+        }
+        if !head.target.starts_with('/') {
+            return Ok((
+                ApiError::bad_request("Request target must be a path starting with /")
+                    .closing()
+                    .into_response(),
+                false,
+            ));
+        }
+        let (path, query) = match split_target(&head.target) {
+            Ok(parts) => (parts.0, Ok(parts.1)),
+            Err(e) => {
+                let (path, _) = head.target.split_once('?').unwrap_or((&head.target, ""));
+                (path.trim_end_matches('/').to_string(), Err(e))
+            }
+        };
+        let Some(found) = state.router.lookup(method, &path) else {
+            let error = ApiError::not_found_path(if path.is_empty() { "/" } else { &path });
+            return Ok((self.refuse(error, has_body, &head).await?, keep_alive));
+        };
+        let endpoint = &state.endpoints[found.index];
+        let identity = match state
+            .auth
+            .authenticate(&head.headers, None, endpoint.auth_required)
+        {
+            Ok(identity) => identity,
+            Err(error) => return Ok((self.refuse(error, has_body, &head).await?, keep_alive)),
+        };
+        let access = state.access(found.index, &identity);
+        if !access.allowed {
+            let status = if access.code == Some("endpoint_disabled") {
+                404
+            } else {
+                403
+            };
+            let kind = if status == 404 {
+                "ValueError"
+            } else {
+                "PermissionError"
+            };
+            let mut error = ApiError::new(status, kind, access.reason.clone().unwrap_or_default())
+                .with_field("endpoint", endpoint.id.to_string());
+            error.code = access.code;
+            if status == 404 {
+                error = error.with_field("rule", access.rule.unwrap_or_default().to_string());
+            }
+            return Ok((self.refuse(error, has_body, &head).await?, keep_alive));
+        }
+        let query = match query {
+            Ok(query) => query,
+            Err(error) => return Ok((self.refuse(error, has_body, &head).await?, keep_alive)),
+        };
+
+        if head.expect_continue && has_body {
+            self.out.extend_from_slice(if head.http10 {
+                b"HTTP/1.0 100 Continue\r\n\r\n"
+            } else {
+                b"HTTP/1.1 100 Continue\r\n\r\n"
+            });
+            self.flush().await?;
+        }
+        let body = match self.read_body(&head, MAX_JSON_BODY).await? {
+            Ok(body) => body,
+            Err(error) => return Ok((error.closing().into_response(), false)),
+        };
+        if matches!(method, Method::Post | Method::Delete) {
+            if let Err(error) = validate_json_object(&body) {
+                return Ok((error.into_response(), keep_alive));
+            }
+        }
+        let handler = endpoint
+            .handler
+            .clone()
+            .expect("router only indexes endpoints with handlers");
+        let request = Request {
+            method,
+            path,
+            query,
+            headers: head.headers,
+            body,
+            path_params: found.params,
+            identity,
+            state: state.clone(),
+            endpoint_id: endpoint.id.clone(),
+        };
+        let response = match CatchUnwind(None, Some((handler, request))).await {
+            Ok(Ok(response)) => response,
+            Ok(Err(error)) => error.into_response(),
+            Err(panic) => {
+                let message = panic_message(&*panic);
+                eprintln!(
+                    "agent-sandbox: handler for endpoint '{}' panicked: {message}",
+                    endpoint.id
+                );
+                ApiError::internal(
+                    "RuntimeError",
+                    format!("Internal error in endpoint '{}': {message}", endpoint.id),
+                )
+                .into_response()
+            }
+        };
+        let keep = keep_alive && !response.close;
+        Ok((response, keep))
+    }
+
+    /// Answers `error` for a request whose body we have not read. A small declared body is
+    /// read and dropped so the connection stays usable; a client waiting for
+    /// `100 Continue` never gets it and the connection closes instead.
+    async fn refuse(
+        &mut self,
+        error: ApiError,
+        has_body: bool,
+        head: &Head,
+    ) -> Result<Response, Stop> {
+        if !has_body {
+            return Ok(error.into_response());
+        }
+        if head.expect_continue {
+            return Ok(error.closing().into_response());
+        }
+        match self.read_body(head, MAX_JSON_BODY).await? {
+            Ok(_) => Ok(error.into_response()),
+            Err(_) => Ok(error.closing().into_response()),
+        }
+    }
+
+    /// Reads the body framed by Content-Length or chunked encoding, up to `limit` bytes.
+    async fn read_body(
+        &mut self,
+        head: &Head,
+        limit: usize,
+    ) -> Result<Result<Vec<u8>, ApiError>, Stop> {
+        let timeout = self.ctx.state.config.read_timeout;
+        if head.chunked {
+            return self.read_chunked(limit, timeout).await;
+        }
+        let len = head.content_length.unwrap_or(0) as usize;
+        if len > limit {
+            return Ok(Err(ApiError::payload_too_large(limit)));
+        }
+        while self.buf.len() - self.pos < len {
+            if self.buf.capacity() - self.pos < len {
+                self.buf.drain(..self.pos);
+                self.pos = 0;
+                self.buf.reserve(len - self.buf.len());
+            }
+            if self.fill(timeout).await? == 0 {
+                return Err(Stop::Quiet);
+            }
+        }
+        let body = self.buf[self.pos..self.pos + len].to_vec();
+        self.pos += len;
+        Ok(Ok(body))
+    }
+
+    async fn read_chunked(
+        &mut self,
+        limit: usize,
+        timeout: Duration,
+    ) -> Result<Result<Vec<u8>, ApiError>, Stop> {
+        let mut body = Vec::new();
+        loop {
+            // Chunk-size line.
+            let line_end = loop {
+                if let Some(i) = find_crlf(&self.buf[self.pos..]) {
+                    break self.pos + i;
+                }
+                if self.buf.len() - self.pos > 1024 {
+                    return Ok(Err(ApiError::bad_request(
+                        "Malformed chunked body: chunk-size line too long",
+                    )));
+                }
+                if self.fill(timeout).await? == 0 {
+                    return Err(Stop::Quiet);
+                }
+            };
+            let line = &self.buf[self.pos..line_end];
+            let size_text = line.split(|b| *b == b';').next().unwrap_or(b"");
+            let size = std::str::from_utf8(size_text)
+                .ok()
+                .and_then(|s| usize::from_str_radix(s.trim(), 16).ok());
+            let Some(size) = size else {
+                return Ok(Err(ApiError::bad_request(
+                    "Malformed chunked body: bad chunk size",
+                )));
+            };
+            self.pos = line_end + 2;
+            if size == 0 {
+                // Trailer fields, ended by an empty line; we ignore their content.
+                loop {
+                    let end = loop {
+                        if let Some(i) = find_crlf(&self.buf[self.pos..]) {
+                            break self.pos + i;
+                        }
+                        if self.buf.len() - self.pos > MAX_HEAD_BYTES {
+                            return Ok(Err(head_too_large()));
+                        }
+                        if self.fill(timeout).await? == 0 {
+                            return Err(Stop::Quiet);
+                        }
+                    };
+                    let empty = end == self.pos;
+                    self.pos = end + 2;
+                    if empty {
+                        return Ok(Ok(body));
+                    }
+                }
+            }
+            if body.len() + size > limit {
+                return Ok(Err(ApiError::payload_too_large(limit)));
+            }
+            body.reserve(size);
+            let mut remaining = size;
+            while remaining > 0 {
+                if self.pos == self.buf.len() && self.fill(timeout).await? == 0 {
+                    return Err(Stop::Quiet);
+                }
+                let take = remaining.min(self.buf.len() - self.pos);
+                body.extend_from_slice(&self.buf[self.pos..self.pos + take]);
+                self.pos += take;
+                remaining -= take;
+            }
+            while self.buf.len() - self.pos < 2 {
+                if self.fill(timeout).await? == 0 {
+                    return Err(Stop::Quiet);
+                }
+            }
+            if &self.buf[self.pos..self.pos + 2] != b"\r\n" {
+                return Ok(Err(ApiError::bad_request(
+                    "Malformed chunked body: missing CRLF after chunk data",
+                )));
+            }
+            self.pos += 2;
+        }
+    }
+
+    /// Queues `response`; streams are written to the end here. Returns whether the
+    /// connection stays open.
+    async fn queue_response(&mut self, response: Response, keep_alive: bool) -> Result<bool, Stop> {
+        let http10 = self.http10;
+        let keep_alive = keep_alive && !response.close;
+        self.linger_on_close = !keep_alive && response.status >= 400;
+        match response.body {
+            Body::Full(ref body) => {
+                with_http_date(|date| {
+                    write_head(
+                        &mut self.out,
+                        &response,
+                        Framing::Length(body.len()),
+                        keep_alive,
+                        http10,
+                        date,
+                    )
+                });
+                let Body::Full(body) = response.body else {
+                    unreachable!()
+                };
+                if body.len() <= COALESCE_BODY_BYTES {
+                    self.out.extend_from_slice(&body);
+                } else {
+                    self.flush().await?;
+                    self.write(body).await.0?;
+                }
+                let more_pipelined = self.pos < self.buf.len();
+                if !keep_alive || !more_pipelined || self.out.len() >= MAX_PENDING_OUTPUT {
+                    self.flush().await?;
+                }
+                Ok(keep_alive)
+            }
+            Body::Sse(_) => {
+                let framing = if http10 {
+                    Framing::UntilClose
+                } else {
+                    Framing::Chunked
+                };
+                let keep_alive = keep_alive && !http10;
+                with_http_date(|date| {
+                    write_head(&mut self.out, &response, framing, keep_alive, http10, date)
+                });
+                self.flush().await?;
+                let Body::Sse(mut events) = response.body else {
+                    unreachable!()
+                };
+                while let Some(event) = events.next().await {
+                    self.frame(&event, framing);
+                    while let Some(more) = events.try_next() {
+                        self.frame(&more, framing);
+                    }
+                    self.flush().await?;
+                }
+                if framing == Framing::Chunked {
+                    self.out.extend_from_slice(b"0\r\n\r\n");
+                }
+                self.flush().await?;
+                Ok(keep_alive)
+            }
+        }
+    }
+
+    fn frame(&mut self, data: &[u8], framing: Framing) {
+        if framing == Framing::Chunked {
+            write_chunk(&mut self.out, data);
+        } else {
+            self.out.extend_from_slice(data);
+        }
+    }
+}
+
+fn head_too_large() -> ApiError {
+    ApiError::new(
+        431,
+        "ValueError",
+        format!(
+            "Request head too large: at most {MAX_HEAD_BYTES} bytes and {MAX_HEADERS} header lines"
+        ),
+    )
+}
+
+fn find_crlf(data: &[u8]) -> Option<usize> {
+    data.windows(2).position(|w| w == b"\r\n")
+}
+
+/// Copies what we need out of httparse's borrowed view and checks the framing headers.
+fn extract_head(parsed: &httparse::Request<'_, '_>) -> Result<Head, ApiError> {
+    let http10 = parsed.version == Some(0);
+    let mut head = Head {
+        method: parsed.method.unwrap_or("").to_string(),
+        target: parsed.path.unwrap_or("").to_string(),
+        http10,
+        headers: Vec::with_capacity(parsed.headers.len()),
+        content_length: None,
+        chunked: false,
+        expect_continue: false,
+        keep_alive: !http10,
+    };
+    let mut transfer_encoding = false;
+    for header in parsed.headers.iter() {
+        let name = header.name.to_ascii_lowercase();
+        let value = String::from_utf8_lossy(header.value).trim().to_string();
+        match name.as_str() {
+            "content-length" => {
+                let len: u64 = value
+                    .parse()
+                    .map_err(|_| ApiError::bad_request("Invalid Content-Length header"))?;
+                if head.content_length.is_some_and(|seen| seen != len) {
+                    return Err(ApiError::bad_request("Conflicting Content-Length headers"));
+                }
+                head.content_length = Some(len);
+            }
+            "transfer-encoding" => {
+                transfer_encoding = true;
+                let last = value.rsplit(',').next().unwrap_or("").trim();
+                if !last.eq_ignore_ascii_case("chunked") {
+                    return Err(ApiError::new(
+                        501,
+                        "ValueError",
+                        format!("Transfer-Encoding '{value}' is not supported; use chunked"),
+                    ));
+                }
+                head.chunked = true;
+            }
+            "expect" => {
+                if value.eq_ignore_ascii_case("100-continue") {
+                    head.expect_continue = true;
+                } else {
+                    return Err(ApiError::new(
+                        417,
+                        "ValueError",
+                        format!("Expectation '{value}' cannot be met"),
+                    ));
+                }
+            }
+            "connection" => {
+                for token in value.split(',').map(str::trim) {
+                    if token.eq_ignore_ascii_case("close") {
+                        head.keep_alive = false;
+                    } else if token.eq_ignore_ascii_case("keep-alive") && http10 {
+                        head.keep_alive = true;
+                    }
+                }
+            }
+            _ => {}
+        }
+        head.headers.push((name, value));
+    }
+    if transfer_encoding && head.content_length.is_some() {
+        // Request smuggling guard (RFC 9112 §6.1): never guess which framing is real.
+        return Err(ApiError::bad_request(
+            "Content-Length and Transfer-Encoding together are not allowed",
+        ));
+    }
+    Ok(head)
+}
+
+fn panic_message(panic: &(dyn Any + Send)) -> String {
+    if let Some(s) = panic.downcast_ref::<&str>() {
+        (*s).to_string()
+    } else if let Some(s) = panic.downcast_ref::<String>() {
+        s.clone()
+    } else {
+        "panic".to_string()
+    }
+}
+
+/// Runs a handler, turning a panic (while building or polling its future) into `Err`.
+struct CatchUnwind(
+    Option<crate::routes::HandlerFuture>,
+    Option<(crate::routes::Handler, Request)>,
+);
+
+impl Future for CatchUnwind {
+    type Output = Result<Result<Response, ApiError>, Box<dyn Any + Send>>;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let this = &mut *self;
+        if this.0.is_none() {
+            let (handler, request) = this.1.take().expect("polled after completion");
+            match catch_unwind(AssertUnwindSafe(|| handler(request))) {
+                Ok(future) => this.0 = Some(future),
+                Err(panic) => return Poll::Ready(Err(panic)),
+            }
+        }
+        let future = this.0.as_mut().expect("future present");
+        match catch_unwind(AssertUnwindSafe(|| future.as_mut().poll(cx))) {
+            Ok(Poll::Pending) => Poll::Pending,
+            Ok(Poll::Ready(output)) => Poll::Ready(Ok(output)),
+            Err(panic) => Poll::Ready(Err(panic)),
+        }
+    }
+}

@@ -1,0 +1,94 @@
+//! Server-sent events: the contract's framing (`event: <name>\ndata: <json>\n\n`) and a
+//! bounded channel from whatever produces events to the connection that writes them.
+//! The channel is thread-safe so producers on the blocking pool can feed it too; a full
+//! channel makes the producer wait, so a slow client cannot make the server buffer
+//! without bound.
+
+use std::future::poll_fn;
+use std::pin::Pin;
+
+use futures_channel::mpsc;
+use futures_core::Stream;
+use serde::Serialize;
+
+/// Frames one event exactly as the contract shows it.
+pub fn format_event<T: Serialize + ?Sized>(name: &str, data: &T) -> Vec<u8> {
+    let mut out = Vec::with_capacity(64);
+    out.extend_from_slice(b"event: ");
+    // Event names are ours or a custom route's; a newline would end the field early.
+    out.extend(name.bytes().filter(|b| *b != b'\n' && *b != b'\r'));
+    out.extend_from_slice(b"\ndata: ");
+    if serde_json::to_writer(&mut out, data).is_err() {
+        out.extend_from_slice(b"null");
+    }
+    out.extend_from_slice(b"\n\n");
+    out
+}
+
+/// The receiving half, owned by the response.
+pub struct SseStream {
+    rx: mpsc::Receiver<Vec<u8>>,
+}
+
+/// The producing half. Dropping it ends the stream.
+#[derive(Clone)]
+pub struct SseSender {
+    tx: mpsc::Sender<Vec<u8>>,
+}
+
+/// The client went away; stop producing.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StreamClosed;
+
+/// A stream with room for `capacity` events in flight.
+pub fn channel(capacity: usize) -> (SseSender, SseStream) {
+    let (tx, rx) = mpsc::channel(capacity);
+    (SseSender { tx }, SseStream { rx })
+}
+
+impl SseSender {
+    /// Sends one framed event, waiting while the client is behind.
+    pub async fn send<T: Serialize + ?Sized>(
+        &mut self,
+        name: &str,
+        data: &T,
+    ) -> Result<(), StreamClosed> {
+        self.send_raw(format_event(name, data)).await
+    }
+
+    /// Sends bytes already framed as one or more events.
+    pub async fn send_raw(&mut self, framed: Vec<u8>) -> Result<(), StreamClosed> {
+        poll_fn(|cx| self.tx.poll_ready(cx))
+            .await
+            .map_err(|_| StreamClosed)?;
+        self.tx.start_send(framed).map_err(|_| StreamClosed)
+    }
+
+    /// Whether the connection has stopped listening.
+    pub fn is_closed(&self) -> bool {
+        self.tx.is_closed()
+    }
+}
+
+impl SseStream {
+    /// The next framed event, or `None` once every sender is gone.
+    pub async fn next(&mut self) -> Option<Vec<u8>> {
+        poll_fn(|cx| Pin::new(&mut self.rx).poll_next(cx)).await
+    }
+
+    /// Everything already queued, without waiting, so bursts leave in one write.
+    pub fn try_next(&mut self) -> Option<Vec<u8>> {
+        self.rx.try_recv().ok()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn framing_matches_the_contract() {
+        let event = format_event("line", &serde_json::json!({"line": "hi"}));
+        assert_eq!(event, b"event: line\ndata: {\"line\":\"hi\"}\n\n");
+    }
+}

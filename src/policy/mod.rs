@@ -1,0 +1,368 @@
+//! The policy engine: which endpoint answers, and why. Every endpoint gets exactly one
+//! decision, computed once at startup from (most specific first) the policy document's
+//! `endpoints.<id>` rule, its `groups` rule, `ABX_SERVER_ENABLED_GROUPS`, and the
+//! built-in default (opt-in groups off, the rest on). The decision carries the name of
+//! the rule that made it, which `/capabilities`, `/capabilities/check` and the 404 of a
+//! disabled endpoint all report. The document format is in `docs/policy.md`.
+
+mod pydumps;
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+
+use serde_json::Value;
+use sha2::{Digest, Sha256};
+
+use crate::routes::{Endpoint, Group};
+
+/// One `endpoints.<id>` rule of the policy document.
+#[derive(Debug, Clone, Default)]
+pub struct EndpointRule {
+    pub enabled: Option<bool>,
+    pub scopes: Option<Vec<String>>,
+}
+
+/// The loaded policy document (or the empty one).
+#[derive(Debug, Clone)]
+pub struct Policy {
+    pub preset: String,
+    /// First 16 hex chars of SHA-256 over the document as Python's
+    /// `json.dumps(doc, sort_keys=True)` writes it.
+    pub revision: String,
+    pub configured: bool,
+    /// Group switches, with the document key that set them (for the rule name).
+    pub groups: Vec<(Group, bool, String)>,
+    pub endpoints: HashMap<String, EndpointRule>,
+    pub base_dir: Option<PathBuf>,
+    pub warnings: Vec<String>,
+}
+
+/// What the engine decided for one endpoint.
+#[derive(Debug, Clone)]
+pub struct Decision {
+    pub enabled: bool,
+    /// The rule that decided, reported whenever the endpoint is off.
+    pub rule: String,
+    /// The 404 message for a disabled endpoint.
+    pub message: Option<String>,
+    /// Scopes required of the caller (the endpoint's own, or the policy's override).
+    pub scopes: Vec<String>,
+    pub scopes_rule: String,
+}
+
+const KNOWN_KEYS: [&str; 5] = ["preset", "groups", "server", "endpoints", "base_dir"];
+
+impl Policy {
+    /// The policy in force when no document is configured.
+    pub fn empty() -> Policy {
+        Policy::from_value(Value::Object(Default::default()), false).expect("empty policy is valid")
+    }
+
+    /// Loads the document at `path` (JSON; see `docs/policy.md`).
+    pub fn load(path: &Path) -> Result<Policy, String> {
+        let text = std::fs::read(path)
+            .map_err(|e| format!("ABX_SERVER_POLICY: cannot read {}: {e}", path.display()))?;
+        let value: Value = serde_json::from_slice(&text).map_err(|e| {
+            format!(
+                "ABX_SERVER_POLICY: {} is not a JSON policy document ({e}); see docs/policy.md",
+                path.display()
+            )
+        })?;
+        Policy::from_value(value, true).map_err(|e| format!("ABX_SERVER_POLICY: {e}"))
+    }
+
+    /// Builds a policy from a parsed document.
+    pub fn from_value(doc: Value, configured: bool) -> Result<Policy, String> {
+        let Value::Object(map) = &doc else {
+            return Err("the policy document must be a JSON object".into());
+        };
+        let revision = revision_of(&doc);
+        let mut policy = Policy {
+            preset: "default".into(),
+            revision,
+            configured,
+            groups: Vec::new(),
+            endpoints: HashMap::new(),
+            base_dir: None,
+            warnings: Vec::new(),
+        };
+        for key in map.keys() {
+            if !KNOWN_KEYS.contains(&key.as_str()) {
+                policy.warnings.push(format!(
+                    "policy key '{key}' is not understood by this server and was ignored"
+                ));
+            }
+        }
+        match map.get("preset") {
+            None => {}
+            Some(Value::String(s)) => policy.preset = s.clone(),
+            Some(_) => return Err("preset must be a string".into()),
+        }
+        match map.get("base_dir") {
+            None => {}
+            Some(Value::String(s)) if s.starts_with('/') => {
+                policy.base_dir = Some(PathBuf::from(s))
+            }
+            Some(_) => return Err("base_dir must be an absolute path".into()),
+        }
+        if let Some(groups) = map.get("groups") {
+            parse_groups(groups, "groups", &mut policy.groups)?;
+        }
+        if let Some(server) = map.get("server") {
+            let Value::Object(server) = server else {
+                return Err("server must be an object".into());
+            };
+            for (key, value) in server {
+                match key.as_str() {
+                    "groups" => parse_groups(value, "server.groups", &mut policy.groups)?,
+                    other => policy.warnings.push(format!(
+                        "policy key 'server.{other}' is not understood by this server and was ignored"
+                    )),
+                }
+            }
+        }
+        if let Some(endpoints) = map.get("endpoints") {
+            let Value::Object(endpoints) = endpoints else {
+                return Err("endpoints must be an object of endpoint id to rule".into());
+            };
+            for (id, rule) in endpoints {
+                let Value::Object(rule) = rule else {
+                    return Err(format!("endpoints.{id} must be an object"));
+                };
+                let mut parsed = EndpointRule::default();
+                for (key, value) in rule {
+                    match (key.as_str(), value) {
+                        ("enabled", Value::Bool(b)) => parsed.enabled = Some(*b),
+                        ("enabled", _) => return Err(format!("endpoints.{id}.enabled must be true or false")),
+                        ("scopes", Value::Array(items)) => {
+                            let scopes: Option<Vec<String>> =
+                                items.iter().map(|s| s.as_str().map(String::from)).collect();
+                            parsed.scopes = Some(
+                                scopes.ok_or_else(|| format!("endpoints.{id}.scopes must be a list of strings"))?,
+                            );
+                        }
+                        ("scopes", _) => return Err(format!("endpoints.{id}.scopes must be a list of strings")),
+                        (other, _) => policy.warnings.push(format!(
+                            "policy key 'endpoints.{id}.{other}' is not understood by this server and was ignored"
+                        )),
+                    }
+                }
+                policy.endpoints.insert(id.clone(), parsed);
+            }
+        }
+        if policy
+            .groups
+            .iter()
+            .any(|(g, on, _)| *g == Group::Core && !on)
+        {
+            return Err("the core group cannot be disabled".into());
+        }
+        Ok(policy)
+    }
+
+    /// Checks rules that need the route table, and returns the warnings to publish.
+    pub fn validate(&self, endpoints: &[Endpoint]) -> Result<Vec<String>, String> {
+        let mut warnings = self.warnings.clone();
+        for (id, rule) in &self.endpoints {
+            match endpoints.iter().find(|e| &*e.id == id) {
+                None => warnings.push(format!(
+                    "policy endpoints.{id} names no endpoint of this server"
+                )),
+                Some(e) if e.group == Group::Core && rule.enabled == Some(false) => {
+                    return Err(format!("endpoints.{id}: core endpoints cannot be disabled"));
+                }
+                Some(_) => {}
+            }
+        }
+        Ok(warnings)
+    }
+
+    /// Decides whether `endpoint` answers, given the opt-in groups enabled by environment.
+    pub fn decide(&self, endpoint: &Endpoint, env_groups: &[Group]) -> Decision {
+        let id = &*endpoint.id;
+        let group = endpoint.group;
+        let (scopes, scopes_rule) = match self.endpoints.get(id).and_then(|r| r.scopes.clone()) {
+            Some(scopes) => (scopes, format!("policy:endpoints.{id}.scopes")),
+            None => (endpoint.scopes.clone(), format!("default:scopes:{id}")),
+        };
+        let decided = |enabled: bool, rule: String, message: Option<String>| Decision {
+            enabled,
+            rule,
+            message,
+            scopes: scopes.clone(),
+            scopes_rule: scopes_rule.clone(),
+        };
+        if group == Group::Core {
+            return decided(true, "default:core".into(), None);
+        }
+        let g = group.name();
+        if let Some(enabled) = self.endpoints.get(id).and_then(|r| r.enabled) {
+            let message = (!enabled).then(|| {
+                format!("Endpoint '{id}' is disabled by policy rule endpoints.{id}.enabled: false. Set it to true in the policy to enable this endpoint")
+            });
+            return decided(enabled, format!("policy:endpoints.{id}"), message);
+        }
+        if let Some((_, enabled, key)) = self.groups.iter().rev().find(|(gr, _, _)| *gr == group) {
+            let message = (!enabled).then(|| {
+                format!("Endpoint '{id}' is disabled: policy {key} turns group '{g}' off. Enable the group (policy {key}: true) or this endpoint (policy endpoints.{id}.enabled: true)")
+            });
+            return decided(*enabled, format!("policy:{key}"), message);
+        }
+        if env_groups.contains(&group) {
+            return decided(true, "env:ABX_SERVER_ENABLED_GROUPS".into(), None);
+        }
+        if group.opt_in() {
+            let message = format!(
+                "Endpoint '{id}' is disabled: group '{g}' is opt-in. Enable the group (ABX_SERVER_ENABLED_GROUPS={g}, policy groups: [{g}]) or this endpoint (policy endpoints.{id}.enabled: true)"
+            );
+            return decided(false, format!("default:opt-in:{g}"), Some(message));
+        }
+        decided(true, format!("default:{g}"), None)
+    }
+}
+
+fn parse_groups(
+    value: &Value,
+    key: &str,
+    out: &mut Vec<(Group, bool, String)>,
+) -> Result<(), String> {
+    let group = |name: &str| {
+        Group::parse(name).ok_or_else(|| {
+            format!(
+                "{key}: unknown group '{name}' (known: {})",
+                Group::ALL.map(Group::name).join(", ")
+            )
+        })
+    };
+    match value {
+        // A list enables the groups it names.
+        Value::Array(names) => {
+            for name in names {
+                let name = name
+                    .as_str()
+                    .ok_or_else(|| format!("{key} must list group names"))?;
+                out.push((group(name)?, true, format!("{key}.{name}")));
+            }
+        }
+        Value::Object(switches) => {
+            for (name, on) in switches {
+                let on = on
+                    .as_bool()
+                    .ok_or_else(|| format!("{key}.{name} must be true or false"))?;
+                out.push((group(name)?, on, format!("{key}.{name}")));
+            }
+        }
+        _ => {
+            return Err(format!(
+                "{key} must be a list of group names or an object of group: true/false"
+            ))
+        }
+    }
+    Ok(())
+}
+
+/// Revision of a policy document: 16 hex chars of SHA-256 over its canonical text.
+pub fn revision_of(doc: &Value) -> String {
+    let text = pydumps::dumps_sorted(doc);
+    let digest = Sha256::digest(text.as_bytes());
+    digest.iter().take(8).map(|b| format!("{b:02x}")).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::http::Response;
+    use crate::routes::{handler, Method};
+    use serde_json::json;
+
+    fn ep(id: &str, group: Group) -> Endpoint {
+        Endpoint::new(
+            Method::Get,
+            "/x",
+            group,
+            handler(|_| async { Ok(Response::ok(&1)) }),
+        )
+        .id(id)
+    }
+
+    #[test]
+    fn empty_policy_revision_is_the_hash_of_an_empty_object() {
+        let p = Policy::empty();
+        assert!(!p.configured);
+        assert_eq!(p.preset, "default");
+        // sha256("{}") = 44136fa355b3678a1146ad16f7e8649e94fb4fc21fe77e8310c060f61caaff8a
+        assert_eq!(p.revision, "44136fa355b3678a");
+    }
+
+    #[test]
+    fn defaults_enable_all_but_opt_in_groups() {
+        let p = Policy::empty();
+        let d = p.decide(&ep("code_run", Group::DevTools), &[]);
+        assert!(!d.enabled);
+        assert_eq!(d.rule, "default:opt-in:dev_tools");
+        assert_eq!(
+            d.message.unwrap(),
+            "Endpoint 'code_run' is disabled: group 'dev_tools' is opt-in. Enable the group (ABX_SERVER_ENABLED_GROUPS=dev_tools, policy groups: [dev_tools]) or this endpoint (policy endpoints.code_run.enabled: true)"
+        );
+        assert!(p.decide(&ep("shell", Group::Process), &[]).enabled);
+        assert!(
+            p.decide(&ep("code_run", Group::DevTools), &[Group::DevTools])
+                .enabled
+        );
+    }
+
+    #[test]
+    fn endpoint_rule_beats_group_rule_beats_env() {
+        let p = Policy::from_value(
+            json!({"groups": {"process": false, "dev_tools": true},
+                   "endpoints": {"process_list": {"enabled": true}, "code_run": {"enabled": false}}}),
+            true,
+        )
+        .unwrap();
+        let d = p.decide(&ep("shell", Group::Process), &[]);
+        assert_eq!(
+            (d.enabled, d.rule.as_str()),
+            (false, "policy:groups.process")
+        );
+        let d = p.decide(&ep("process_list", Group::Process), &[]);
+        assert_eq!(
+            (d.enabled, d.rule.as_str()),
+            (true, "policy:endpoints.process_list")
+        );
+        let d = p.decide(&ep("code_run", Group::DevTools), &[Group::DevTools]);
+        assert_eq!(
+            (d.enabled, d.rule.as_str()),
+            (false, "policy:endpoints.code_run")
+        );
+        let d = p.decide(&ep("git_status", Group::DevTools), &[]);
+        assert!(d.enabled);
+    }
+
+    #[test]
+    fn server_groups_list_enables() {
+        let p = Policy::from_value(json!({"server": {"groups": ["agents"]}}), true).unwrap();
+        let d = p.decide(&ep("agents_x", Group::Agents), &[]);
+        assert_eq!(
+            (d.enabled, d.rule.as_str()),
+            (true, "policy:server.groups.agents")
+        );
+    }
+
+    #[test]
+    fn core_cannot_be_disabled_and_bad_documents_fail() {
+        assert!(Policy::from_value(json!({"groups": {"core": false}}), true).is_err());
+        assert!(Policy::from_value(json!({"groups": ["nope"]}), true).is_err());
+        assert!(Policy::from_value(json!([1]), true).is_err());
+        let p =
+            Policy::from_value(json!({"endpoints": {"health": {"enabled": false}}}), true).unwrap();
+        assert!(p.validate(&[ep("health", Group::Core)]).is_err());
+    }
+
+    #[test]
+    fn unknown_keys_are_warnings() {
+        let p = Policy::from_value(json!({"frobnicate": 1, "preset": "strict"}), true).unwrap();
+        assert_eq!(p.preset, "strict");
+        assert_eq!(p.warnings.len(), 1);
+        assert_ne!(p.revision, Policy::empty().revision);
+    }
+}

@@ -1,0 +1,169 @@
+//! The core group: liveness and discovery. Always on.
+
+use serde::Deserialize;
+use serde_json::{json, Map, Value};
+
+use super::{handler, Endpoint, Group, Method, Param};
+use crate::error::ApiError;
+use crate::fs::confine;
+use crate::http::{Request, Response};
+
+/// Version of the discovery document's shape.
+pub const API_VERSION: u32 = 2;
+
+pub fn endpoints() -> Vec<Endpoint> {
+    vec![
+        Endpoint::new(Method::Get, "/health", Group::Core, handler(health))
+            .id("health")
+            .summary("Liveness probe (anonymous).")
+            .auth_required(false),
+        Endpoint::new(
+            Method::Get,
+            "/capabilities",
+            Group::Core,
+            handler(capabilities),
+        )
+        .id("capabilities")
+        .summary("Discovery document: every endpoint with its state for this caller."),
+        Endpoint::new(
+            Method::Post,
+            "/capabilities/check",
+            Group::Core,
+            handler(capabilities_check),
+        )
+        .id("capabilities_check")
+        .summary("Whether this caller may use an endpoint (and a path), without calling it.")
+        .params(&[
+            Param::body("endpoint", "string", true),
+            Param::body("path", "string", false),
+        ]),
+    ]
+}
+
+async fn health(_request: Request) -> Result<Response, ApiError> {
+    Ok(Response::raw(
+        200,
+        crate::http::JSON_CONTENT_TYPE,
+        br#"{"status":"ok"}"#.to_vec(),
+    ))
+}
+
+async fn capabilities(request: Request) -> Result<Response, ApiError> {
+    let state = request.state();
+    let identity = &request.identity;
+    let mut endpoints = Map::new();
+    let mut summary: Vec<(Group, usize, usize)> = Group::ALL.iter().map(|g| (*g, 0, 0)).collect();
+    for (index, ep) in state.endpoints.iter().enumerate() {
+        let decision = &state.decisions[index];
+        let access = state.access(index, identity);
+        let counts = &mut summary[Group::ALL.iter().position(|g| *g == ep.group).unwrap_or(0)];
+        counts.2 += 1;
+        if decision.enabled {
+            counts.1 += 1;
+        }
+        let mut entry = Map::new();
+        entry.insert("method".into(), json!(ep.method.as_str()));
+        entry.insert("path".into(), json!(ep.path));
+        entry.insert("group".into(), json!(ep.group.name()));
+        entry.insert("summary".into(), json!(ep.summary));
+        entry.insert("streaming".into(), json!(ep.streaming));
+        entry.insert("enabled".into(), json!(decision.enabled));
+        entry.insert("allowed".into(), json!(access.allowed));
+        entry.insert("reason".into(), json!(access.code));
+        entry.insert("rule".into(), json!(access.rule));
+        entry.insert("scopes".into(), json!(decision.scopes));
+        if access.allowed {
+            entry.insert("limits".into(), Value::Object(ep.limits.clone()));
+            entry.insert("params".into(), ep.params_json());
+        }
+        endpoints.insert(ep.id.to_string(), Value::Object(entry));
+    }
+    let groups: Map<String, Value> = summary
+        .iter()
+        .map(|(g, enabled, _)| (g.name().to_string(), json!(*enabled > 0)))
+        .collect();
+    let group_summary: Map<String, Value> = summary
+        .iter()
+        .map(|(g, enabled, total)| {
+            (
+                g.name().to_string(),
+                json!({"enabled": enabled, "total": total}),
+            )
+        })
+        .collect();
+    let document = json!({
+        "api_version": API_VERSION,
+        "server_version": env!("CARGO_PKG_VERSION"),
+        "groups": groups,
+        "group_summary": group_summary,
+        "identity": {"id": identity.id, "scopes": identity.scopes},
+        "policy": {
+            "preset": state.policy.preset,
+            "revision": state.policy.revision,
+            "configured": state.policy.configured,
+        },
+        "endpoints": endpoints,
+        "warnings": state.warnings,
+    });
+    Ok(Response::ok(&document))
+}
+
+#[derive(Deserialize)]
+struct CheckBody {
+    endpoint: Option<Value>,
+    path: Option<Value>,
+}
+
+async fn capabilities_check(request: Request) -> Result<Response, ApiError> {
+    let body: CheckBody = request.json()?;
+    let endpoint =
+        match body.endpoint {
+            Some(Value::String(s)) if !s.is_empty() => s,
+            _ => return Err(ApiError::bad_request(
+                "endpoint: a non-empty string (an endpoint id from GET /capabilities) is required",
+            )),
+        };
+    let path = match body.path {
+        None | Some(Value::Null) => None,
+        Some(Value::String(s)) => Some(s),
+        Some(_) => return Err(ApiError::bad_request("path: must be a string")),
+    };
+    let state = request.state();
+    let Some((index, _)) = state.endpoint(&endpoint) else {
+        return Ok(Response::ok(&json!({
+            "endpoint": endpoint,
+            "allowed": false,
+            "code": "unknown_endpoint",
+            "reason": format!("No endpoint has the id '{endpoint}'; GET /capabilities lists them"),
+        })));
+    };
+    let access = state.access(index, &request.identity);
+    if !access.allowed {
+        return Ok(Response::ok(&json!({
+            "endpoint": endpoint,
+            "allowed": false,
+            "code": access.code,
+            "reason": access.reason,
+            "rule": access.rule,
+        })));
+    }
+    if let Some(path) = path {
+        if let Err(refusal) = confine::lexical(&state.base_dir, &path) {
+            let rule = if state.policy.base_dir.is_some() {
+                "policy:base_dir"
+            } else {
+                "default:base_dir"
+            };
+            return Ok(Response::ok(&json!({
+                "endpoint": endpoint,
+                "allowed": false,
+                "code": refusal.code,
+                "reason": refusal.message,
+                "rule": rule,
+            })));
+        }
+    }
+    Ok(Response::ok(
+        &json!({"endpoint": endpoint, "allowed": true, "code": null, "reason": null}),
+    ))
+}

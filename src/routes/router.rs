@@ -1,0 +1,154 @@
+//! Path matching compiled from the route table: exact paths by hash lookup, `{param}`
+//! patterns segment by segment.
+
+use std::collections::HashMap;
+
+use super::{Endpoint, Method};
+use crate::http::request::percent_decode;
+
+enum Segment {
+    Literal(String),
+    Param(String),
+}
+
+/// The dispatch index over a table of endpoints.
+pub struct Router {
+    /// Keyed by path alone so a lookup borrows the request's path without allocating.
+    exact: HashMap<String, Vec<(Method, usize)>>,
+    patterns: Vec<(Method, Vec<Segment>, usize)>,
+}
+
+/// A successful lookup: the endpoint's index and its decoded path parameters.
+pub struct RouteMatch {
+    pub index: usize,
+    pub params: Vec<(String, String)>,
+}
+
+impl Router {
+    /// Indexes `endpoints`; the first declaration of a method and path wins.
+    pub fn new(endpoints: &[Endpoint]) -> Router {
+        let mut exact: HashMap<String, Vec<(Method, usize)>> = HashMap::new();
+        let mut patterns = Vec::new();
+        for (index, ep) in endpoints.iter().enumerate() {
+            if ep.handler.is_none() {
+                continue;
+            }
+            let path = normalise(&ep.path);
+            if !path.contains('{') {
+                let slot = exact.entry(path).or_default();
+                if !slot.iter().any(|(m, _)| *m == ep.method) {
+                    slot.push((ep.method, index));
+                }
+                continue;
+            }
+            let segments = path
+                .split('/')
+                .skip(1)
+                .map(
+                    |s| match s.strip_prefix('{').and_then(|s| s.strip_suffix('}')) {
+                        Some(name) => Segment::Param(name.to_string()),
+                        None => Segment::Literal(s.to_string()),
+                    },
+                )
+                .collect();
+            patterns.push((ep.method, segments, index));
+        }
+        Router { exact, patterns }
+    }
+
+    /// Finds the endpoint serving `method path`; `path` is already trailing-slash stripped.
+    pub fn lookup(&self, method: Method, path: &str) -> Option<RouteMatch> {
+        if let Some(&(_, index)) = self
+            .exact
+            .get(path)
+            .and_then(|slot| slot.iter().find(|(m, _)| *m == method))
+        {
+            return Some(RouteMatch {
+                index,
+                params: Vec::new(),
+            });
+        }
+        'patterns: for (m, segments, index) in &self.patterns {
+            if *m != method {
+                continue;
+            }
+            let mut parts = path.split('/').skip(1);
+            let mut params = Vec::new();
+            for segment in segments {
+                let Some(part) = parts.next() else {
+                    continue 'patterns;
+                };
+                match segment {
+                    Segment::Literal(lit) if lit == part => {}
+                    Segment::Literal(_) => continue 'patterns,
+                    Segment::Param(_) if part.is_empty() => continue 'patterns,
+                    Segment::Param(name) => {
+                        params.push((name.clone(), percent_decode(part, false)))
+                    }
+                }
+            }
+            if parts.next().is_none() {
+                return Some(RouteMatch {
+                    index: *index,
+                    params,
+                });
+            }
+        }
+        None
+    }
+}
+
+fn normalise(path: &str) -> String {
+    let trimmed = path.trim_end_matches('/');
+    if trimmed.is_empty() {
+        "/".into()
+    } else {
+        trimmed.into()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::http::Response;
+    use crate::routes::{handler, Group};
+
+    fn ep(method: Method, path: &str) -> Endpoint {
+        Endpoint::new(
+            method,
+            path,
+            Group::Core,
+            handler(|_| async { Ok(Response::ok(&1)) }),
+        )
+    }
+
+    #[test]
+    fn exact_and_param_routes() {
+        let table = vec![
+            ep(Method::Get, "/health"),
+            ep(Method::Get, "/process/{pid}"),
+            ep(Method::Post, "/process/{pid}/signal"),
+            ep(Method::Get, "/process/list"),
+        ];
+        let router = Router::new(&table);
+        assert_eq!(router.lookup(Method::Get, "/health").unwrap().index, 0);
+        assert!(router.lookup(Method::Post, "/health").is_none());
+        let m = router.lookup(Method::Get, "/process/42").unwrap();
+        assert_eq!((m.index, m.params[0].1.as_str()), (1, "42"));
+        assert_eq!(
+            router
+                .lookup(Method::Post, "/process/7/signal")
+                .unwrap()
+                .index,
+            2
+        );
+        assert_eq!(
+            router.lookup(Method::Get, "/process/list").unwrap().index,
+            3
+        );
+        assert!(router.lookup(Method::Get, "/process/42/extra").is_none());
+        assert!(router.lookup(Method::Get, "/process").is_none());
+        let m = router.lookup(Method::Get, "/process/a%20b").unwrap();
+        assert_eq!(m.params[0].1, "a b");
+    }
+}

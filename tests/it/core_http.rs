@@ -1,0 +1,751 @@
+//! Server core: the HTTP engine, common response rules, auth, the route table and the
+//! core routes.
+
+use std::io::{BufReader, Read, Write};
+use std::time::Duration;
+
+use serde_json::{json, Value};
+
+use crate::on_both_drivers;
+use crate::support::{closes_within, read_reply, Launch, Server, TempDir};
+
+fn health_is_json_and_trailing_slash_is_stripped(driver: &'static str) {
+    let server = Server::start(driver);
+    for path in ["/health", "/health/"] {
+        let reply = server.get(path);
+        assert_eq!(reply.status, 200);
+        assert_eq!(
+            reply.header("content-type"),
+            Some("application/json; charset=utf-8")
+        );
+        assert_eq!(reply.json(), json!({"status": "ok"}));
+    }
+}
+
+fn startup_line_names_driver_groups_and_auth(driver: &'static str) {
+    let server = Server::start(driver);
+    let banner = server
+        .startup
+        .iter()
+        .find(|l| l.starts_with("agent-sandbox "))
+        .expect("banner");
+    let expected_driver = if driver == "uring" {
+        "io_driver=io_uring"
+    } else {
+        "io_driver=epoll"
+    };
+    assert!(banner.contains(expected_driver), "{banner}");
+    assert!(
+        banner.contains("workers=2") && banner.contains("auth=local"),
+        "{banner}"
+    );
+    assert!(
+        banner.contains(&format!("address={}", server.addr)),
+        "{banner}"
+    );
+    assert!(banner.contains("groups=core"), "{banner}");
+    let token = Launch::new(driver).env("ABX_SERVER_TOKEN", "t").start();
+    assert!(token.startup.iter().any(|l| l.contains("auth=token")));
+}
+
+fn unknown_path_is_the_contract_404(driver: &'static str) {
+    let server = Server::start(driver);
+    let reply = server.get("/no/such/route/");
+    assert_eq!(reply.status, 404);
+    assert_eq!(
+        reply.json(),
+        json!({"error": "Not found: /no/such/route", "type": "ValueError"})
+    );
+    // A known path with a method it does not serve is an unknown route, as in the Python server.
+    let reply = server.request("DELETE", "/health", &[], None);
+    assert_eq!(reply.status, 404);
+    assert_eq!(reply.json()["error"], "Not found: /health");
+}
+
+fn other_methods_are_405_with_allow(driver: &'static str) {
+    let server = Server::start(driver);
+    for method in ["PUT", "PATCH", "HEAD", "OPTIONS"] {
+        let reply = server.request(method, "/health", &[], None);
+        assert_eq!(reply.status, 405, "{method}");
+        assert_eq!(reply.header("allow"), Some("GET, POST, DELETE"));
+        if method != "HEAD" {
+            assert_eq!(reply.json()["type"], "ValueError");
+        }
+    }
+}
+
+fn keep_alive_and_pipelining_answer_in_order(driver: &'static str) {
+    let server = Server::start(driver);
+    let mut stream = server.connect();
+    let one = "GET /health HTTP/1.1\r\nHost: x\r\n\r\n";
+    let two = "POST /capabilities/check HTTP/1.1\r\nHost: x\r\nContent-Length: 22\r\n\r\n{\"endpoint\": \"health\"}";
+    let three = "GET /missing HTTP/1.1\r\nHost: x\r\n\r\n";
+    stream
+        .write_all(format!("{one}{two}{three}").as_bytes())
+        .unwrap();
+    let mut reader = BufReader::new(stream.try_clone().unwrap());
+    let r1 = read_reply(&mut reader).unwrap();
+    let r2 = read_reply(&mut reader).unwrap();
+    let r3 = read_reply(&mut reader).unwrap();
+    assert_eq!((r1.status, r2.status, r3.status), (200, 200, 404));
+    assert_eq!(r2.json()["endpoint"], "health");
+    assert_eq!(r3.json()["error"], "Not found: /missing");
+    // The connection is still usable afterwards.
+    stream.write_all(one.as_bytes()).unwrap();
+    assert_eq!(read_reply(&mut reader).unwrap().status, 200);
+}
+
+fn http10_closes_unless_keep_alive(driver: &'static str) {
+    let server = Server::start(driver);
+    let mut stream = server.connect();
+    stream.write_all(b"GET /health HTTP/1.0\r\n\r\n").unwrap();
+    let mut reader = BufReader::new(stream.try_clone().unwrap());
+    let reply = read_reply(&mut reader).unwrap();
+    assert_eq!((reply.version.as_str(), reply.status), ("HTTP/1.0", 200));
+    assert!(closes_within(&mut stream, Duration::from_secs(5)));
+
+    let mut stream = server.connect();
+    stream
+        .write_all(b"GET /health HTTP/1.0\r\nConnection: keep-alive\r\n\r\n")
+        .unwrap();
+    let mut reader = BufReader::new(stream.try_clone().unwrap());
+    let reply = read_reply(&mut reader).unwrap();
+    assert_eq!(reply.header("connection"), Some("keep-alive"));
+    stream.write_all(b"GET /health HTTP/1.0\r\n\r\n").unwrap();
+    assert_eq!(read_reply(&mut reader).unwrap().status, 200);
+}
+
+fn chunked_request_bodies_are_decoded(driver: &'static str) {
+    let server = Server::start(driver);
+    let mut stream = server.connect();
+    let body = r#"{"endpoint": "capabilities"}"#;
+    let (a, b) = body.split_at(10);
+    let raw = format!(
+        "POST /capabilities/check HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n{:x};ext=1\r\n{a}\r\n{:x}\r\n{b}\r\n0\r\nX-Trailer: y\r\n\r\n",
+        a.len(),
+        b.len()
+    );
+    stream.write_all(raw.as_bytes()).unwrap();
+    let mut reader = BufReader::new(stream.try_clone().unwrap());
+    let reply = read_reply(&mut reader).unwrap();
+    assert_eq!(reply.status, 200, "{}", reply.text());
+    assert_eq!(reply.json()["endpoint"], "capabilities");
+    assert_eq!(reply.json()["allowed"], true);
+    stream.write_all(b"GET /health HTTP/1.1\r\n\r\n").unwrap();
+    assert_eq!(read_reply(&mut reader).unwrap().status, 200);
+}
+
+fn content_length_with_chunked_is_refused_and_closed(driver: &'static str) {
+    let server = Server::start(driver);
+    let mut stream = server.connect();
+    stream
+        .write_all(b"POST /capabilities/check HTTP/1.1\r\nContent-Length: 2\r\nTransfer-Encoding: chunked\r\n\r\n2\r\n{}\r\n0\r\n\r\n")
+        .unwrap();
+    let mut reader = BufReader::new(stream.try_clone().unwrap());
+    let reply = read_reply(&mut reader).unwrap();
+    assert_eq!(reply.status, 400);
+    assert_eq!(reply.header("connection"), Some("close"));
+    assert!(closes_within(&mut stream, Duration::from_secs(5)));
+}
+
+fn oversized_body_is_413_before_it_is_read(driver: &'static str) {
+    let server = Server::start(driver);
+    let mut stream = server.connect();
+    // Announce 20 MiB and send none of it: the answer must come from the header alone.
+    stream
+        .write_all(
+            b"POST /capabilities/check HTTP/1.1\r\nHost: x\r\nContent-Length: 20971520\r\n\r\n",
+        )
+        .unwrap();
+    let mut reader = BufReader::new(stream.try_clone().unwrap());
+    let reply = read_reply(&mut reader).unwrap();
+    assert_eq!(reply.status, 413);
+    let body = reply.json();
+    assert_eq!(body["code"], "payload_too_large");
+    assert!(body["error"].is_string() && body["type"].is_string());
+    assert!(closes_within(&mut stream, Duration::from_secs(5)));
+
+    // A chunked body that grows past the cap is refused too.
+    let mut stream = server.connect();
+    stream
+        .write_all(b"POST /capabilities/check HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n")
+        .unwrap();
+    let chunk = vec![b' '; 1 << 20];
+    let mut refused = None;
+    for _ in 0..12 {
+        let mut data = format!("{:x}\r\n", chunk.len()).into_bytes();
+        data.extend_from_slice(&chunk);
+        data.extend_from_slice(b"\r\n");
+        if stream.write_all(&data).is_err() {
+            break;
+        }
+    }
+    let mut reader = BufReader::new(stream.try_clone().unwrap());
+    if let Some(reply) = read_reply(&mut reader) {
+        refused = Some(reply.status);
+    }
+    assert_eq!(refused, Some(413));
+}
+
+fn curl_large_body_with_expect_100_continue(driver: &'static str) {
+    let server = Server::start(driver);
+    let dir = TempDir::new("curl");
+    let padding = "x".repeat(2 * 1024 * 1024);
+    let body = json!({"endpoint": "health", "padding": padding}).to_string();
+    let file = dir.path().join("body.json");
+    std::fs::write(&file, body).unwrap();
+    let output = std::process::Command::new("curl")
+        .args([
+            "-sS",
+            "-v",
+            "--max-time",
+            "30",
+            "-H",
+            "Content-Type: application/json",
+            "-H",
+            "Expect: 100-continue",
+        ])
+        .arg("--data-binary")
+        .arg(format!("@{}", file.display()))
+        .arg(format!("http://{}/capabilities/check", server.addr))
+        .output()
+        .expect("curl is installed (.ci/run installs it)");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(output.status.success(), "{stderr}");
+    assert!(stderr.contains("HTTP/1.1 100 Continue"), "{stderr}");
+    let reply: Value = serde_json::from_slice(&output.stdout).unwrap();
+    assert_eq!(
+        reply,
+        json!({"endpoint": "health", "allowed": true, "code": null, "reason": null})
+    );
+}
+
+fn expect_continue_is_not_sent_for_refused_requests(driver: &'static str) {
+    let server = Launch::new(driver)
+        .env("ABX_SERVER_TOKEN", "secret")
+        .start();
+    let mut stream = server.connect();
+    stream
+        .write_all(b"POST /capabilities/check HTTP/1.1\r\nContent-Length: 1000\r\nExpect: 100-continue\r\n\r\n")
+        .unwrap();
+    let mut reader = BufReader::new(stream.try_clone().unwrap());
+    let reply = read_reply(&mut reader).unwrap();
+    assert_eq!(reply.status, 401);
+    assert!(closes_within(&mut stream, Duration::from_secs(5)));
+}
+
+fn silent_and_slow_clients_are_dropped(driver: &'static str) {
+    let server = Launch::new(driver)
+        .arg("--read-timeout")
+        .arg("0.5")
+        .arg("--idle-timeout")
+        .arg("0.5")
+        .start();
+    // Half a request head, then silence.
+    let mut stream = server.connect();
+    stream.write_all(b"GET /health HTTP/1.1\r\nHost:").unwrap();
+    assert!(closes_within(&mut stream, Duration::from_secs(10)));
+    // A body that never arrives.
+    let mut stream = server.connect();
+    stream
+        .write_all(b"POST /capabilities/check HTTP/1.1\r\nContent-Length: 100\r\n\r\n{")
+        .unwrap();
+    assert!(closes_within(&mut stream, Duration::from_secs(10)));
+    // An idle keep-alive connection.
+    let mut stream = server.connect();
+    stream.write_all(b"GET /health HTTP/1.1\r\n\r\n").unwrap();
+    let mut reader = BufReader::new(stream.try_clone().unwrap());
+    assert_eq!(read_reply(&mut reader).unwrap().status, 200);
+    assert!(closes_within(&mut stream, Duration::from_secs(10)));
+    // The server itself is fine.
+    assert_eq!(server.get("/health").status, 200);
+}
+
+fn oversized_head_is_431_and_bad_request_line_400(driver: &'static str) {
+    let server = Server::start(driver);
+    let mut stream = server.connect();
+    let big = format!(
+        "GET /health HTTP/1.1\r\nX-Big: {}\r\n\r\n",
+        "a".repeat(70 * 1024)
+    );
+    let _ = stream.write_all(big.as_bytes());
+    let mut reader = BufReader::new(stream.try_clone().unwrap());
+    assert_eq!(read_reply(&mut reader).unwrap().status, 431);
+
+    let mut stream = server.connect();
+    let many: String = (0..150).map(|i| format!("X-H{i}: v\r\n")).collect();
+    stream
+        .write_all(format!("GET /health HTTP/1.1\r\n{many}\r\n").as_bytes())
+        .unwrap();
+    let mut reader = BufReader::new(stream.try_clone().unwrap());
+    assert_eq!(read_reply(&mut reader).unwrap().status, 431);
+
+    let mut stream = server.connect();
+    stream.write_all(b"THIS IS NOT HTTP\r\n\r\n").unwrap();
+    let mut reader = BufReader::new(stream.try_clone().unwrap());
+    let reply = read_reply(&mut reader).unwrap();
+    assert_eq!(reply.status, 400);
+    assert_eq!(reply.json()["type"], "ValueError");
+    assert!(closes_within(&mut stream, Duration::from_secs(5)));
+}
+
+fn json_body_rules(driver: &'static str) {
+    let server = Server::start(driver);
+    for bad in ["{", "[1, 2]", "\"text\"", "nul"] {
+        let reply = server.post("/capabilities/check", bad);
+        assert_eq!(reply.status, 400, "{bad}");
+        assert_eq!(reply.json()["type"], "ValueError");
+    }
+    // An empty body is {}: the handler then reports the missing field as a bad body.
+    let reply = server.post("/capabilities/check", "");
+    assert_eq!(reply.status, 400);
+    assert!(reply.json()["error"].as_str().unwrap().contains("endpoint"));
+    let reply = server.post("/capabilities/check", r#"{"endpoint": 5}"#);
+    assert_eq!(reply.status, 400);
+    let reply = server.post(
+        "/capabilities/check",
+        r#"{"endpoint": "health", "path": 5}"#,
+    );
+    assert_eq!(reply.status, 400);
+}
+
+fn repeated_query_parameter_is_400(driver: &'static str) {
+    let server = Server::start(driver);
+    let reply = server.get("/capabilities?x=1&x=2");
+    assert_eq!(reply.status, 400);
+    let body = reply.json();
+    assert_eq!(body["code"], "duplicate_parameter");
+    assert_eq!(body["type"], "ValueError");
+    assert_eq!(server.get("/capabilities?x=1&y=2").status, 200);
+}
+
+fn auth_matrix(driver: &'static str) {
+    let server = Launch::new(driver)
+        .env("ABX_SERVER_TOKEN", "s3cret")
+        .start();
+    assert_eq!(server.get("/health").status, 200);
+    let reply = server.get("/capabilities");
+    assert_eq!(reply.status, 401);
+    assert_eq!(
+        reply.json(),
+        json!({"error": "unauthorized", "type": "AuthError"})
+    );
+    let ok =
+        |headers: &[(&str, &str)]| server.request("GET", "/capabilities", headers, None).status;
+    assert_eq!(ok(&[("X-Access-Token", "s3cret")]), 200);
+    assert_eq!(ok(&[("Authorization", "Bearer s3cret")]), 200);
+    assert_eq!(ok(&[("X-Access-Token", "wrong")]), 401);
+    assert_eq!(ok(&[("Authorization", "Bearer wrong")]), 401);
+    assert_eq!(ok(&[("Authorization", "s3cret")]), 401);
+    assert_eq!(
+        ok(&[
+            ("X-Access-Token", "gateway"),
+            ("Authorization", "Bearer s3cret")
+        ]),
+        200
+    );
+    let reply = server.request(
+        "GET",
+        "/capabilities",
+        &[("X-Access-Token", "a"), ("X-Access-Token", "s3cret")],
+        None,
+    );
+    assert_eq!(reply.status, 400);
+    assert_eq!(reply.json()["code"], "ambiguous_credentials");
+    let reply = server.request("POST", "/capabilities/check", &[], Some(b"{}"));
+    assert_eq!(reply.status, 401);
+    // Identity of a token holder.
+    let reply = server.request(
+        "GET",
+        "/capabilities",
+        &[("X-Access-Token", "s3cret")],
+        None,
+    );
+    assert_eq!(reply.json()["identity"]["scopes"], json!(["*"]));
+
+    let local = Launch::new(driver).env("ABX_SERVER_TOKEN", "").start();
+    let reply = local.get("/capabilities");
+    assert_eq!(reply.status, 200);
+    assert_eq!(
+        reply.json()["identity"],
+        json!({"id": "anonymous", "scopes": ["*"]})
+    );
+}
+
+fn capabilities_document_shape(driver: &'static str) {
+    let server = Server::start(driver);
+    let doc = server.get("/capabilities").json();
+    assert_eq!(doc["api_version"], 2);
+    assert_eq!(doc["server_version"], env!("CARGO_PKG_VERSION"));
+    assert_eq!(doc["identity"], json!({"id": "anonymous", "scopes": ["*"]}));
+    assert_eq!(
+        doc["policy"],
+        json!({"preset": "default", "revision": "44136fa355b3678a", "configured": false})
+    );
+    assert_eq!(
+        doc["endpoints"]["health"],
+        json!({
+            "method": "GET", "path": "/health", "group": "core",
+            "summary": "Liveness probe (anonymous).", "streaming": false,
+            "enabled": true, "allowed": true, "reason": null, "rule": null,
+            "scopes": [], "limits": {}, "params": {}
+        })
+    );
+    let names: Vec<&str> = doc["groups"]
+        .as_object()
+        .unwrap()
+        .keys()
+        .map(String::as_str)
+        .collect();
+    assert_eq!(
+        names,
+        [
+            "core",
+            "commands",
+            "file_ops",
+            "process",
+            "terminal",
+            "system",
+            "dev_tools",
+            "browser",
+            "agents"
+        ]
+    );
+    assert_eq!(doc["groups"]["core"], true);
+    assert_eq!(
+        doc["group_summary"]["core"],
+        json!({"enabled": 3, "total": 3})
+    );
+    assert!(doc["endpoints"]["capabilities_check"]["params"]["endpoint"]["required"] == true);
+    assert!(doc["warnings"].is_array());
+    // Derived fields agree with the endpoint map.
+    for (group, summary) in doc["group_summary"].as_object().unwrap() {
+        let eps: Vec<&Value> = doc["endpoints"]
+            .as_object()
+            .unwrap()
+            .values()
+            .filter(|e| e["group"] == *group)
+            .collect();
+        assert_eq!(summary["total"], eps.len());
+        assert_eq!(
+            summary["enabled"],
+            eps.iter().filter(|e| e["enabled"] == true).count()
+        );
+        assert_eq!(
+            doc["groups"][group],
+            eps.iter().any(|e| e["enabled"] == true)
+        );
+    }
+}
+
+fn custom_routes_appear_and_opt_in_groups_answer_the_contract_404(driver: &'static str) {
+    let server = Launch::example(driver).start();
+    let reply = server.get("/hello/Ada%20L");
+    assert_eq!(reply.json(), json!({"greeting": "Hello, Ada L!"}));
+    let doc = server.get("/capabilities").json();
+    let hello = &doc["endpoints"]["GET /hello/{name}"];
+    assert_eq!(hello["group"], "commands");
+    assert_eq!(hello["enabled"], true);
+    assert_eq!(doc["groups"]["commands"], true);
+    let commands = doc["group_summary"]["commands"].clone();
+    assert!(commands["total"].as_u64().unwrap() >= 6, "{commands}");
+    assert_eq!(
+        doc["endpoints"]["example_scoped"]["scopes"],
+        json!(["example:admin"])
+    );
+
+    let opt_in = &doc["endpoints"]["example_opt_in"];
+    assert_eq!(opt_in["enabled"], false);
+    assert_eq!(opt_in["reason"], "endpoint_disabled");
+    assert_eq!(opt_in["rule"], "default:opt-in:dev_tools");
+    assert!(opt_in.get("limits").is_none() && opt_in.get("params").is_none());
+    assert_eq!(doc["groups"]["dev_tools"], false);
+    assert_eq!(
+        doc["group_summary"]["dev_tools"],
+        json!({"enabled": 0, "total": 1})
+    );
+
+    let reply = server.get("/example/opt-in");
+    assert_eq!(reply.status, 404);
+    assert_eq!(
+        reply.json(),
+        json!({
+            "error": "Endpoint 'example_opt_in' is disabled: group 'dev_tools' is opt-in. Enable the group (ABX_SERVER_ENABLED_GROUPS=dev_tools, policy groups: [dev_tools]) or this endpoint (policy endpoints.example_opt_in.enabled: true)",
+            "type": "ValueError", "code": "endpoint_disabled", "endpoint": "example_opt_in", "rule": "default:opt-in:dev_tools"
+        })
+    );
+    let reply = server.post("/capabilities/check", r#"{"endpoint": "example_opt_in"}"#);
+    let body = reply.json();
+    assert_eq!(
+        (body["allowed"].clone(), body["code"].clone()),
+        (json!(false), json!("endpoint_disabled"))
+    );
+    assert_eq!(body["rule"], "default:opt-in:dev_tools");
+
+    let enabled = Launch::example(driver)
+        .env("ABX_SERVER_ENABLED_GROUPS", "dev_tools")
+        .start();
+    assert_eq!(
+        enabled.get("/example/opt-in").json(),
+        json!({"opted_in": true})
+    );
+    assert_eq!(
+        enabled.get("/capabilities").json()["groups"]["dev_tools"],
+        true
+    );
+
+    let token = Launch::example(driver).env("ABX_SERVER_TOKEN", "k").start();
+    assert_eq!(token.get("/open/ping").status, 200);
+    assert_eq!(token.get("/hello/x").status, 401);
+}
+
+fn capabilities_check_answers(driver: &'static str) {
+    let server = Server::start(driver);
+    let check = |body: &str| server.post("/capabilities/check", body).json();
+    assert_eq!(
+        check(r#"{"endpoint": "health"}"#),
+        json!({"endpoint": "health", "allowed": true, "code": null, "reason": null})
+    );
+    let unknown = check(r#"{"endpoint": "nope"}"#);
+    assert_eq!(
+        (unknown["allowed"].clone(), unknown["code"].clone()),
+        (json!(false), json!("unknown_endpoint"))
+    );
+    assert!(unknown["reason"].is_string());
+    let inside = check(&format!(
+        r#"{{"endpoint": "health", "path": "{}/a/../b"}}"#,
+        server.base_dir().display()
+    ));
+    assert_eq!(inside["allowed"], true);
+    let outside = check(r#"{"endpoint": "health", "path": "../../etc/passwd"}"#);
+    assert_eq!(outside["code"], "path_not_allowed");
+    assert_eq!(outside["allowed"], false);
+}
+
+fn handler_panic_is_500_and_the_connection_lives_on(driver: &'static str) {
+    let server = Launch::example(driver).start();
+    let mut stream = server.connect();
+    let mut reader = BufReader::new(stream.try_clone().unwrap());
+    stream
+        .write_all(b"GET /debug/panic HTTP/1.1\r\n\r\n")
+        .unwrap();
+    let reply = read_reply(&mut reader).unwrap();
+    assert_eq!(reply.status, 500);
+    let body = reply.json();
+    assert!(body["error"].as_str().unwrap().contains("deliberate panic"));
+    assert_eq!(body["type"], "RuntimeError");
+    stream
+        .write_all(b"POST /debug/panic-later HTTP/1.1\r\nContent-Length: 0\r\n\r\n")
+        .unwrap();
+    assert_eq!(read_reply(&mut reader).unwrap().status, 500);
+    stream
+        .write_all(b"GET /hello/again HTTP/1.1\r\n\r\n")
+        .unwrap();
+    assert_eq!(
+        read_reply(&mut reader).unwrap().json()["greeting"],
+        "Hello, again!"
+    );
+    let logged: Vec<String> = server.output.try_iter().collect();
+    assert!(
+        logged
+            .iter()
+            .any(|l| l.contains("endpoint 'debug_panic' panicked")),
+        "{logged:?}"
+    );
+}
+
+fn sse_events_are_framed_and_flushed_one_by_one(driver: &'static str) {
+    let server = Launch::example(driver).start();
+    let mut stream = server.connect();
+    stream
+        .write_all(b"GET /debug/events?gap_ms=3000 HTTP/1.1\r\n\r\n")
+        .unwrap();
+    let mut seen = Vec::new();
+    let mut buf = [0u8; 1024];
+    // Read until the first event is complete. If events were buffered until the stream
+    // ended, the terminating chunk would arrive with it (3 s later).
+    while !String::from_utf8_lossy(&seen).contains("\n\n\r\n") {
+        let n = stream.read(&mut buf).unwrap();
+        assert!(n > 0);
+        seen.extend_from_slice(&buf[..n]);
+    }
+    let text = String::from_utf8_lossy(&seen).to_string();
+    assert!(text.contains("Content-Type: text/event-stream"), "{text}");
+    assert!(text.contains("Transfer-Encoding: chunked"), "{text}");
+    assert!(text.contains("event: tick\ndata: {\"n\":0}\n\n"), "{text}");
+    assert!(
+        !text.contains("\r\n0\r\n\r\n"),
+        "stream ended too early: {text}"
+    );
+    assert!(
+        !text.contains("\"n\":1"),
+        "second event arrived with the first: {text}"
+    );
+    drop(stream);
+
+    let mut stream = server.connect();
+    stream
+        .write_all(b"GET /debug/events?gap_ms=1 HTTP/1.1\r\n\r\n")
+        .unwrap();
+    let mut reader = BufReader::new(stream.try_clone().unwrap());
+    let reply = read_reply(&mut reader).unwrap();
+    assert_eq!(
+        reply.text(),
+        "event: tick\ndata: {\"n\":0}\n\nevent: tick\ndata: {\"n\":1}\n\nevent: done\ndata: {}\n\n"
+    );
+    stream.write_all(b"GET /health HTTP/1.1\r\n\r\n").unwrap();
+    assert_eq!(read_reply(&mut reader).unwrap().status, 200);
+}
+
+fn policy_file_sets_revision_and_switches(driver: &'static str) {
+    let dir = TempDir::new("policy");
+    let policy = dir.path().join("policy.json");
+    std::fs::write(&policy, r#"{"preset": "locked", "groups": {"commands": false}, "endpoints": {"GET /hello/{name}": {"enabled": true}}}"#).unwrap();
+    let server = Launch::example(driver)
+        .env("ABX_SERVER_POLICY", policy.to_str().unwrap())
+        .start();
+    let doc = server.get("/capabilities").json();
+    // sha256 of json.dumps(doc, sort_keys=True), computed by CPython.
+    assert_eq!(
+        doc["policy"],
+        json!({"preset": "locked", "revision": expected_revision(), "configured": true})
+    );
+    assert_eq!(server.get("/hello/a").status, 200);
+    let reply = server.get("/open/ping");
+    assert_eq!(reply.status, 404);
+    assert_eq!(reply.json()["rule"], "policy:groups.commands");
+    assert_eq!(doc["endpoints"]["GET /hello/{name}"]["enabled"], true);
+
+    std::fs::write(&policy, r#"{"groups": {"core": false}}"#).unwrap();
+    let (code, stderr) = Launch::new(driver)
+        .env("ABX_SERVER_POLICY", policy.to_str().unwrap())
+        .fail();
+    assert_eq!(code, 2);
+    assert!(stderr.contains("core"), "{stderr}");
+    std::fs::write(&policy, "groups: [oops").unwrap();
+    let (code, stderr) = Launch::new(driver)
+        .env("ABX_SERVER_POLICY", policy.to_str().unwrap())
+        .fail();
+    assert_eq!(code, 2);
+    assert!(stderr.contains("ABX_SERVER_POLICY"), "{stderr}");
+}
+
+fn expected_revision() -> String {
+    let output = std::process::Command::new("python3")
+        .arg("-c")
+        .arg(r#"import hashlib, json; print(hashlib.sha256(json.dumps({"preset": "locked", "groups": {"commands": False}, "endpoints": {"GET /hello/{name}": {"enabled": True}}}, sort_keys=True).encode()).hexdigest()[:16])"#)
+        .output()
+        .expect("python3");
+    String::from_utf8(output.stdout).unwrap().trim().to_string()
+}
+
+fn bad_configuration_exits_2_with_one_line(driver: &'static str) {
+    for (flag, value) in [
+        ("--port", "70000"),
+        ("--workers", "zero"),
+        ("--io-driver", "kqueue"),
+    ] {
+        let (code, stderr) = Launch::new(driver).arg(flag).arg(value).fail();
+        assert_eq!(code, 2, "{flag} {value}");
+        assert_eq!(stderr.trim().lines().count(), 1, "{stderr}");
+    }
+    let (code, stderr) = Launch::new(driver)
+        .env("ABX_SERVER_ENABLED_GROUPS", "bogus")
+        .fail();
+    assert_eq!(code, 2);
+    assert!(stderr.contains("bogus"));
+    let (code, _) = Launch::new(driver)
+        .env("ABX_MAX_UPLOAD_SIZE", "lots")
+        .fail();
+    assert_eq!(code, 2);
+}
+
+fn missing_base_dir_is_a_warning(driver: &'static str) {
+    let server = Launch::new(driver)
+        .base_dir(std::path::Path::new("/nonexistent/abx/base"))
+        .start();
+    // stderr and stdout are separate pipes, so the warning may arrive after the banner.
+    let warned = server
+        .startup
+        .iter()
+        .any(|l| l.contains("warning") && l.contains("/nonexistent/abx/base"))
+        || std::iter::from_fn(|| server.output.recv_timeout(Duration::from_secs(2)).ok())
+            .any(|l| l.contains("warning") && l.contains("/nonexistent/abx/base"));
+    assert!(warned);
+    let doc = server.get("/capabilities").json();
+    assert!(doc["warnings"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .any(|w| w.as_str().unwrap().contains("/nonexistent/abx/base")));
+}
+
+fn sigterm_finishes_in_flight_requests(driver: &'static str) {
+    let mut server = Launch::example(driver).start();
+    let mut stream = server.connect();
+    stream
+        .write_all(b"GET /debug/slow?ms=800 HTTP/1.1\r\n\r\n")
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(200));
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(server.child.id() as i32),
+        nix::sys::signal::Signal::SIGTERM,
+    )
+    .unwrap();
+    let mut reader = BufReader::new(stream.try_clone().unwrap());
+    let reply = read_reply(&mut reader).unwrap();
+    assert_eq!(reply.json(), json!({"slept_ms": 800}));
+    let status = server.child.wait().unwrap();
+    assert_eq!(status.code(), Some(0));
+    // New connections are refused once it is gone.
+    assert!(std::net::TcpStream::connect(server.addr).is_err());
+}
+
+fn workers_share_one_port(driver: &'static str) {
+    let server = Server::start(driver);
+    // Many connections at once land on both workers and all get answers.
+    let handles: Vec<_> = (0..32)
+        .map(|_| {
+            let addr = server.addr;
+            std::thread::spawn(move || {
+                let mut s = std::net::TcpStream::connect(addr).unwrap();
+                s.write_all(b"GET /health HTTP/1.1\r\nConnection: close\r\n\r\n")
+                    .unwrap();
+                let mut reader = BufReader::new(s);
+                read_reply(&mut reader).unwrap().status
+            })
+        })
+        .collect();
+    for h in handles {
+        assert_eq!(h.join().unwrap(), 200);
+    }
+}
+
+on_both_drivers!(
+    health_is_json_and_trailing_slash_is_stripped,
+    startup_line_names_driver_groups_and_auth,
+    unknown_path_is_the_contract_404,
+    other_methods_are_405_with_allow,
+    keep_alive_and_pipelining_answer_in_order,
+    http10_closes_unless_keep_alive,
+    chunked_request_bodies_are_decoded,
+    content_length_with_chunked_is_refused_and_closed,
+    oversized_body_is_413_before_it_is_read,
+    curl_large_body_with_expect_100_continue,
+    expect_continue_is_not_sent_for_refused_requests,
+    silent_and_slow_clients_are_dropped,
+    oversized_head_is_431_and_bad_request_line_400,
+    json_body_rules,
+    repeated_query_parameter_is_400,
+    auth_matrix,
+    capabilities_document_shape,
+    custom_routes_appear_and_opt_in_groups_answer_the_contract_404,
+    capabilities_check_answers,
+    handler_panic_is_500_and_the_connection_lives_on,
+    sse_events_are_framed_and_flushed_one_by_one,
+    policy_file_sets_revision_and_switches,
+    bad_configuration_exits_2_with_one_line,
+    missing_base_dir_is_a_warning,
+    sigterm_finishes_in_flight_requests,
+    workers_share_one_port,
+);

@@ -1,0 +1,6 @@
+//! Integration tests: every test starts the real binary on an ephemeral port and talks
+//! real HTTP to it, once per I/O driver.
+
+mod support;
+
+mod core_http;

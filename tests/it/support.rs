@@ -1,0 +1,335 @@
+//! Test support: start the real binary on an ephemeral port, and speak raw HTTP to it.
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+pub const MAIN_BIN: &str = env!("CARGO_BIN_EXE_agent-sandbox");
+pub const EXAMPLE_BIN: &str = env!("CARGO_BIN_EXE_embed-example");
+
+/// A scratch directory removed on drop.
+pub struct TempDir(pub PathBuf);
+
+impl TempDir {
+    pub fn new(tag: &str) -> TempDir {
+        static COUNTER: AtomicUsize = AtomicUsize::new(0);
+        let path = std::env::temp_dir().join(format!(
+            "abx-test-{tag}-{}-{}",
+            std::process::id(),
+            COUNTER.fetch_add(1, Ordering::Relaxed)
+        ));
+        std::fs::create_dir_all(&path).unwrap();
+        TempDir(path)
+    }
+    pub fn path(&self) -> &Path {
+        &self.0
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// How to start a server.
+pub struct Launch {
+    pub bin: &'static str,
+    pub driver: &'static str,
+    pub args: Vec<String>,
+    pub env: Vec<(String, String)>,
+    pub base_dir: Option<PathBuf>,
+}
+
+impl Launch {
+    pub fn new(driver: &'static str) -> Launch {
+        Launch {
+            bin: MAIN_BIN,
+            driver,
+            args: Vec::new(),
+            env: Vec::new(),
+            base_dir: None,
+        }
+    }
+    pub fn example(driver: &'static str) -> Launch {
+        Launch {
+            bin: EXAMPLE_BIN,
+            ..Launch::new(driver)
+        }
+    }
+    pub fn arg(mut self, arg: &str) -> Launch {
+        self.args.push(arg.to_string());
+        self
+    }
+    pub fn env(mut self, name: &str, value: &str) -> Launch {
+        self.env.push((name.to_string(), value.to_string()));
+        self
+    }
+    pub fn base_dir(mut self, dir: &Path) -> Launch {
+        self.base_dir = Some(dir.to_path_buf());
+        self
+    }
+    fn command(&self, own_base: &Path) -> Command {
+        let mut cmd = Command::new(self.bin);
+        cmd.args([
+            "--port",
+            "0",
+            "--host",
+            "127.0.0.1",
+            "--workers",
+            "2",
+            "--io-driver",
+            self.driver,
+        ]);
+        cmd.arg("--base-dir")
+            .arg(self.base_dir.as_deref().unwrap_or(own_base));
+        cmd.args(&self.args);
+        for var in [
+            "ABX_SERVER_TOKEN",
+            "ABX_SERVER_ENABLED_GROUPS",
+            "ABX_SERVER_POLICY",
+            "ABX_MAX_UPLOAD_SIZE",
+        ] {
+            cmd.env_remove(var);
+        }
+        for (k, v) in &self.env {
+            cmd.env(k, v);
+        }
+        cmd.stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        cmd
+    }
+    pub fn start(self) -> Server {
+        let base = TempDir::new("base");
+        let mut child = self.command(base.path()).spawn().expect("spawn server");
+        let stdout = child.stdout.take().unwrap();
+        let stderr = child.stderr.take().unwrap();
+        let (tx, rx) = mpsc::channel::<String>();
+        let tx2 = tx.clone();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+                let _ = tx.send(line);
+            }
+        });
+        std::thread::spawn(move || {
+            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                let _ = tx2.send(line);
+            }
+        });
+        let mut lines = Vec::new();
+        let deadline = Instant::now() + Duration::from_secs(20);
+        let addr = loop {
+            let line = rx
+                .recv_timeout(deadline.saturating_duration_since(Instant::now()))
+                .unwrap_or_else(|_| {
+                    panic!("server did not print 'listening on'; output: {lines:?}")
+                });
+            if let Some(addr) = line.strip_prefix("listening on ") {
+                let addr: SocketAddr = addr.trim().parse().unwrap();
+                lines.push(line);
+                break addr;
+            }
+            lines.push(line);
+        };
+        Server {
+            child,
+            addr,
+            startup: lines,
+            output: rx,
+            _base: base,
+        }
+    }
+    /// Runs the binary expecting it to refuse to start; returns (exit code, stderr).
+    pub fn fail(self) -> (i32, String) {
+        let base = TempDir::new("base");
+        let output = self.command(base.path()).output().expect("run server");
+        (
+            output.status.code().unwrap_or(-1),
+            String::from_utf8_lossy(&output.stderr).into_owned(),
+        )
+    }
+}
+
+/// A running server, killed on drop.
+pub struct Server {
+    pub child: Child,
+    pub addr: SocketAddr,
+    pub startup: Vec<String>,
+    pub output: mpsc::Receiver<String>,
+    _base: TempDir,
+}
+
+impl Server {
+    pub fn start(driver: &'static str) -> Server {
+        Launch::new(driver).start()
+    }
+    pub fn base_dir(&self) -> &Path {
+        self._base.path()
+    }
+    pub fn connect(&self) -> TcpStream {
+        let stream = TcpStream::connect(self.addr).unwrap();
+        stream
+            .set_read_timeout(Some(Duration::from_secs(20)))
+            .unwrap();
+        stream.set_nodelay(true).unwrap();
+        stream
+    }
+    pub fn get(&self, path: &str) -> Reply {
+        self.request("GET", path, &[], None)
+    }
+    pub fn post(&self, path: &str, body: &str) -> Reply {
+        self.request("POST", path, &[], Some(body.as_bytes()))
+    }
+    /// One request on a fresh connection.
+    pub fn request(
+        &self,
+        method: &str,
+        path: &str,
+        headers: &[(&str, &str)],
+        body: Option<&[u8]>,
+    ) -> Reply {
+        let mut stream = self.connect();
+        let mut raw = format!("{method} {path} HTTP/1.1\r\nHost: test\r\nConnection: close\r\n");
+        for (name, value) in headers {
+            raw.push_str(&format!("{name}: {value}\r\n"));
+        }
+        if let Some(body) = body {
+            raw.push_str(&format!("Content-Length: {}\r\n", body.len()));
+        }
+        raw.push_str("\r\n");
+        let mut bytes = raw.into_bytes();
+        if let Some(body) = body {
+            bytes.extend_from_slice(body);
+        }
+        stream.write_all(&bytes).unwrap();
+        let mut reader = BufReader::new(stream);
+        read_reply(&mut reader).expect("a response")
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A parsed response.
+#[derive(Debug)]
+pub struct Reply {
+    pub version: String,
+    pub status: u16,
+    pub headers: Vec<(String, String)>,
+    pub body: Vec<u8>,
+}
+
+impl Reply {
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers
+            .iter()
+            .find(|(n, _)| n.eq_ignore_ascii_case(name))
+            .map(|(_, v)| v.as_str())
+    }
+    pub fn json(&self) -> Value {
+        serde_json::from_slice(&self.body)
+            .unwrap_or_else(|e| panic!("not JSON ({e}): {}", String::from_utf8_lossy(&self.body)))
+    }
+    pub fn text(&self) -> String {
+        String::from_utf8_lossy(&self.body).into_owned()
+    }
+}
+
+/// Reads one response (Content-Length, chunked, or until close). `None` on a clean EOF
+/// before any byte.
+pub fn read_reply<R: BufRead>(reader: &mut R) -> Option<Reply> {
+    let mut status_line = String::new();
+    if reader.read_line(&mut status_line).ok()? == 0 {
+        return None;
+    }
+    let mut parts = status_line.trim_end().splitn(3, ' ');
+    let version = parts.next()?.to_string();
+    let status: u16 = parts.next()?.parse().ok()?;
+    let mut headers = Vec::new();
+    loop {
+        let mut line = String::new();
+        reader.read_line(&mut line).ok()?;
+        let line = line.trim_end();
+        if line.is_empty() {
+            break;
+        }
+        let (n, v) = line.split_once(':')?;
+        headers.push((n.trim().to_string(), v.trim().to_string()));
+    }
+    let mut reply = Reply {
+        version,
+        status,
+        headers,
+        body: Vec::new(),
+    };
+    if status == 100 {
+        return Some(reply);
+    }
+    if let Some(len) = reply.header("content-length") {
+        let mut body = vec![0; len.parse().ok()?];
+        reader.read_exact(&mut body).ok()?;
+        reply.body = body;
+    } else if reply
+        .header("transfer-encoding")
+        .is_some_and(|v| v.eq_ignore_ascii_case("chunked"))
+    {
+        loop {
+            let mut size_line = String::new();
+            reader.read_line(&mut size_line).ok()?;
+            let size = usize::from_str_radix(size_line.trim(), 16).ok()?;
+            if size == 0 {
+                let mut end = String::new();
+                reader.read_line(&mut end).ok()?;
+                break;
+            }
+            let mut chunk = vec![0; size + 2];
+            reader.read_exact(&mut chunk).ok()?;
+            reply.body.extend_from_slice(&chunk[..size]);
+        }
+    } else {
+        reader.read_to_end(&mut reply.body).ok()?;
+    }
+    Some(reply)
+}
+
+/// Reads until the peer closes; true if it closed within `within`.
+pub fn closes_within(stream: &mut TcpStream, within: Duration) -> bool {
+    stream.set_read_timeout(Some(within)).unwrap();
+    let mut sink = [0u8; 4096];
+    let deadline = Instant::now() + within;
+    loop {
+        match stream.read(&mut sink) {
+            Ok(0) => return true,
+            Ok(_) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => return true,
+            Err(_) => return false,
+        }
+        if Instant::now() > deadline {
+            return false;
+        }
+    }
+}
+
+/// Generates one `#[test]` per I/O driver for each listed function `fn(&'static str)`.
+#[macro_export]
+macro_rules! on_both_drivers {
+    ($($name:ident),* $(,)?) => {
+        mod uring {
+            $( #[test] fn $name() { super::$name("uring") } )*
+        }
+        mod epoll {
+            $( #[test] fn $name() { super::$name("epoll") } )*
+        }
+    };
+}

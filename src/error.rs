@@ -45,7 +45,7 @@ impl ApiError {
     }
 
     /// 413 `payload_too_large` for a body over `limit` bytes.
-    pub fn payload_too_large(limit: usize) -> Self {
+    pub fn payload_too_large(limit: u64) -> Self {
         Self::new(
             413,
             "ValueError",

@@ -16,7 +16,7 @@ use monoio::io::{AsyncReadRent, AsyncWriteRentExt};
 use monoio::net::TcpStream;
 
 use super::request::{split_target, validate_json_object, Request};
-use super::response::{write_chunk, write_head, Body, Framing, Response};
+use super::response::{write_chunk, write_head, Body, BodySink, FileBody, Framing, Response};
 use crate::config::MAX_JSON_BODY;
 use crate::error::ApiError;
 use crate::routes::Method;
@@ -243,6 +243,7 @@ impl Connection {
                 break;
             }
             sink.clear();
+            sink.reserve(READ_CHUNK);
             let (outcome, (result, back)) = with_deadline(fd, left, self.stream.read(sink)).await;
             sink = back;
             match (outcome, result) {
@@ -254,7 +255,7 @@ impl Connection {
 
     /// Applies the common rules, reads the body and runs the handler. Returns the response
     /// and whether the connection may stay open.
-    async fn handle(&mut self, head: Head) -> Result<(Response, bool), Stop> {
+    async fn handle(&mut self, mut head: Head) -> Result<(Response, bool), Stop> {
         let state = self.ctx.state.clone();
         let keep_alive = head.keep_alive;
         let has_body = head.chunked || head.content_length.is_some_and(|n| n > 0);
@@ -271,19 +272,6 @@ impl Connection {
             .with_header("Allow", "GET, POST, DELETE");
             return Ok((self.refuse(error, has_body, &head).await?, keep_alive));
         };
-        if head
-            .content_length
-            .is_some_and(|n| n > MAX_JSON_BODY as u64)
-        {
-            // Refused from the header alone: the body is never read, so the connection
-            // cannot be reused.
-            return Ok((
-                ApiError::payload_too_large(MAX_JSON_BODY)
-                    .closing()
-                    .into_response(),
-                false,
-            ));
-        }
         if !head.target.starts_with('/') {
             return Ok((
                 ApiError::bad_request("Request target must be a path starting with /")
@@ -304,6 +292,21 @@ impl Connection {
             return Ok((self.refuse(error, has_body, &head).await?, keep_alive));
         };
         let endpoint = &state.endpoints[found.index];
+        let raw = endpoint.raw_body
+            && method == Method::Post
+            && head.headers.iter().any(|(n, v)| {
+                n == "content-type"
+                    && v.split(';').next().unwrap_or("").trim().eq_ignore_ascii_case("application/octet-stream")
+            });
+        let body_limit = if raw { state.config.max_upload_size } else { MAX_JSON_BODY as u64 };
+        if head.content_length.is_some_and(|n| n > body_limit) {
+            // Refused from the header alone: the body is never read, so the connection
+            // cannot be reused.
+            return Ok((
+                ApiError::payload_too_large(body_limit).closing().into_response(),
+                false,
+            ));
+        }
         let identity = match state
             .auth
             .authenticate(&head.headers, None, endpoint.auth_required)
@@ -336,20 +339,19 @@ impl Connection {
             Err(error) => return Ok((self.refuse(error, has_body, &head).await?, keep_alive)),
         };
 
-        if head.expect_continue && has_body {
-            self.out.extend_from_slice(if head.http10 {
-                b"HTTP/1.0 100 Continue\r\n\r\n"
-            } else {
-                b"HTTP/1.1 100 Continue\r\n\r\n"
-            });
-            self.flush().await?;
-        }
-        let body = match self.read_body(&head, MAX_JSON_BODY).await? {
-            Ok(body) => body,
-            Err(error) => return Ok((error.closing().into_response(), false)),
+        let body = if raw {
+            Vec::new()
+        } else {
+            if head.expect_continue && has_body {
+                self.send_continue(head.http10).await?;
+            }
+            match self.read_body(&head, MAX_JSON_BODY).await? {
+                Ok(body) => body,
+                Err(error) => return Ok((error.closing().into_response(), false)),
+            }
         };
-        if matches!(method, Method::Post | Method::Delete) {
-            if let Err(error) = validate_json_object(&body) {
+        if matches!(method, Method::Post | Method::Delete) && !raw {
+            if let Err(error) = validate_json_object(&body, !endpoint.parses_whole_body) {
                 return Ok((error.into_response(), keep_alive));
             }
         }
@@ -361,8 +363,9 @@ impl Connection {
             method,
             path,
             query,
-            headers: head.headers,
+            headers: std::mem::take(&mut head.headers),
             body,
+            raw_body: raw,
             path_params: found.params,
             identity,
             state: state.clone(),
@@ -384,8 +387,107 @@ impl Connection {
                 .into_response()
             }
         };
+        let response = match response.body {
+            Body::Sink(sink) if raw => self.stream_body_into(&head, body_limit, sink).await?,
+            Body::Sink(sink) => {
+                drop(sink);
+                ApiError::internal("RuntimeError", format!("Endpoint '{}' accepted a raw body it was not sent", endpoint.id)).into_response()
+            }
+            // A raw body the handler refused is still on the wire: answer and close.
+            _ if raw && has_body => Response { close: true, ..response },
+            _ => response,
+        };
         let keep = keep_alive && !response.close;
         Ok((response, keep))
+    }
+
+    async fn send_continue(&mut self, http10: bool) -> Result<(), Stop> {
+        self.out.extend_from_slice(if http10 { b"HTTP/1.0 100 Continue\r\n\r\n" } else { b"HTTP/1.1 100 Continue\r\n\r\n" });
+        self.flush().await
+    }
+
+    /// Streams a raw request body into `sink` in chunks of at most `STREAM_CHUNK` bytes,
+    /// so memory stays constant whatever the body size; the sink's answer is the response.
+    async fn stream_body_into(&mut self, head: &Head, limit: u64, mut sink: Box<dyn BodySink>) -> Result<Response, Stop> {
+        if head.expect_continue && (head.chunked || head.content_length.is_some_and(|n| n > 0)) {
+            if let Err(stop) = self.send_continue(head.http10).await {
+                sink.abort().await;
+                return Err(stop);
+            }
+        }
+        match self.pump_body(head, limit, &mut *sink).await {
+            Ok(Ok(())) => Ok(match sink.finish().await {
+                Ok(response) => response,
+                Err(error) => error.into_response(),
+            }),
+            Ok(Err(error)) => {
+                sink.abort().await;
+                Ok(error.closing().into_response())
+            }
+            Err(stop) => {
+                sink.abort().await;
+                Err(stop)
+            }
+        }
+    }
+
+    async fn pump_body(&mut self, head: &Head, limit: u64, sink: &mut dyn BodySink) -> Result<Result<(), ApiError>, Stop> {
+        let timeout = self.ctx.state.config.read_timeout;
+        let mut chunk: Vec<u8> = Vec::with_capacity(STREAM_CHUNK);
+        if head.chunked {
+            let mut state = ChunkState::default();
+            let mut total = 0u64;
+            loop {
+                chunk.clear();
+                let more = match self.next_chunked_piece(&mut state, &mut chunk, STREAM_CHUNK, timeout).await? {
+                    Ok(more) => more,
+                    Err(error) => return Ok(Err(error)),
+                };
+                total += chunk.len() as u64;
+                if total > limit {
+                    return Ok(Err(ApiError::payload_too_large(limit)));
+                }
+                if !chunk.is_empty() {
+                    chunk = match sink.write(chunk).await {
+                        Ok(buf) => buf,
+                        Err(error) => return Ok(Err(error)),
+                    };
+                }
+                if !more {
+                    return Ok(Ok(()));
+                }
+            }
+        }
+        let mut remaining = head.content_length.unwrap_or(0);
+        while remaining > 0 {
+            chunk.clear();
+            let buffered = self.buf.len() - self.pos;
+            if buffered > 0 {
+                let take = buffered.min(remaining as usize).min(STREAM_CHUNK);
+                chunk.extend_from_slice(&self.buf[self.pos..self.pos + take]);
+                self.pos += take;
+            } else {
+                // Straight from the socket into the chunk: no copy through our buffer.
+                let want = (remaining as usize).min(STREAM_CHUNK);
+                if chunk.capacity() < want {
+                    chunk.reserve(want);
+                }
+                let fd = self.stream.as_raw_fd();
+                let read = self.stream.read(std::mem::take(&mut chunk).slice_mut(0..want));
+                let (outcome, (result, back)) = with_deadline(fd, timeout, read).await;
+                chunk = back.into_inner();
+                match (outcome, result) {
+                    (Deadline::Met, Ok(n)) if n > 0 => {}
+                    _ => return Err(Stop::Quiet),
+                }
+            }
+            remaining -= chunk.len() as u64;
+            chunk = match sink.write(chunk).await {
+                Ok(buf) => buf,
+                Err(error) => return Ok(Err(error)),
+            };
+        }
+        Ok(Ok(()))
     }
 
     /// Answers `error` for a request whose body we have not read. A small declared body is
@@ -410,18 +512,24 @@ impl Connection {
     }
 
     /// Reads the body framed by Content-Length or chunked encoding, up to `limit` bytes.
-    async fn read_body(
-        &mut self,
-        head: &Head,
-        limit: usize,
-    ) -> Result<Result<Vec<u8>, ApiError>, Stop> {
+    async fn read_body(&mut self, head: &Head, limit: usize) -> Result<Result<Vec<u8>, ApiError>, Stop> {
         let timeout = self.ctx.state.config.read_timeout;
         if head.chunked {
-            return self.read_chunked(limit, timeout).await;
+            let mut body = Vec::new();
+            let mut state = ChunkState::default();
+            loop {
+                let room = limit + 1 - body.len();
+                match self.next_chunked_piece(&mut state, &mut body, room, timeout).await? {
+                    Err(error) => return Ok(Err(error)),
+                    Ok(_) if body.len() > limit => return Ok(Err(ApiError::payload_too_large(limit as u64))),
+                    Ok(true) => {}
+                    Ok(false) => return Ok(Ok(body)),
+                }
+            }
         }
         let len = head.content_length.unwrap_or(0) as usize;
         if len > limit {
-            return Ok(Err(ApiError::payload_too_large(limit)));
+            return Ok(Err(ApiError::payload_too_large(limit as u64)));
         }
         while self.buf.len() - self.pos < len {
             if self.buf.capacity() - self.pos < len {
@@ -438,84 +546,88 @@ impl Connection {
         Ok(Ok(body))
     }
 
-    async fn read_chunked(
-        &mut self,
-        limit: usize,
-        timeout: Duration,
-    ) -> Result<Result<Vec<u8>, ApiError>, Stop> {
-        let mut body = Vec::new();
+    /// Appends up to `max` bytes of chunked body data to `out`. `Ok(false)` once the last
+    /// chunk and the trailers are consumed.
+    async fn next_chunked_piece(&mut self, state: &mut ChunkState, out: &mut Vec<u8>, max: usize, timeout: Duration) -> Result<Result<bool, ApiError>, Stop> {
+        let start = out.len();
         loop {
-            // Chunk-size line.
-            let line_end = loop {
-                if let Some(i) = find_crlf(&self.buf[self.pos..]) {
-                    break self.pos + i;
-                }
-                if self.buf.len() - self.pos > 1024 {
-                    return Ok(Err(ApiError::bad_request(
-                        "Malformed chunked body: chunk-size line too long",
-                    )));
-                }
-                if self.fill(timeout).await? == 0 {
-                    return Err(Stop::Quiet);
-                }
-            };
-            let line = &self.buf[self.pos..line_end];
-            let size_text = line.split(|b| *b == b';').next().unwrap_or(b"");
-            let size = std::str::from_utf8(size_text)
-                .ok()
-                .and_then(|s| usize::from_str_radix(s.trim(), 16).ok());
-            let Some(size) = size else {
-                return Ok(Err(ApiError::bad_request(
-                    "Malformed chunked body: bad chunk size",
-                )));
-            };
-            self.pos = line_end + 2;
-            if size == 0 {
-                // Trailer fields, ended by an empty line; we ignore their content.
-                loop {
-                    let end = loop {
-                        if let Some(i) = find_crlf(&self.buf[self.pos..]) {
-                            break self.pos + i;
-                        }
-                        if self.buf.len() - self.pos > MAX_HEAD_BYTES {
-                            return Ok(Err(head_too_large()));
-                        }
+            if state.done {
+                return Ok(Ok(false));
+            }
+            if state.remaining == 0 {
+                if state.need_crlf {
+                    while self.buf.len() - self.pos < 2 {
                         if self.fill(timeout).await? == 0 {
                             return Err(Stop::Quiet);
                         }
-                    };
-                    let empty = end == self.pos;
-                    self.pos = end + 2;
-                    if empty {
-                        return Ok(Ok(body));
+                    }
+                    if &self.buf[self.pos..self.pos + 2] != b"\r\n" {
+                        return Ok(Err(ApiError::bad_request("Malformed chunked body: missing CRLF after chunk data")));
+                    }
+                    self.pos += 2;
+                    state.need_crlf = false;
+                }
+                if out.len() - start >= max {
+                    return Ok(Ok(true));
+                }
+                let line_end = match self.line_end(1024, timeout).await? {
+                    Some(end) => end,
+                    None => return Ok(Err(ApiError::bad_request("Malformed chunked body: chunk-size line too long"))),
+                };
+                let line = &self.buf[self.pos..line_end];
+                let size_text = line.split(|b| *b == b';').next().unwrap_or(b"");
+                let size = std::str::from_utf8(size_text).ok().and_then(|s| usize::from_str_radix(s.trim(), 16).ok());
+                let Some(size) = size else {
+                    return Ok(Err(ApiError::bad_request("Malformed chunked body: bad chunk size")));
+                };
+                self.pos = line_end + 2;
+                if size == 0 {
+                    // Trailer fields, ended by an empty line; their content is ignored.
+                    loop {
+                        let end = match self.line_end(MAX_HEAD_BYTES, timeout).await? {
+                            Some(end) => end,
+                            None => return Ok(Err(head_too_large())),
+                        };
+                        let empty = end == self.pos;
+                        self.pos = end + 2;
+                        if empty {
+                            state.done = true;
+                            return Ok(Ok(false));
+                        }
                     }
                 }
+                state.remaining = size;
             }
-            if body.len() + size > limit {
-                return Ok(Err(ApiError::payload_too_large(limit)));
+            let room = max - (out.len() - start);
+            if room == 0 {
+                return Ok(Ok(true));
             }
-            body.reserve(size);
-            let mut remaining = size;
-            while remaining > 0 {
-                if self.pos == self.buf.len() && self.fill(timeout).await? == 0 {
-                    return Err(Stop::Quiet);
-                }
-                let take = remaining.min(self.buf.len() - self.pos);
-                body.extend_from_slice(&self.buf[self.pos..self.pos + take]);
-                self.pos += take;
-                remaining -= take;
+            if self.pos == self.buf.len() && self.fill(timeout).await? == 0 {
+                return Err(Stop::Quiet);
             }
-            while self.buf.len() - self.pos < 2 {
-                if self.fill(timeout).await? == 0 {
-                    return Err(Stop::Quiet);
-                }
+            let take = state.remaining.min(self.buf.len() - self.pos).min(room);
+            out.extend_from_slice(&self.buf[self.pos..self.pos + take]);
+            self.pos += take;
+            state.remaining -= take;
+            if state.remaining == 0 {
+                state.need_crlf = true;
             }
-            if &self.buf[self.pos..self.pos + 2] != b"\r\n" {
-                return Ok(Err(ApiError::bad_request(
-                    "Malformed chunked body: missing CRLF after chunk data",
-                )));
+        }
+    }
+
+    /// Index of the next CRLF at or after `pos`, reading more as needed; `None` when more
+    /// than `max` bytes arrive without one.
+    async fn line_end(&mut self, max: usize, timeout: Duration) -> Result<Option<usize>, Stop> {
+        loop {
+            if let Some(i) = find_crlf(&self.buf[self.pos..]) {
+                return Ok(Some(self.pos + i));
             }
-            self.pos += 2;
+            if self.buf.len() - self.pos > max {
+                return Ok(None);
+            }
+            if self.fill(timeout).await? == 0 {
+                return Err(Stop::Quiet);
+            }
         }
     }
 
@@ -552,6 +664,19 @@ impl Connection {
                 }
                 Ok(keep_alive)
             }
+            Body::Sink(_) => {
+                // Only raw-body endpoints may answer with a sink, and handle() resolved it.
+                let error = ApiError::internal("RuntimeError", "a body sink reached the response writer");
+                Box::pin(self.queue_response(error.into_response(), false)).await
+            }
+            Body::File(ref file) => {
+                let len = file.len;
+                with_http_date(|date| write_head(&mut self.out, &response, Framing::Length(len as usize), keep_alive, http10, date));
+                let Body::File(file) = response.body else { unreachable!() };
+                self.flush().await?;
+                self.send_file(file).await?;
+                Ok(keep_alive)
+            }
             Body::Sse(_) => {
                 let framing = if http10 {
                     Framing::UntilClose
@@ -582,12 +707,66 @@ impl Connection {
         }
     }
 
+    /// Sends a file region, reading the next chunk from disk while the current one is
+    /// being written to the socket.
+    async fn send_file(&mut self, body: FileBody) -> Result<(), Stop> {
+        let FileBody { file, offset, len } = body;
+        let end = offset + len;
+        let mut pos = offset;
+        let chunk_for = |pos: u64| ((end - pos) as usize).min(STREAM_CHUNK);
+        let (result, mut current) = file.read_at(Vec::with_capacity(chunk_for(pos)), pos).await;
+        let mut spare = Vec::with_capacity(STREAM_CHUNK);
+        loop {
+            match result_len(&result, &current, end - pos) {
+                Some(n) => current.truncate(n),
+                // The file shrank under us: the promised length cannot be met, so close.
+                None => return Err(Stop::Quiet),
+            }
+            pos += current.len() as u64;
+            if pos >= end {
+                return self.write(current).await.0;
+            }
+            let next = chunk_for(pos);
+            spare.clear();
+            if spare.capacity() < next {
+                spare.reserve(next);
+            }
+            let (written, (read, filled)) = monoio::join!(self.write(current), file.read_at(std::mem::take(&mut spare), pos));
+            let (write_result, used) = written;
+            write_result?;
+            spare = used;
+            current = filled;
+            if let Err(_e) = &read {
+                return Err(Stop::Quiet);
+            }
+        }
+    }
+
     fn frame(&mut self, data: &[u8], framing: Framing) {
         if framing == Framing::Chunked {
             write_chunk(&mut self.out, data);
         } else {
             self.out.extend_from_slice(data);
         }
+    }
+}
+
+/// Largest piece of a streamed body held in memory at once.
+const STREAM_CHUNK: usize = 256 * 1024;
+
+/// Progress through a chunked body.
+#[derive(Default)]
+struct ChunkState {
+    remaining: usize,
+    need_crlf: bool,
+    done: bool,
+}
+
+/// How many bytes of a file read count: `None` for an error or an early end of file.
+fn result_len(result: &std::io::Result<usize>, buf: &[u8], left: u64) -> Option<usize> {
+    match result {
+        Ok(n) if *n > 0 => Some(buf.len().min(left as usize)),
+        _ => None,
     }
 }
 

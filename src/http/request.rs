@@ -21,6 +21,9 @@ pub struct Request {
     /// Header names in lower case, in arrival order.
     pub(crate) headers: Vec<(String, String)>,
     pub body: Vec<u8>,
+    /// The body was not read: this is a raw (`application/octet-stream`) request to a
+    /// `raw_body` endpoint, whose handler answers with `Response::accept_body`.
+    pub(crate) raw_body: bool,
     pub(crate) path_params: Vec<(String, String)>,
     pub identity: Arc<Identity>,
     pub(crate) state: Arc<AppState>,
@@ -59,6 +62,11 @@ impl Request {
             .map(|(_, v)| v.as_str())
     }
 
+    /// Whether the body is left on the wire for a body sink (see `Endpoint::raw_body`).
+    pub fn is_raw_body(&self) -> bool {
+        self.raw_body
+    }
+
     /// The server's shared, read-only state.
     pub fn state(&self) -> &Arc<AppState> {
         &self.state
@@ -79,8 +87,15 @@ impl Request {
         } else {
             &self.body
         };
-        serde_json::from_slice(body)
-            .map_err(|e| ApiError::bad_request(format!("Invalid request body: {e}")))
+        serde_json::from_slice(body).map_err(|e| match e.classify() {
+            serde_json::error::Category::Data => ApiError::bad_request(format!("Invalid request body: {e}")),
+            _ => ApiError::bad_request(format!("Invalid JSON body: {e}")),
+        })
+    }
+
+    /// Moves the body out, e.g. to parse it on the blocking pool.
+    pub fn take_body(&mut self) -> Vec<u8> {
+        std::mem::take(&mut self.body)
     }
 }
 
@@ -89,12 +104,16 @@ pub(crate) fn is_blank(body: &[u8]) -> bool {
 }
 
 /// Checks that a POST/DELETE body is a JSON object (or empty), without building it.
-pub(crate) fn validate_json_object(body: &[u8]) -> Result<(), ApiError> {
+/// `full_syntax: false` checks only the opening brace, for handlers that parse the whole
+/// body themselves (a second full pass over a 10 MiB upload costs milliseconds).
+pub(crate) fn validate_json_object(body: &[u8], full_syntax: bool) -> Result<(), ApiError> {
     let Some(first) = body.iter().find(|b| !b.is_ascii_whitespace()) else {
         return Ok(());
     };
-    if let Err(e) = serde_json::from_slice::<serde::de::IgnoredAny>(body) {
-        return Err(ApiError::bad_request(format!("Invalid JSON body: {e}")));
+    if full_syntax {
+        if let Err(e) = serde_json::from_slice::<serde::de::IgnoredAny>(body) {
+            return Err(ApiError::bad_request(format!("Invalid JSON body: {e}")));
+        }
     }
     if *first != b'{' {
         return Err(ApiError::bad_request("Request body must be a JSON object"));
@@ -213,10 +232,12 @@ mod tests {
 
     #[test]
     fn body_must_be_an_object() {
-        assert!(validate_json_object(b"").is_ok());
-        assert!(validate_json_object(b"  {\"a\": 1} ").is_ok());
-        assert!(validate_json_object(b"[1]").is_err());
-        assert!(validate_json_object(b"{").is_err());
-        assert!(validate_json_object(b"\"x\"").is_err());
+        assert!(validate_json_object(b"", true).is_ok());
+        assert!(validate_json_object(b"  {\"a\": 1} ", true).is_ok());
+        assert!(validate_json_object(b"[1]", true).is_err());
+        assert!(validate_json_object(b"{", false).is_ok());
+        assert!(validate_json_object(b"[1]", false).is_err());
+        assert!(validate_json_object(b"{", true).is_err());
+        assert!(validate_json_object(b"\"x\"", true).is_err());
     }
 }

@@ -1,9 +1,14 @@
 //! Responses and their serialisation into one output buffer (head and body together, so
 //! a small answer leaves in a single `send`).
 
+use std::future::Future;
+use std::pin::Pin;
+
 use serde::Serialize;
 
 use super::sse::SseStream;
+use crate::error::ApiError;
+use crate::fs::aio::AsyncFile;
 
 /// `Content-Type` of every JSON answer, as the contract spells it.
 pub const JSON_CONTENT_TYPE: &str = "application/json; charset=utf-8";
@@ -16,6 +21,31 @@ pub enum Body {
     Full(Vec<u8>),
     /// Server-sent events, each flushed as it is produced.
     Sse(SseStream),
+    /// A region of an open file, streamed in constant memory.
+    File(FileBody),
+    /// Not a body to send: the handler accepts the request's raw body into this sink, and
+    /// the response is whatever the sink answers once the body is complete.
+    Sink(Box<dyn BodySink>),
+}
+
+/// A file region sent as the response body.
+pub struct FileBody {
+    pub file: AsyncFile,
+    pub offset: u64,
+    pub len: u64,
+}
+
+/// A future a sink returns; sinks run on one worker, so it need not be `Send`.
+pub type SinkFuture<'a, T> = Pin<Box<dyn Future<Output = T> + 'a>>;
+
+/// Receives a raw request body chunk by chunk (see `Endpoint::raw_body`).
+pub trait BodySink {
+    /// Takes one chunk and returns the buffer for reuse.
+    fn write(&mut self, chunk: Vec<u8>) -> SinkFuture<'_, Result<Vec<u8>, ApiError>>;
+    /// The body arrived whole: commit it and produce the answer.
+    fn finish(self: Box<Self>) -> SinkFuture<'static, Result<Response, ApiError>>;
+    /// The body did not arrive whole (client gone, too large, malformed): undo.
+    fn abort(self: Box<Self>) -> SinkFuture<'static, ()>;
 }
 
 /// An HTTP response as handlers build it.
@@ -69,6 +99,28 @@ impl Response {
             content_type: SSE_CONTENT_TYPE,
             headers: vec![("Cache-Control", "no-cache".to_string())],
             body: Body::Sse(stream),
+            close: false,
+        }
+    }
+
+    /// A response that streams `len` bytes of `file` from `offset`.
+    pub fn file(status: u16, content_type: &'static str, file: AsyncFile, offset: u64, len: u64) -> Response {
+        Response {
+            status,
+            content_type,
+            headers: Vec::new(),
+            body: Body::File(FileBody { file, offset, len }),
+            close: false,
+        }
+    }
+
+    /// Accepts the request's raw body into `sink` (only for `raw_body` endpoints).
+    pub fn accept_body(sink: Box<dyn BodySink>) -> Response {
+        Response {
+            status: 100,
+            content_type: JSON_CONTENT_TYPE,
+            headers: Vec::new(),
+            body: Body::Sink(sink),
             close: false,
         }
     }

@@ -177,6 +177,13 @@ pub struct Endpoint {
     pub limits: Map<String, Value>,
     /// `None` only for endpoints served elsewhere (the WebSocket).
     pub handler: Option<Handler>,
+    /// The handler deserialises the entire JSON body itself, so the dispatcher checks
+    /// only that it is an object (saves a second pass over large uploads).
+    pub parses_whole_body: bool,
+    /// With `Content-Type: application/octet-stream` the body is not read by the
+    /// dispatcher: the handler answers with a body sink (`Response::accept_body`) and the
+    /// connection streams the body into it, up to `ABX_MAX_UPLOAD_SIZE`.
+    pub raw_body: bool,
 }
 
 impl Endpoint {
@@ -195,7 +202,18 @@ impl Endpoint {
             params: Vec::new(),
             limits: Map::new(),
             handler: Some(handler),
+            parses_whole_body: false,
+            raw_body: false,
         }
+    }
+
+    pub fn parses_whole_body(mut self) -> Self {
+        self.parses_whole_body = true;
+        self
+    }
+    pub fn raw_body(mut self) -> Self {
+        self.raw_body = true;
+        self
     }
 
     pub fn id(mut self, id: &str) -> Self {

@@ -1,0 +1,307 @@
+//! Opening caller paths beneath the base directory, race-free.
+//!
+//! Every open goes through `openat2(base_fd, rel, RESOLVE_BENEATH | RESOLVE_NO_MAGICLINKS)`:
+//! the kernel resolves each component, symlinks included, and refuses (EXDEV) any step
+//! that would leave the base directory, so no `..`, symlink or rename race can escape.
+//! An absolute symlink is refused by RESOLVE_BENEATH even when it points back inside; for
+//! that case we canonicalise the path, check that the result lies beneath the base, and
+//! open the canonical path with RESOLVE_NO_SYMLINKS added, so a symlink swapped in
+//! between the check and the open makes the open fail instead of escaping.
+//!
+//! These are blocking syscalls; callers run them on the blocking pool.
+
+use std::ffi::OsStr;
+use std::io;
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::os::unix::ffi::OsStrExt;
+use std::path::{Component, Path, PathBuf};
+
+use rustix::fs::{Mode, OFlags, ResolveFlags};
+
+use super::confine;
+use crate::error::ApiError;
+
+/// A caller path after the lexical check: what responses show, and the part beneath the
+/// base directory that is actually opened (empty for the base itself).
+#[derive(Debug, Clone)]
+pub struct CallerPath {
+    pub shown: PathBuf,
+    pub rel: PathBuf,
+}
+
+impl CallerPath {
+    /// Checks `input` lexically against `base` (403 `path_not_allowed` outside it).
+    pub fn new(base: &Path, input: &str) -> Result<CallerPath, ApiError> {
+        let shown = confine::lexical(base, input)?;
+        let rel = shown.strip_prefix(base).map(Path::to_path_buf).unwrap_or_default();
+        Ok(CallerPath { shown, rel })
+    }
+
+    /// The last component, or `None` for the base directory itself.
+    pub fn file_name(&self) -> Option<&OsStr> {
+        self.rel.file_name()
+    }
+
+    /// The parent's part beneath the base (empty when the parent is the base).
+    pub fn parent_rel(&self) -> &Path {
+        self.rel.parent().unwrap_or(Path::new(""))
+    }
+
+    pub fn display(&self) -> String {
+        self.shown.to_string_lossy().into_owned()
+    }
+}
+
+/// Why an open failed, before a route words it.
+#[derive(Debug)]
+pub enum OpenError {
+    /// Resolution would leave the base directory.
+    Escape,
+    Io(io::Error),
+}
+
+impl From<io::Error> for OpenError {
+    fn from(e: io::Error) -> Self {
+        OpenError::Io(e)
+    }
+}
+
+impl From<rustix::io::Errno> for OpenError {
+    fn from(e: rustix::io::Errno) -> Self {
+        OpenError::Io(e.into())
+    }
+}
+
+impl OpenError {
+    pub fn is_not_found(&self) -> bool {
+        matches!(self, OpenError::Io(e) if e.kind() == io::ErrorKind::NotFound)
+    }
+
+    /// The route-independent rendering: 403 for an escape, the Python exception for I/O.
+    pub fn into_api(self, caller: &str, base: &Path) -> ApiError {
+        match self {
+            OpenError::Escape => confine::path_not_allowed(caller, base),
+            OpenError::Io(e) => io_error(&e, caller),
+        }
+    }
+}
+
+/// A 500 named like the Python exception the same failure raises there.
+pub fn io_error(e: &io::Error, path: &str) -> ApiError {
+    let kind = match e.raw_os_error().map(rustix::io::Errno::from_raw_os_error) {
+        Some(rustix::io::Errno::NOENT) => "FileNotFoundError",
+        Some(rustix::io::Errno::EXIST) => "FileExistsError",
+        Some(rustix::io::Errno::NOTDIR) => "NotADirectoryError",
+        Some(rustix::io::Errno::ISDIR) => "IsADirectoryError",
+        Some(rustix::io::Errno::ACCESS) | Some(rustix::io::Errno::PERM) => "PermissionError",
+        _ => "OSError",
+    };
+    ApiError::internal(kind, format!("{e}: '{path}'"))
+}
+
+/// Opens the base directory itself. Opened per request, so a base directory created (or
+/// recreated) after startup is picked up.
+pub fn open_base(base: &Path) -> io::Result<OwnedFd> {
+    Ok(rustix::fs::open(base, OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC, Mode::empty())?)
+}
+
+fn rel_arg(rel: &Path) -> &Path {
+    if rel.as_os_str().is_empty() {
+        Path::new(".")
+    } else {
+        rel
+    }
+}
+
+/// Opens `rel` beneath `base_fd` (see the module docs for the guarantees).
+pub fn open_beneath(base_fd: BorrowedFd<'_>, base: &Path, rel: &Path, flags: OFlags, mode: Mode) -> Result<OwnedFd, OpenError> {
+    let resolve = ResolveFlags::BENEATH | ResolveFlags::NO_MAGICLINKS;
+    match rustix::fs::openat2(base_fd, rel_arg(rel), flags | OFlags::CLOEXEC, mode, resolve) {
+        Ok(fd) => Ok(fd),
+        Err(rustix::io::Errno::XDEV) => open_canonical(base_fd, base, rel, flags, mode),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// The EXDEV fallback: allowed only when the canonical path is beneath the base.
+fn open_canonical(base_fd: BorrowedFd<'_>, base: &Path, rel: &Path, flags: OFlags, mode: Mode) -> Result<OwnedFd, OpenError> {
+    let canonical_base = std::fs::canonicalize(base)?;
+    let joined = base.join(rel);
+    // With O_NOFOLLOW (or O_CREAT of a new name) the last component is not followed.
+    let canonical = if flags.contains(OFlags::NOFOLLOW) || flags.contains(OFlags::CREATE) {
+        let parent = joined.parent().map(std::fs::canonicalize).transpose()?.unwrap_or_default();
+        match joined.file_name() {
+            Some(name) => parent.join(name),
+            None => parent,
+        }
+    } else {
+        match std::fs::canonicalize(&joined) {
+            Ok(p) => p,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Err(OpenError::Escape),
+            Err(e) => return Err(e.into()),
+        }
+    };
+    let Ok(inner) = canonical.strip_prefix(&canonical_base) else {
+        return Err(OpenError::Escape);
+    };
+    let resolve = ResolveFlags::BENEATH | ResolveFlags::NO_SYMLINKS;
+    match rustix::fs::openat2(base_fd, rel_arg(inner), flags | OFlags::CLOEXEC, mode, resolve) {
+        Ok(fd) => Ok(fd),
+        // A symlink appeared since we looked: refuse rather than follow it.
+        Err(rustix::io::Errno::XDEV) | Err(rustix::io::Errno::LOOP) => Err(OpenError::Escape),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// Opens the directory `rel` beneath the base, creating it and its missing parents
+/// (`mkdir -p`), each component created relative to an already-confined parent.
+pub fn create_dirs(base_fd: BorrowedFd<'_>, base: &Path, rel: &Path) -> Result<OwnedFd, OpenError> {
+    let dir_flags = OFlags::PATH | OFlags::DIRECTORY;
+    match open_beneath(base_fd, base, rel, dir_flags, Mode::empty()) {
+        Ok(fd) => return Ok(fd),
+        Err(e) if e.is_not_found() => {}
+        Err(e) => return Err(e),
+    }
+    let mut prefix = PathBuf::new();
+    let mut parent = open_beneath(base_fd, base, Path::new(""), dir_flags, Mode::empty())?;
+    for component in rel.components() {
+        let Component::Normal(name) = component else { continue };
+        prefix.push(name);
+        match open_beneath(base_fd, base, &prefix, dir_flags, Mode::empty()) {
+            Ok(fd) => parent = fd,
+            Err(e) if e.is_not_found() => {
+                match rustix::fs::mkdirat(parent.as_fd(), name, Mode::from_raw_mode(0o777)) {
+                    Ok(()) | Err(rustix::io::Errno::EXIST) => {}
+                    Err(e) => return Err(e.into()),
+                }
+                parent = open_beneath(base_fd, base, &prefix, dir_flags, Mode::empty())?;
+            }
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(parent)
+}
+
+/// `lstat` of `rel` beneath the base: the last component is not followed, so a symlink is
+/// reported as itself. `Ok(None)` when nothing is there.
+pub fn lstat_beneath(base_fd: BorrowedFd<'_>, base: &Path, rel: &Path) -> Result<Option<rustix::fs::Stat>, OpenError> {
+    match open_beneath(base_fd, base, rel, OFlags::PATH | OFlags::NOFOLLOW, Mode::empty()) {
+        Ok(fd) => Ok(Some(rustix::fs::fstat(&fd)?)),
+        Err(e) if e.is_not_found() => Ok(None),
+        Err(e) => Err(e),
+    }
+}
+
+/// Kinds of directory entry the file routes tell apart.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    File,
+    Directory,
+    Symlink,
+    Other,
+}
+
+pub fn kind_of(stat: &rustix::fs::Stat) -> Kind {
+    match rustix::fs::FileType::from_raw_mode(stat.st_mode) {
+        rustix::fs::FileType::RegularFile => Kind::File,
+        rustix::fs::FileType::Directory => Kind::Directory,
+        rustix::fs::FileType::Symlink => Kind::Symlink,
+        _ => Kind::Other,
+    }
+}
+
+/// The entries of an open directory, sorted by name, without `.` and `..`.
+pub fn read_dir_sorted(dir: BorrowedFd<'_>) -> io::Result<Vec<Vec<u8>>> {
+    let fd = rustix::fs::openat(dir, ".", OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC, Mode::empty())?;
+    let mut names = Vec::new();
+    for entry in rustix::fs::Dir::new(fd)? {
+        let entry = entry?;
+        let name = entry.file_name().to_bytes();
+        if name != b"." && name != b".." {
+            names.push(name.to_vec());
+        }
+    }
+    names.sort();
+    Ok(names)
+}
+
+/// Opens child `name` of `dir` as a directory without following a symlink.
+pub fn open_child_dir(dir: BorrowedFd<'_>, name: &[u8]) -> io::Result<OwnedFd> {
+    Ok(rustix::fs::openat(
+        dir,
+        OsStr::from_bytes(name),
+        OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+        Mode::empty(),
+    )?)
+}
+
+/// `lstat` of child `name` of `dir`.
+pub fn lstat_child(dir: BorrowedFd<'_>, name: &[u8]) -> io::Result<rustix::fs::Stat> {
+    Ok(rustix::fs::statat(dir, OsStr::from_bytes(name), rustix::fs::AtFlags::SYMLINK_NOFOLLOW)?)
+}
+
+/// Removes child `name` of `dir`: a file or symlink, or a directory tree (walked with
+/// directory fds, never following symlinks, so a symlink inside cannot redirect it).
+pub fn remove_child(dir: BorrowedFd<'_>, name: &OsStr) -> io::Result<()> {
+    let stat = rustix::fs::statat(dir, name, rustix::fs::AtFlags::SYMLINK_NOFOLLOW)?;
+    if kind_of(&stat) != Kind::Directory {
+        return Ok(rustix::fs::unlinkat(dir, name, rustix::fs::AtFlags::empty())?);
+    }
+    let child = open_child_dir(dir, name.as_bytes())?;
+    for entry in read_dir_sorted(child.as_fd())? {
+        remove_child(child.as_fd(), OsStr::from_bytes(&entry))?;
+    }
+    Ok(rustix::fs::unlinkat(dir, name, rustix::fs::AtFlags::REMOVEDIR)?)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::symlink;
+
+    fn scratch(tag: &str) -> PathBuf {
+        let dir = std::env::temp_dir().join(format!("abx-resolve-{tag}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(dir.join("base/sub")).unwrap();
+        std::fs::write(dir.join("base/sub/f.txt"), b"hi").unwrap();
+        std::fs::write(dir.join("secret.txt"), b"no").unwrap();
+        dir
+    }
+
+    #[test]
+    fn symlinks_cannot_escape_but_may_stay_inside() {
+        let dir = scratch("links");
+        let base = dir.join("base");
+        symlink("../secret.txt", base.join("rel-out")).unwrap();
+        symlink(dir.join("secret.txt"), base.join("abs-out")).unwrap();
+        symlink("sub/f.txt", base.join("rel-in")).unwrap();
+        symlink(base.join("sub/f.txt"), base.join("abs-in")).unwrap();
+        symlink("/", base.join("root")).unwrap();
+        let fd = open_base(&base).unwrap();
+        let open = |rel: &str| open_beneath(fd.as_fd(), &base, Path::new(rel), OFlags::RDONLY, Mode::empty());
+        assert!(matches!(open("rel-out"), Err(OpenError::Escape)));
+        assert!(matches!(open("abs-out"), Err(OpenError::Escape)));
+        assert!(matches!(open("root/etc/passwd"), Err(OpenError::Escape)));
+        assert!(open("rel-in").is_ok());
+        assert!(open("abs-in").is_ok());
+        assert!(open("sub/f.txt").is_ok());
+        assert!(open("nope").unwrap_err().is_not_found());
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn create_dirs_and_remove_tree() {
+        let dir = scratch("dirs");
+        let base = dir.join("base");
+        let fd = open_base(&base).unwrap();
+        create_dirs(fd.as_fd(), &base, Path::new("a/b/c")).unwrap();
+        assert!(base.join("a/b/c").is_dir());
+        symlink(&dir, base.join("a/escape")).unwrap();
+        assert!(matches!(create_dirs(fd.as_fd(), &base, Path::new("a/escape/x")), Err(OpenError::Escape)));
+        assert!(!dir.join("x").exists());
+        remove_child(fd.as_fd(), OsStr::new("a")).unwrap();
+        assert!(!base.join("a").exists());
+        assert!(dir.join("secret.txt").exists(), "removal followed a symlink");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}

@@ -42,7 +42,12 @@ impl AsyncFile {
                     (result, buf)
                 })
                 .await;
-                joined.unwrap_or_else(|_| (Err(io::Error::other("blocking pool task was cancelled")), Vec::new()))
+                joined.unwrap_or_else(|_| {
+                    (
+                        Err(io::Error::other("blocking pool task was cancelled")),
+                        Vec::new(),
+                    )
+                })
             }
         }
     }
@@ -77,7 +82,12 @@ impl AsyncFile {
                     (file.write_all_at(&buf, pos), buf)
                 })
                 .await;
-                joined.unwrap_or_else(|_| (Err(io::Error::other("blocking pool task was cancelled")), Vec::new()))
+                joined.unwrap_or_else(|_| {
+                    (
+                        Err(io::Error::other("blocking pool task was cancelled")),
+                        Vec::new(),
+                    )
+                })
             }
         }
     }
@@ -85,7 +95,9 @@ impl AsyncFile {
 
 /// Runs blocking file-system work on the blocking pool and awaits it without blocking
 /// the worker.
-pub async fn blocking<T: Send + 'static>(work: impl FnOnce() -> T + Send + 'static) -> Result<T, ApiError> {
+pub async fn blocking<T: Send + 'static>(
+    work: impl FnOnce() -> T + Send + 'static,
+) -> Result<T, ApiError> {
     monoio::spawn_blocking(work)
         .await
         .map_err(|_| ApiError::internal("RuntimeError", "blocking task was cancelled"))

@@ -2,5 +2,9 @@
 //! blocks a worker.
 
 pub mod aio;
+pub mod archive;
 pub mod confine;
+pub mod fnmatch;
 pub mod resolve;
+pub mod watch;
+pub mod write;

@@ -33,7 +33,10 @@ impl CallerPath {
     /// Checks `input` lexically against `base` (403 `path_not_allowed` outside it).
     pub fn new(base: &Path, input: &str) -> Result<CallerPath, ApiError> {
         let shown = confine::lexical(base, input)?;
-        let rel = shown.strip_prefix(base).map(Path::to_path_buf).unwrap_or_default();
+        let rel = shown
+            .strip_prefix(base)
+            .map(Path::to_path_buf)
+            .unwrap_or_default();
         Ok(CallerPath { shown, rel })
     }
 
@@ -102,7 +105,11 @@ pub fn io_error(e: &io::Error, path: &str) -> ApiError {
 /// Opens the base directory itself. Opened per request, so a base directory created (or
 /// recreated) after startup is picked up.
 pub fn open_base(base: &Path) -> io::Result<OwnedFd> {
-    Ok(rustix::fs::open(base, OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC, Mode::empty())?)
+    Ok(rustix::fs::open(
+        base,
+        OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC,
+        Mode::empty(),
+    )?)
 }
 
 fn rel_arg(rel: &Path) -> &Path {
@@ -114,9 +121,21 @@ fn rel_arg(rel: &Path) -> &Path {
 }
 
 /// Opens `rel` beneath `base_fd` (see the module docs for the guarantees).
-pub fn open_beneath(base_fd: BorrowedFd<'_>, base: &Path, rel: &Path, flags: OFlags, mode: Mode) -> Result<OwnedFd, OpenError> {
+pub fn open_beneath(
+    base_fd: BorrowedFd<'_>,
+    base: &Path,
+    rel: &Path,
+    flags: OFlags,
+    mode: Mode,
+) -> Result<OwnedFd, OpenError> {
     let resolve = ResolveFlags::BENEATH | ResolveFlags::NO_MAGICLINKS;
-    match rustix::fs::openat2(base_fd, rel_arg(rel), flags | OFlags::CLOEXEC, mode, resolve) {
+    match rustix::fs::openat2(
+        base_fd,
+        rel_arg(rel),
+        flags | OFlags::CLOEXEC,
+        mode,
+        resolve,
+    ) {
         Ok(fd) => Ok(fd),
         Err(rustix::io::Errno::XDEV) => open_canonical(base_fd, base, rel, flags, mode),
         Err(e) => Err(e.into()),
@@ -124,12 +143,22 @@ pub fn open_beneath(base_fd: BorrowedFd<'_>, base: &Path, rel: &Path, flags: OFl
 }
 
 /// The EXDEV fallback: allowed only when the canonical path is beneath the base.
-fn open_canonical(base_fd: BorrowedFd<'_>, base: &Path, rel: &Path, flags: OFlags, mode: Mode) -> Result<OwnedFd, OpenError> {
+fn open_canonical(
+    base_fd: BorrowedFd<'_>,
+    base: &Path,
+    rel: &Path,
+    flags: OFlags,
+    mode: Mode,
+) -> Result<OwnedFd, OpenError> {
     let canonical_base = std::fs::canonicalize(base)?;
     let joined = base.join(rel);
     // With O_NOFOLLOW (or O_CREAT of a new name) the last component is not followed.
     let canonical = if flags.contains(OFlags::NOFOLLOW) || flags.contains(OFlags::CREATE) {
-        let parent = joined.parent().map(std::fs::canonicalize).transpose()?.unwrap_or_default();
+        let parent = joined
+            .parent()
+            .map(std::fs::canonicalize)
+            .transpose()?
+            .unwrap_or_default();
         match joined.file_name() {
             Some(name) => parent.join(name),
             None => parent,
@@ -145,7 +174,13 @@ fn open_canonical(base_fd: BorrowedFd<'_>, base: &Path, rel: &Path, flags: OFlag
         return Err(OpenError::Escape);
     };
     let resolve = ResolveFlags::BENEATH | ResolveFlags::NO_SYMLINKS;
-    match rustix::fs::openat2(base_fd, rel_arg(inner), flags | OFlags::CLOEXEC, mode, resolve) {
+    match rustix::fs::openat2(
+        base_fd,
+        rel_arg(inner),
+        flags | OFlags::CLOEXEC,
+        mode,
+        resolve,
+    ) {
         Ok(fd) => Ok(fd),
         // A symlink appeared since we looked: refuse rather than follow it.
         Err(rustix::io::Errno::XDEV) | Err(rustix::io::Errno::LOOP) => Err(OpenError::Escape),
@@ -165,7 +200,9 @@ pub fn create_dirs(base_fd: BorrowedFd<'_>, base: &Path, rel: &Path) -> Result<O
     let mut prefix = PathBuf::new();
     let mut parent = open_beneath(base_fd, base, Path::new(""), dir_flags, Mode::empty())?;
     for component in rel.components() {
-        let Component::Normal(name) = component else { continue };
+        let Component::Normal(name) = component else {
+            continue;
+        };
         prefix.push(name);
         match open_beneath(base_fd, base, &prefix, dir_flags, Mode::empty()) {
             Ok(fd) => parent = fd,
@@ -184,8 +221,18 @@ pub fn create_dirs(base_fd: BorrowedFd<'_>, base: &Path, rel: &Path) -> Result<O
 
 /// `lstat` of `rel` beneath the base: the last component is not followed, so a symlink is
 /// reported as itself. `Ok(None)` when nothing is there.
-pub fn lstat_beneath(base_fd: BorrowedFd<'_>, base: &Path, rel: &Path) -> Result<Option<rustix::fs::Stat>, OpenError> {
-    match open_beneath(base_fd, base, rel, OFlags::PATH | OFlags::NOFOLLOW, Mode::empty()) {
+pub fn lstat_beneath(
+    base_fd: BorrowedFd<'_>,
+    base: &Path,
+    rel: &Path,
+) -> Result<Option<rustix::fs::Stat>, OpenError> {
+    match open_beneath(
+        base_fd,
+        base,
+        rel,
+        OFlags::PATH | OFlags::NOFOLLOW,
+        Mode::empty(),
+    ) {
         Ok(fd) => Ok(Some(rustix::fs::fstat(&fd)?)),
         Err(e) if e.is_not_found() => Ok(None),
         Err(e) => Err(e),
@@ -212,7 +259,12 @@ pub fn kind_of(stat: &rustix::fs::Stat) -> Kind {
 
 /// The entries of an open directory, sorted by name, without `.` and `..`.
 pub fn read_dir_sorted(dir: BorrowedFd<'_>) -> io::Result<Vec<Vec<u8>>> {
-    let fd = rustix::fs::openat(dir, ".", OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC, Mode::empty())?;
+    let fd = rustix::fs::openat(
+        dir,
+        ".",
+        OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,
+        Mode::empty(),
+    )?;
     let mut names = Vec::new();
     for entry in rustix::fs::Dir::new(fd)? {
         let entry = entry?;
@@ -237,7 +289,11 @@ pub fn open_child_dir(dir: BorrowedFd<'_>, name: &[u8]) -> io::Result<OwnedFd> {
 
 /// `lstat` of child `name` of `dir`.
 pub fn lstat_child(dir: BorrowedFd<'_>, name: &[u8]) -> io::Result<rustix::fs::Stat> {
-    Ok(rustix::fs::statat(dir, OsStr::from_bytes(name), rustix::fs::AtFlags::SYMLINK_NOFOLLOW)?)
+    Ok(rustix::fs::statat(
+        dir,
+        OsStr::from_bytes(name),
+        rustix::fs::AtFlags::SYMLINK_NOFOLLOW,
+    )?)
 }
 
 /// Removes child `name` of `dir`: a file or symlink, or a directory tree (walked with
@@ -245,13 +301,21 @@ pub fn lstat_child(dir: BorrowedFd<'_>, name: &[u8]) -> io::Result<rustix::fs::S
 pub fn remove_child(dir: BorrowedFd<'_>, name: &OsStr) -> io::Result<()> {
     let stat = rustix::fs::statat(dir, name, rustix::fs::AtFlags::SYMLINK_NOFOLLOW)?;
     if kind_of(&stat) != Kind::Directory {
-        return Ok(rustix::fs::unlinkat(dir, name, rustix::fs::AtFlags::empty())?);
+        return Ok(rustix::fs::unlinkat(
+            dir,
+            name,
+            rustix::fs::AtFlags::empty(),
+        )?);
     }
     let child = open_child_dir(dir, name.as_bytes())?;
     for entry in read_dir_sorted(child.as_fd())? {
         remove_child(child.as_fd(), OsStr::from_bytes(&entry))?;
     }
-    Ok(rustix::fs::unlinkat(dir, name, rustix::fs::AtFlags::REMOVEDIR)?)
+    Ok(rustix::fs::unlinkat(
+        dir,
+        name,
+        rustix::fs::AtFlags::REMOVEDIR,
+    )?)
 }
 
 #[cfg(test)]
@@ -278,7 +342,15 @@ mod tests {
         symlink(base.join("sub/f.txt"), base.join("abs-in")).unwrap();
         symlink("/", base.join("root")).unwrap();
         let fd = open_base(&base).unwrap();
-        let open = |rel: &str| open_beneath(fd.as_fd(), &base, Path::new(rel), OFlags::RDONLY, Mode::empty());
+        let open = |rel: &str| {
+            open_beneath(
+                fd.as_fd(),
+                &base,
+                Path::new(rel),
+                OFlags::RDONLY,
+                Mode::empty(),
+            )
+        };
         assert!(matches!(open("rel-out"), Err(OpenError::Escape)));
         assert!(matches!(open("abs-out"), Err(OpenError::Escape)));
         assert!(matches!(open("root/etc/passwd"), Err(OpenError::Escape)));
@@ -297,11 +369,17 @@ mod tests {
         create_dirs(fd.as_fd(), &base, Path::new("a/b/c")).unwrap();
         assert!(base.join("a/b/c").is_dir());
         symlink(&dir, base.join("a/escape")).unwrap();
-        assert!(matches!(create_dirs(fd.as_fd(), &base, Path::new("a/escape/x")), Err(OpenError::Escape)));
+        assert!(matches!(
+            create_dirs(fd.as_fd(), &base, Path::new("a/escape/x")),
+            Err(OpenError::Escape)
+        ));
         assert!(!dir.join("x").exists());
         remove_child(fd.as_fd(), OsStr::new("a")).unwrap();
         assert!(!base.join("a").exists());
-        assert!(dir.join("secret.txt").exists(), "removal followed a symlink");
+        assert!(
+            dir.join("secret.txt").exists(),
+            "removal followed a symlink"
+        );
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }

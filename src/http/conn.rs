@@ -296,14 +296,24 @@ impl Connection {
             && method == Method::Post
             && head.headers.iter().any(|(n, v)| {
                 n == "content-type"
-                    && v.split(';').next().unwrap_or("").trim().eq_ignore_ascii_case("application/octet-stream")
+                    && v.split(';')
+                        .next()
+                        .unwrap_or("")
+                        .trim()
+                        .eq_ignore_ascii_case("application/octet-stream")
             });
-        let body_limit = if raw { state.config.max_upload_size } else { MAX_JSON_BODY as u64 };
+        let body_limit = if raw {
+            state.config.max_upload_size
+        } else {
+            MAX_JSON_BODY as u64
+        };
         if head.content_length.is_some_and(|n| n > body_limit) {
             // Refused from the header alone: the body is never read, so the connection
             // cannot be reused.
             return Ok((
-                ApiError::payload_too_large(body_limit).closing().into_response(),
+                ApiError::payload_too_large(body_limit)
+                    .closing()
+                    .into_response(),
                 false,
             ));
         }
@@ -373,7 +383,7 @@ impl Connection {
         };
         let response = match CatchUnwind(None, Some((handler, request))).await {
             Ok(Ok(response)) => response,
-            Ok(Err(error)) => error.into_response(),
+            Ok(Err(error)) => with_endpoint(error, &endpoint.id).into_response(),
             Err(panic) => {
                 let message = panic_message(&*panic);
                 eprintln!(
@@ -391,10 +401,20 @@ impl Connection {
             Body::Sink(sink) if raw => self.stream_body_into(&head, body_limit, sink).await?,
             Body::Sink(sink) => {
                 drop(sink);
-                ApiError::internal("RuntimeError", format!("Endpoint '{}' accepted a raw body it was not sent", endpoint.id)).into_response()
+                ApiError::internal(
+                    "RuntimeError",
+                    format!(
+                        "Endpoint '{}' accepted a raw body it was not sent",
+                        endpoint.id
+                    ),
+                )
+                .into_response()
             }
             // A raw body the handler refused is still on the wire: answer and close.
-            _ if raw && has_body => Response { close: true, ..response },
+            _ if raw && has_body => Response {
+                close: true,
+                ..response
+            },
             _ => response,
         };
         let keep = keep_alive && !response.close;
@@ -402,13 +422,22 @@ impl Connection {
     }
 
     async fn send_continue(&mut self, http10: bool) -> Result<(), Stop> {
-        self.out.extend_from_slice(if http10 { b"HTTP/1.0 100 Continue\r\n\r\n" } else { b"HTTP/1.1 100 Continue\r\n\r\n" });
+        self.out.extend_from_slice(if http10 {
+            b"HTTP/1.0 100 Continue\r\n\r\n"
+        } else {
+            b"HTTP/1.1 100 Continue\r\n\r\n"
+        });
         self.flush().await
     }
 
     /// Streams a raw request body into `sink` in chunks of at most `STREAM_CHUNK` bytes,
     /// so memory stays constant whatever the body size; the sink's answer is the response.
-    async fn stream_body_into(&mut self, head: &Head, limit: u64, mut sink: Box<dyn BodySink>) -> Result<Response, Stop> {
+    async fn stream_body_into(
+        &mut self,
+        head: &Head,
+        limit: u64,
+        mut sink: Box<dyn BodySink>,
+    ) -> Result<Response, Stop> {
         if head.expect_continue && (head.chunked || head.content_length.is_some_and(|n| n > 0)) {
             if let Err(stop) = self.send_continue(head.http10).await {
                 sink.abort().await;
@@ -431,7 +460,12 @@ impl Connection {
         }
     }
 
-    async fn pump_body(&mut self, head: &Head, limit: u64, sink: &mut dyn BodySink) -> Result<Result<(), ApiError>, Stop> {
+    async fn pump_body(
+        &mut self,
+        head: &Head,
+        limit: u64,
+        sink: &mut dyn BodySink,
+    ) -> Result<Result<(), ApiError>, Stop> {
         let timeout = self.ctx.state.config.read_timeout;
         let mut chunk: Vec<u8> = Vec::with_capacity(STREAM_CHUNK);
         if head.chunked {
@@ -439,7 +473,10 @@ impl Connection {
             let mut total = 0u64;
             loop {
                 chunk.clear();
-                let more = match self.next_chunked_piece(&mut state, &mut chunk, STREAM_CHUNK, timeout).await? {
+                let more = match self
+                    .next_chunked_piece(&mut state, &mut chunk, STREAM_CHUNK, timeout)
+                    .await?
+                {
                     Ok(more) => more,
                     Err(error) => return Ok(Err(error)),
                 };
@@ -473,7 +510,9 @@ impl Connection {
                     chunk.reserve(want);
                 }
                 let fd = self.stream.as_raw_fd();
-                let read = self.stream.read(std::mem::take(&mut chunk).slice_mut(0..want));
+                let read = self
+                    .stream
+                    .read(std::mem::take(&mut chunk).slice_mut(0..want));
                 let (outcome, (result, back)) = with_deadline(fd, timeout, read).await;
                 chunk = back.into_inner();
                 match (outcome, result) {
@@ -512,16 +551,25 @@ impl Connection {
     }
 
     /// Reads the body framed by Content-Length or chunked encoding, up to `limit` bytes.
-    async fn read_body(&mut self, head: &Head, limit: usize) -> Result<Result<Vec<u8>, ApiError>, Stop> {
+    async fn read_body(
+        &mut self,
+        head: &Head,
+        limit: usize,
+    ) -> Result<Result<Vec<u8>, ApiError>, Stop> {
         let timeout = self.ctx.state.config.read_timeout;
         if head.chunked {
             let mut body = Vec::new();
             let mut state = ChunkState::default();
             loop {
                 let room = limit + 1 - body.len();
-                match self.next_chunked_piece(&mut state, &mut body, room, timeout).await? {
+                match self
+                    .next_chunked_piece(&mut state, &mut body, room, timeout)
+                    .await?
+                {
                     Err(error) => return Ok(Err(error)),
-                    Ok(_) if body.len() > limit => return Ok(Err(ApiError::payload_too_large(limit as u64))),
+                    Ok(_) if body.len() > limit => {
+                        return Ok(Err(ApiError::payload_too_large(limit as u64)))
+                    }
                     Ok(true) => {}
                     Ok(false) => return Ok(Ok(body)),
                 }
@@ -548,7 +596,13 @@ impl Connection {
 
     /// Appends up to `max` bytes of chunked body data to `out`. `Ok(false)` once the last
     /// chunk and the trailers are consumed.
-    async fn next_chunked_piece(&mut self, state: &mut ChunkState, out: &mut Vec<u8>, max: usize, timeout: Duration) -> Result<Result<bool, ApiError>, Stop> {
+    async fn next_chunked_piece(
+        &mut self,
+        state: &mut ChunkState,
+        out: &mut Vec<u8>,
+        max: usize,
+        timeout: Duration,
+    ) -> Result<Result<bool, ApiError>, Stop> {
         let start = out.len();
         loop {
             if state.done {
@@ -562,7 +616,9 @@ impl Connection {
                         }
                     }
                     if &self.buf[self.pos..self.pos + 2] != b"\r\n" {
-                        return Ok(Err(ApiError::bad_request("Malformed chunked body: missing CRLF after chunk data")));
+                        return Ok(Err(ApiError::bad_request(
+                            "Malformed chunked body: missing CRLF after chunk data",
+                        )));
                     }
                     self.pos += 2;
                     state.need_crlf = false;
@@ -572,13 +628,21 @@ impl Connection {
                 }
                 let line_end = match self.line_end(1024, timeout).await? {
                     Some(end) => end,
-                    None => return Ok(Err(ApiError::bad_request("Malformed chunked body: chunk-size line too long"))),
+                    None => {
+                        return Ok(Err(ApiError::bad_request(
+                            "Malformed chunked body: chunk-size line too long",
+                        )))
+                    }
                 };
                 let line = &self.buf[self.pos..line_end];
                 let size_text = line.split(|b| *b == b';').next().unwrap_or(b"");
-                let size = std::str::from_utf8(size_text).ok().and_then(|s| usize::from_str_radix(s.trim(), 16).ok());
+                let size = std::str::from_utf8(size_text)
+                    .ok()
+                    .and_then(|s| usize::from_str_radix(s.trim(), 16).ok());
                 let Some(size) = size else {
-                    return Ok(Err(ApiError::bad_request("Malformed chunked body: bad chunk size")));
+                    return Ok(Err(ApiError::bad_request(
+                        "Malformed chunked body: bad chunk size",
+                    )));
                 };
                 self.pos = line_end + 2;
                 if size == 0 {
@@ -666,13 +730,25 @@ impl Connection {
             }
             Body::Sink(_) => {
                 // Only raw-body endpoints may answer with a sink, and handle() resolved it.
-                let error = ApiError::internal("RuntimeError", "a body sink reached the response writer");
+                let error =
+                    ApiError::internal("RuntimeError", "a body sink reached the response writer");
                 Box::pin(self.queue_response(error.into_response(), false)).await
             }
             Body::File(ref file) => {
                 let len = file.len;
-                with_http_date(|date| write_head(&mut self.out, &response, Framing::Length(len as usize), keep_alive, http10, date));
-                let Body::File(file) = response.body else { unreachable!() };
+                with_http_date(|date| {
+                    write_head(
+                        &mut self.out,
+                        &response,
+                        Framing::Length(len as usize),
+                        keep_alive,
+                        http10,
+                        date,
+                    )
+                });
+                let Body::File(file) = response.body else {
+                    unreachable!()
+                };
                 self.flush().await?;
                 self.send_file(file).await?;
                 Ok(keep_alive)
@@ -731,7 +807,10 @@ impl Connection {
             if spare.capacity() < next {
                 spare.reserve(next);
             }
-            let (written, (read, filled)) = monoio::join!(self.write(current), file.read_at(std::mem::take(&mut spare), pos));
+            let (written, (read, filled)) = monoio::join!(
+                self.write(current),
+                file.read_at(std::mem::take(&mut spare), pos)
+            );
             let (write_result, used) = written;
             write_result?;
             spare = used;
@@ -767,6 +846,24 @@ fn result_len(result: &std::io::Result<usize>, buf: &[u8], left: u64) -> Option<
     match result {
         Ok(n) if *n > 0 => Some(buf.len().min(left as usize)),
         _ => None,
+    }
+}
+
+/// Policy refusals name the endpoint that refused (the contract's common rules).
+fn with_endpoint(error: ApiError, id: &str) -> ApiError {
+    const POLICY_CODES: [&str; 6] = [
+        "path_not_allowed",
+        "command_not_allowed",
+        "extension_not_allowed",
+        "rate_limited",
+        "missing_scope",
+        "endpoint_disabled",
+    ];
+    let is_policy = error.code.is_some_and(|c| POLICY_CODES.contains(&c));
+    if is_policy && !error.extra.iter().any(|(name, _)| *name == "endpoint") {
+        error.with_field("endpoint", id.to_string())
+    } else {
+        error
     }
 }
 

@@ -88,7 +88,9 @@ impl Request {
             &self.body
         };
         serde_json::from_slice(body).map_err(|e| match e.classify() {
-            serde_json::error::Category::Data => ApiError::bad_request(format!("Invalid request body: {e}")),
+            serde_json::error::Category::Data => {
+                ApiError::bad_request(format!("Invalid request body: {e}"))
+            }
             _ => ApiError::bad_request(format!("Invalid JSON body: {e}")),
         })
     }

@@ -104,7 +104,13 @@ impl Response {
     }
 
     /// A response that streams `len` bytes of `file` from `offset`.
-    pub fn file(status: u16, content_type: &'static str, file: AsyncFile, offset: u64, len: u64) -> Response {
+    pub fn file(
+        status: u16,
+        content_type: &'static str,
+        file: AsyncFile,
+        offset: u64,
+        len: u64,
+    ) -> Response {
         Response {
             status,
             content_type,

@@ -3,6 +3,7 @@
 //! one [`Endpoint`] to [`builtin_endpoints`].
 
 pub mod core;
+pub mod files;
 mod router;
 
 use std::future::Future;
@@ -267,5 +268,6 @@ impl Endpoint {
 pub fn builtin_endpoints() -> Vec<Endpoint> {
     let mut endpoints = Vec::new();
     endpoints.extend(core::endpoints());
+    endpoints.extend(files::endpoints());
     endpoints
 }

@@ -5,6 +5,7 @@ against the HTTP API contract. When ABX_RUST_SERVER_URL is set (for example
 http://127.0.0.1:9000) and ABX_RUST_SERVER_BASE names that server's base directory, the
 same requests go to the Rust server too and the JSON bodies must match field for field
 (timestamps ignored; resolved paths compared relative to each server's base).
+ABX_RUST_SKIP lists steps (comma-separated) to leave out of that comparison.
 
     python3 -m unittest benches/reference/test_conformance.py -v
 """
@@ -238,7 +239,11 @@ class ReferenceServerTest(unittest.TestCase):
             rust_results = scenario(client)
         finally:
             client.close()
+        # Steps for route groups the Rust build does not serve yet (comma-separated names).
+        skip = set(filter(None, os.environ.get("ABX_RUST_SKIP", "").split(",")))
         for (name, status, body), (rname, rstatus, rbody) in zip(self.results, rust_results):
+            if name in skip:
+                continue
             with self.subTest(route=name):
                 self.assertEqual(rname, name)
                 self.assertEqual(rstatus, status, f"{name}: rust answered {rbody}")

@@ -445,7 +445,7 @@ fn dos_time(mtime: i64) -> (u16, u16) {
     let days = mtime.div_euclid(86_400);
     let secs = mtime.rem_euclid(86_400);
     let (y, m, d) = crate::timefmt::civil_from_days(days);
-    let time = ((secs / 3600) << 11 | (secs / 60 % 60) << 5 | (secs % 60) / 2) as u16;
+    let time = (((secs / 3600) << 11) | ((secs / 60 % 60) << 5) | ((secs % 60) / 2)) as u16;
     let date = (((y - 1980).clamp(0, 127)) << 9 | (m as i64) << 5 | d as i64) as u16;
     (time, date)
 }

@@ -473,8 +473,10 @@ impl Connection {
             let mut total = 0u64;
             loop {
                 chunk.clear();
+                // Never read further than one byte past the limit before refusing.
+                let room = (limit + 1 - total).min(STREAM_CHUNK as u64) as usize;
                 let more = match self
-                    .next_chunked_piece(&mut state, &mut chunk, STREAM_CHUNK, timeout)
+                    .next_chunked_piece(&mut state, &mut chunk, room, timeout)
                     .await?
                 {
                     Ok(more) => more,

@@ -45,7 +45,7 @@ pub fn endpoints() -> Vec<Endpoint> {
         Endpoint::new(Method::Get, "/download", Group::FileOps, handler(download))
             .id("download")
             .summary("Read a file as base64.")
-            .params(&[path_q.clone()]),
+            .params(std::slice::from_ref(&path_q)),
         Endpoint::new(Method::Get, "/files/list", Group::FileOps, handler(list))
             .id("files_list")
             .summary("List a directory (recursive to depth 3 with recursive=true).")
@@ -54,7 +54,7 @@ pub fn endpoints() -> Vec<Endpoint> {
         Endpoint::new(Method::Get, "/files/stat", Group::FileOps, handler(stat))
             .id("files_stat")
             .summary("Metadata of a path; exists is false when nothing is there.")
-            .params(&[path_q.clone()]),
+            .params(std::slice::from_ref(&path_q)),
         Endpoint::new(Method::Post, "/files/mkdir", Group::FileOps, handler(mkdir))
             .id("files_mkdir")
             .summary("Create a directory and its parents.")
@@ -62,7 +62,7 @@ pub fn endpoints() -> Vec<Endpoint> {
         Endpoint::new(Method::Delete, "/files", Group::FileOps, handler(delete))
             .id("files_delete")
             .summary("Delete a file or a directory tree.")
-            .params(&[path_q.clone()]),
+            .params(std::slice::from_ref(&path_q)),
         Endpoint::new(
             Method::Post,
             "/files/move",

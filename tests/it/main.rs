@@ -4,3 +4,4 @@
 mod support;
 
 mod core_http;
+mod files;

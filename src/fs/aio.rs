@@ -4,8 +4,10 @@
 //! monoio's ops do.
 
 use std::io;
-use std::os::fd::OwnedFd;
+use std::os::fd::{BorrowedFd, OwnedFd};
 use std::sync::Arc;
+
+use monoio::buf::IoBufMut;
 
 use crate::error::ApiError;
 
@@ -32,6 +34,17 @@ impl AsyncFile {
         match self {
             AsyncFile::Uring(file) => file.read_at(buf, pos).await,
             AsyncFile::Pool(file) => {
+                // Page-cached data is copied inline (RWF_NOWAIT never waits for the disk);
+                // anything else goes to the pool.
+                let capacity = buf.capacity();
+                buf.resize(capacity, 0);
+                match rustix::io::preadv2(&**file, &mut [std::io::IoSliceMut::new(&mut buf)], pos, rustix::io::ReadWriteFlags::NOWAIT) {
+                    Ok(n) if n > 0 || capacity == 0 => {
+                        buf.truncate(n);
+                        return (Ok(n), buf);
+                    }
+                    _ => buf.clear(),
+                }
                 let file = file.clone();
                 let joined = monoio::spawn_blocking(move || {
                     use std::os::unix::fs::FileExt;
@@ -52,23 +65,50 @@ impl AsyncFile {
         }
     }
 
-    /// Fills `buf` to capacity from `pos` unless the file ends first.
+    /// Fills `buf` to its capacity from `pos` unless the file ends first.
     pub async fn read_full_at(&self, mut buf: Vec<u8>, pos: u64) -> (io::Result<usize>, Vec<u8>) {
+        buf.clear();
         let wanted = buf.capacity();
-        let mut data = std::mem::take(&mut buf);
-        data.clear();
-        while data.len() < wanted {
-            let filled = data.len();
-            let spare = Vec::with_capacity(wanted - filled);
-            let (result, chunk) = self.read_at(spare, pos + filled as u64).await;
+        while buf.len() < wanted {
+            let filled = buf.len();
+            let (result, back) = match self {
+                AsyncFile::Uring(file) => {
+                    // Read straight into the spare capacity: no second buffer, no copy.
+                    let (result, slice) = file.read_at(buf.slice_mut(filled..wanted), pos + filled as u64).await;
+                    (result, slice.into_inner())
+                }
+                AsyncFile::Pool(_) => {
+                    let (result, chunk) = self.read_at(Vec::with_capacity(wanted - filled), pos + filled as u64).await;
+                    buf.extend_from_slice(&chunk);
+                    (result, buf)
+                }
+            };
+            buf = back;
             match result {
                 Ok(0) => break,
-                Ok(_) => data.extend_from_slice(&chunk),
-                Err(e) => return (Err(e), data),
+                Ok(_) => {}
+                Err(e) => return (Err(e), buf),
             }
         }
-        let n = data.len();
-        (Ok(n), data)
+        let n = buf.len();
+        (Ok(n), buf)
+    }
+
+    /// Reads up to `len` bytes at `pos` only if they are in the page cache: a plain
+    /// `preadv2(RWF_NOWAIT)`, which never waits for the disk and so may run on a worker.
+    /// `None` means some of it was not cached; use [`AsyncFile::read_full_at`].
+    pub fn read_cached(fd: BorrowedFd<'_>, len: usize) -> Option<Vec<u8>> {
+        let mut buf = vec![0u8; len + 1];
+        let mut filled = 0;
+        while filled < buf.len() {
+            match rustix::io::preadv2(fd, &mut [std::io::IoSliceMut::new(&mut buf[filled..])], filled as u64, rustix::io::ReadWriteFlags::NOWAIT) {
+                Ok(0) => break,
+                Ok(n) => filled += n,
+                Err(_) => return None,
+            }
+        }
+        buf.truncate(filled);
+        Some(buf)
     }
 
     /// Writes all of `buf` at `pos`.

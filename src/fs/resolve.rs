@@ -142,6 +142,34 @@ pub fn open_beneath(
     }
 }
 
+/// Opens `rel` beneath the base from the kernel's lookup cache only
+/// (`RESOLVE_CACHED`, Linux 5.12+), which by construction never waits for the disk, so
+/// it may run on a worker thread. `Ok(None)` means "would need the disk, or the kernel
+/// cannot say": the caller retries with [`open_beneath`] on the blocking pool. Only for
+/// opens that create nothing (the kernel refuses O_CREAT and O_TRUNC here).
+pub fn open_beneath_cached(base: &Path, rel: &Path, flags: OFlags) -> Result<Option<OwnedFd>, OpenError> {
+    use rustix::io::Errno;
+    let retry_elsewhere = |e: Errno| matches!(e, Errno::AGAIN | Errno::INVAL | Errno::NOSYS | Errno::XDEV);
+    let base_fd = match rustix::fs::openat2(
+        rustix::fs::CWD,
+        base,
+        OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC,
+        Mode::empty(),
+        ResolveFlags::CACHED,
+    ) {
+        Ok(fd) => fd,
+        Err(e) if retry_elsewhere(e) => return Ok(None),
+        Err(e) => return Err(e.into()),
+    };
+    let resolve = ResolveFlags::BENEATH | ResolveFlags::NO_MAGICLINKS | ResolveFlags::CACHED;
+    match rustix::fs::openat2(&base_fd, rel_arg(rel), flags | OFlags::CLOEXEC, Mode::empty(), resolve) {
+        Ok(fd) => Ok(Some(fd)),
+        // EXDEV may be an absolute symlink that stays inside: the pool path decides.
+        Err(e) if retry_elsewhere(e) => Ok(None),
+        Err(e) => Err(e.into()),
+    }
+}
+
 /// The EXDEV fallback: allowed only when the canonical path is beneath the base.
 fn open_canonical(
     base_fd: BorrowedFd<'_>,

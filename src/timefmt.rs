@@ -60,6 +60,45 @@ pub fn iso8601_utc(secs: i64, nanos: u32) -> String {
     )
 }
 
+/// Appends the same text as [`iso8601_utc`] to `out`, without allocating.
+pub fn push_iso8601_utc(out: &mut Vec<u8>, secs: i64, nanos: u32) {
+    let days = secs.div_euclid(86_400);
+    let rem = secs.rem_euclid(86_400) as u32;
+    let (y, m, d) = civil_from_days(days);
+    let two = |out: &mut Vec<u8>, v: u32| {
+        out.extend_from_slice(&[b'0' + (v / 10) as u8, b'0' + (v % 10) as u8])
+    };
+    if (0..=9999).contains(&y) {
+        let y = y as u32;
+        two(out, y / 100);
+        two(out, y % 100);
+    } else {
+        out.extend_from_slice(format!("{y:04}").as_bytes());
+    }
+    out.push(b'-');
+    two(out, m);
+    out.push(b'-');
+    two(out, d);
+    out.push(b'T');
+    two(out, rem / 3600);
+    out.push(b':');
+    two(out, rem / 60 % 60);
+    out.push(b':');
+    two(out, rem % 60);
+    let micros = nanos / 1000;
+    if micros > 0 {
+        out.push(b'.');
+        let mut digits = [b'0'; 6];
+        let mut v = micros;
+        for slot in digits.iter_mut().rev() {
+            *slot = b'0' + (v % 10) as u8;
+            v /= 10;
+        }
+        out.extend_from_slice(&digits);
+    }
+    out.extend_from_slice(b"+00:00");
+}
+
 thread_local! {
     static DATE_CACHE: RefCell<(u64, Vec<u8>)> = const { RefCell::new((u64::MAX, Vec::new())) };
 }
@@ -93,5 +132,15 @@ mod tests {
             "2000-02-29T00:00:00.500000+00:00"
         );
         assert_eq!(iso8601_utc(-1, 0), "1969-12-31T23:59:59+00:00");
+        for (secs, nanos) in [
+            (0, 0),
+            (951_782_400, 500_000_000),
+            (1_760_227_200, 1_000),
+            (-1, 999_999_999),
+        ] {
+            let mut out = Vec::new();
+            push_iso8601_utc(&mut out, secs, nanos);
+            assert_eq!(String::from_utf8(out).unwrap(), iso8601_utc(secs, nanos));
+        }
     }
 }

@@ -38,7 +38,12 @@ impl AsyncFile {
                 // anything else goes to the pool.
                 let capacity = buf.capacity();
                 buf.resize(capacity, 0);
-                match rustix::io::preadv2(&**file, &mut [std::io::IoSliceMut::new(&mut buf)], pos, rustix::io::ReadWriteFlags::NOWAIT) {
+                match rustix::io::preadv2(
+                    &**file,
+                    &mut [std::io::IoSliceMut::new(&mut buf)],
+                    pos,
+                    rustix::io::ReadWriteFlags::NOWAIT,
+                ) {
                     Ok(n) if n > 0 || capacity == 0 => {
                         buf.truncate(n);
                         return (Ok(n), buf);
@@ -74,11 +79,15 @@ impl AsyncFile {
             let (result, back) = match self {
                 AsyncFile::Uring(file) => {
                     // Read straight into the spare capacity: no second buffer, no copy.
-                    let (result, slice) = file.read_at(buf.slice_mut(filled..wanted), pos + filled as u64).await;
+                    let (result, slice) = file
+                        .read_at(buf.slice_mut(filled..wanted), pos + filled as u64)
+                        .await;
                     (result, slice.into_inner())
                 }
                 AsyncFile::Pool(_) => {
-                    let (result, chunk) = self.read_at(Vec::with_capacity(wanted - filled), pos + filled as u64).await;
+                    let (result, chunk) = self
+                        .read_at(Vec::with_capacity(wanted - filled), pos + filled as u64)
+                        .await;
                     buf.extend_from_slice(&chunk);
                     (result, buf)
                 }
@@ -101,7 +110,12 @@ impl AsyncFile {
         let mut buf = vec![0u8; len + 1];
         let mut filled = 0;
         while filled < buf.len() {
-            match rustix::io::preadv2(fd, &mut [std::io::IoSliceMut::new(&mut buf[filled..])], filled as u64, rustix::io::ReadWriteFlags::NOWAIT) {
+            match rustix::io::preadv2(
+                fd,
+                &mut [std::io::IoSliceMut::new(&mut buf[filled..])],
+                filled as u64,
+                rustix::io::ReadWriteFlags::NOWAIT,
+            ) {
                 Ok(0) => break,
                 Ok(n) => filled += n,
                 Err(_) => return None,

@@ -147,9 +147,14 @@ pub fn open_beneath(
 /// it may run on a worker thread. `Ok(None)` means "would need the disk, or the kernel
 /// cannot say": the caller retries with [`open_beneath`] on the blocking pool. Only for
 /// opens that create nothing (the kernel refuses O_CREAT and O_TRUNC here).
-pub fn open_beneath_cached(base: &Path, rel: &Path, flags: OFlags) -> Result<Option<OwnedFd>, OpenError> {
+pub fn open_beneath_cached(
+    base: &Path,
+    rel: &Path,
+    flags: OFlags,
+) -> Result<Option<OwnedFd>, OpenError> {
     use rustix::io::Errno;
-    let retry_elsewhere = |e: Errno| matches!(e, Errno::AGAIN | Errno::INVAL | Errno::NOSYS | Errno::XDEV);
+    let retry_elsewhere =
+        |e: Errno| matches!(e, Errno::AGAIN | Errno::INVAL | Errno::NOSYS | Errno::XDEV);
     let base_fd = match rustix::fs::openat2(
         rustix::fs::CWD,
         base,
@@ -162,7 +167,13 @@ pub fn open_beneath_cached(base: &Path, rel: &Path, flags: OFlags) -> Result<Opt
         Err(e) => return Err(e.into()),
     };
     let resolve = ResolveFlags::BENEATH | ResolveFlags::NO_MAGICLINKS | ResolveFlags::CACHED;
-    match rustix::fs::openat2(&base_fd, rel_arg(rel), flags | OFlags::CLOEXEC, Mode::empty(), resolve) {
+    match rustix::fs::openat2(
+        &base_fd,
+        rel_arg(rel),
+        flags | OFlags::CLOEXEC,
+        Mode::empty(),
+        resolve,
+    ) {
         Ok(fd) => Ok(Some(fd)),
         // EXDEV may be an absolute symlink that stays inside: the pool path decides.
         Err(e) if retry_elsewhere(e) => Ok(None),
@@ -303,6 +314,35 @@ pub fn read_dir_sorted(dir: BorrowedFd<'_>) -> io::Result<Vec<Vec<u8>>> {
     }
     names.sort();
     Ok(names)
+}
+
+/// The entries of an open directory with the type `getdents` reported (`Other` where
+/// the file system does not say), sorted by name, without `.` and `..`.
+pub fn read_dir_typed(dir: BorrowedFd<'_>) -> io::Result<Vec<(Vec<u8>, Option<Kind>)>> {
+    let fd = rustix::fs::openat(
+        dir,
+        ".",
+        OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,
+        Mode::empty(),
+    )?;
+    let mut entries = Vec::new();
+    for entry in rustix::fs::Dir::new(fd)? {
+        let entry = entry?;
+        let name = entry.file_name().to_bytes();
+        if name == b"." || name == b".." {
+            continue;
+        }
+        let kind = match entry.file_type() {
+            rustix::fs::FileType::RegularFile => Some(Kind::File),
+            rustix::fs::FileType::Directory => Some(Kind::Directory),
+            rustix::fs::FileType::Symlink => Some(Kind::Symlink),
+            rustix::fs::FileType::Unknown => None,
+            _ => Some(Kind::Other),
+        };
+        entries.push((name.to_vec(), kind));
+    }
+    entries.sort_unstable_by(|a, b| a.0.cmp(&b.0));
+    Ok(entries)
 }
 
 /// Opens child `name` of `dir` as a directory without following a symlink.

@@ -36,6 +36,9 @@ pub struct PendingWrite {
 
 static TEMP_COUNTER: AtomicU64 = AtomicU64::new(0);
 
+/// Uploads up to this size are written by the pool task that creates the file.
+const SMALL_WRITE_BYTES: usize = 64 * 1024;
+
 /// Creates missing parent directories and the temporary file. Blocking.
 pub fn prepare(base: PathBuf, caller: CallerPath, input: String) -> Result<PendingWrite, ApiError> {
     let Some(name) = caller.file_name().map(OsStr::to_os_string) else {
@@ -181,9 +184,37 @@ pub async fn write_atomic(
     data: Vec<u8>,
     io_driver: &'static str,
 ) -> Result<usize, ApiError> {
+    let len = data.len();
+    if len <= SMALL_WRITE_BYTES {
+        // Creating, filling and renaming a small file in one pool task costs one
+        // hand-off instead of two plus an io_uring write (docs/architecture.md).
+        return blocking(move || {
+            let pending = prepare(base, caller, input)?;
+            let display = pending.caller.display();
+            let written = rustix::io::write(&pending.file, &data)
+                .map_err(|e| resolve::io_error(&e.into(), &display));
+            match written {
+                Ok(n) if n == len => pending
+                    .commit()
+                    .map(|_| len)
+                    .map_err(|e| resolve::io_error(&e, &display)),
+                Ok(_) => {
+                    pending.abort();
+                    Err(ApiError::internal(
+                        "OSError",
+                        format!("short write: '{display}'"),
+                    ))
+                }
+                Err(e) => {
+                    pending.abort();
+                    Err(e)
+                }
+            }
+        })
+        .await?;
+    }
     let pending = blocking(move || prepare(base, caller, input)).await??;
     let display = pending.caller.display();
-    let len = data.len();
     let file = match pending.data_file(io_driver) {
         Ok(file) => file,
         Err(e) => {

@@ -317,11 +317,16 @@ struct Opened {
 const SMALL_FILE_BYTES: u64 = 64 * 1024;
 
 /// Opens a regular file beneath the base for reading (404 when missing or not a file).
-async fn open_regular(request: &Request, input: &str, read_small: bool) -> Result<(CallerPath, Opened), ApiError> {
+async fn open_regular(
+    request: &Request,
+    input: &str,
+    read_small: bool,
+) -> Result<(CallerPath, Opened), ApiError> {
     let base = base_of(request);
     let caller = CallerPath::new(&base, input)?;
     // Fast path: everything cached, no hand-off to the pool at all.
-    let not_a_file = |shown: &str| ApiError::new(404, "FileNotFoundError", format!("Not a file: {shown}"));
+    let not_a_file =
+        |shown: &str| ApiError::new(404, "FileNotFoundError", format!("Not a file: {shown}"));
     match resolve::open_beneath_cached(&base, &caller.rel, OFlags::RDONLY) {
         Ok(Some(fd)) => {
             let shown = caller.display();
@@ -338,10 +343,20 @@ async fn open_regular(request: &Request, input: &str, read_small: bool) -> Resul
             return Ok((caller, Opened { fd, stat, small }));
         }
         Err(e) if e.is_not_found() => {
-            return Err(ApiError::new(404, "FileNotFoundError", format!("File not found: {}", caller.display())));
+            return Err(ApiError::new(
+                404,
+                "FileNotFoundError",
+                format!("File not found: {}", caller.display()),
+            ));
         }
-        Err(OpenError::Io(e)) if e.raw_os_error() == Some(rustix::io::Errno::NOTDIR.raw_os_error()) => {
-            return Err(ApiError::new(404, "FileNotFoundError", format!("File not found: {}", caller.display())));
+        Err(OpenError::Io(e))
+            if e.raw_os_error() == Some(rustix::io::Errno::NOTDIR.raw_os_error()) =>
+        {
+            return Err(ApiError::new(
+                404,
+                "FileNotFoundError",
+                format!("File not found: {}", caller.display()),
+            ));
         }
         Err(e) => return Err(e.into_api(input, &base)),
         Ok(None) => {}
@@ -381,8 +396,12 @@ async fn open_regular(request: &Request, input: &str, read_small: bool) -> Resul
             use std::io::Read;
             // One byte of slack shows whether the file grew since fstat.
             let mut data = Vec::with_capacity(stat.st_size as usize + 1);
-            let mut file = std::fs::File::from(fd.try_clone().map_err(|e| resolve::io_error(&e, &shown))?);
-            (&mut file).take(SMALL_FILE_BYTES + 1).read_to_end(&mut data).map_err(|e| resolve::io_error(&e, &shown))?;
+            let mut file =
+                std::fs::File::from(fd.try_clone().map_err(|e| resolve::io_error(&e, &shown))?);
+            (&mut file)
+                .take(SMALL_FILE_BYTES + 1)
+                .read_to_end(&mut data)
+                .map_err(|e| resolve::io_error(&e, &shown))?;
             if data.len() as u64 <= SMALL_FILE_BYTES {
                 small = Some(data);
             }
@@ -422,7 +441,11 @@ async fn download_json(request: &Request, with_bytes: bool) -> Result<Response, 
     let (caller, opened) = open_regular(request, &input, true).await?;
     let shown = caller.display();
     if let Some(data) = opened.small.filter(|d| d.len() as u64 <= limit) {
-        return Ok(Response::raw(200, JSON_CONTENT_TYPE, download_body(&shown, &data, with_bytes)));
+        return Ok(Response::raw(
+            200,
+            JSON_CONTENT_TYPE,
+            download_body(&shown, &data, with_bytes),
+        ));
     }
     let size = opened.stat.st_size as u64;
     if size > limit {
@@ -574,7 +597,9 @@ async fn list(request: Request) -> Result<Response, ApiError> {
     let recursive = truthy(request.query("recursive"));
     let base = base_of(&request);
     let caller = CallerPath::new(&base, &input)?;
-    let entries = blocking(move || -> Result<Vec<Value>, ApiError> {
+    // The whole answer is produced on the pool: directory reads may wait for the disk,
+    // and writing JSON text directly costs a fraction of building a tree of values.
+    let body = blocking(move || -> Result<Vec<u8>, ApiError> {
         let shown = caller.display();
         let base_fd = resolve::open_base(&base).map_err(|e| resolve::io_error(&e, &input))?;
         let dir = match resolve::open_beneath(
@@ -599,13 +624,16 @@ async fn list(request: Request) -> Result<Response, ApiError> {
             }
             Err(e) => return Err(blocking_open_error(e, &input, &base)),
         };
-        let mut entries = Vec::new();
-        list_into(dir.as_fd(), "", 1, recursive, &mut entries)
+        let mut out = Vec::with_capacity(4096);
+        out.extend_from_slice(b"{\"entries\":[");
+        let mut first = true;
+        list_into(dir.as_fd(), "", 1, recursive, &mut out, &mut first)
             .map_err(|e| resolve::io_error(&e, &shown))?;
-        Ok(entries)
+        out.extend_from_slice(b"]}");
+        Ok(out)
     })
     .await??;
-    Ok(Response::ok(&json!({"entries": entries})))
+    Ok(Response::raw(200, JSON_CONTENT_TYPE, body))
 }
 
 fn list_into(
@@ -613,20 +641,35 @@ fn list_into(
     prefix: &str,
     depth: usize,
     recursive: bool,
-    out: &mut Vec<Value>,
+    out: &mut Vec<u8>,
+    first: &mut bool,
 ) -> std::io::Result<()> {
+    let mut number = itoa::Buffer::new();
     for name in resolve::read_dir_sorted(dir)? {
         let Ok(stat) = resolve::lstat_child(dir, &name) else {
             continue;
         };
         let is_dir = resolve::kind_of(&stat) == Kind::Directory;
         let display = format!("{prefix}{}", String::from_utf8_lossy(&name));
-        out.push(json!({
-            "name": display,
-            "type": if is_dir { "directory" } else { "file" },
-            "size": stat.st_size,
-            "modified": iso_of(stat.st_mtime, stat.st_mtime_nsec as i64),
-        }));
+        if !*first {
+            out.push(b',');
+        }
+        *first = false;
+        out.extend_from_slice(b"{\"name\":");
+        serde_json::to_writer(&mut *out, &display).expect("a string serialises");
+        out.extend_from_slice(if is_dir {
+            b",\"type\":\"directory\",\"size\":"
+        } else {
+            b",\"type\":\"file\",\"size\":"
+        });
+        out.extend_from_slice(number.format(stat.st_size).as_bytes());
+        out.extend_from_slice(b",\"modified\":\"");
+        crate::timefmt::push_iso8601_utc(
+            out,
+            stat.st_mtime,
+            (stat.st_mtime_nsec as u32).min(999_999_999),
+        );
+        out.extend_from_slice(b"\"}");
         if recursive && is_dir && depth < LIST_MAX_DEPTH {
             if let Ok(child) = resolve::open_child_dir(dir, &name) {
                 list_into(
@@ -635,6 +678,7 @@ fn list_into(
                     depth + 1,
                     recursive,
                     out,
+                    first,
                 )?;
             }
         }
@@ -915,19 +959,24 @@ impl Search<'_> {
             self.timed_out = true;
             return false;
         }
-        let Ok(names) = resolve::read_dir_sorted(dir) else {
+        let Ok(names) = resolve::read_dir_typed(dir) else {
             return true;
         };
         let mut subdirs = Vec::new();
-        for name in names {
-            // os.walk sorts by is_dir() following symlinks.
-            let is_dir = rustix::fs::statat(
-                dir,
-                std::ffi::OsStr::from_bytes(&name),
-                rustix::fs::AtFlags::empty(),
-            )
-            .map(|st| resolve::kind_of(&st) == Kind::Directory)
-            .unwrap_or(false);
+        for (name, kind) in names {
+            // os.walk classifies with is_dir(), which follows symlinks; getdents already
+            // knows the type of everything else, so only links and unknowns cost a stat.
+            let is_dir = match kind {
+                Some(Kind::Directory) => true,
+                Some(Kind::File) | Some(Kind::Other) => false,
+                Some(Kind::Symlink) | None => rustix::fs::statat(
+                    dir,
+                    std::ffi::OsStr::from_bytes(&name),
+                    rustix::fs::AtFlags::empty(),
+                )
+                .map(|st| resolve::kind_of(&st) == Kind::Directory)
+                .unwrap_or(false),
+            };
             if is_dir {
                 subdirs.push(name);
             } else if fnmatch(self.pattern, &name) {

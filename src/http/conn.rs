@@ -581,18 +581,24 @@ impl Connection {
         if len > limit {
             return Ok(Err(ApiError::payload_too_large(limit as u64)));
         }
-        while self.buf.len() - self.pos < len {
-            if self.buf.capacity() - self.pos < len {
-                self.buf.drain(..self.pos);
-                self.pos = 0;
-                self.buf.reserve(len - self.buf.len());
-            }
-            if self.fill(timeout).await? == 0 {
-                return Err(Stop::Quiet);
+        // Whatever already arrived is copied once; the rest is read straight into the
+        // body, so the connection buffer never grows to the size of a large body (and
+        // does not keep that memory for the connection's life).
+        let buffered = (self.buf.len() - self.pos).min(len);
+        let mut body = Vec::with_capacity(len);
+        body.extend_from_slice(&self.buf[self.pos..self.pos + buffered]);
+        self.pos += buffered;
+        while body.len() < len {
+            let filled = body.len();
+            let fd = self.stream.as_raw_fd();
+            let read = self.stream.read(body.slice_mut(filled..len));
+            let (outcome, (result, back)) = with_deadline(fd, timeout, read).await;
+            body = back.into_inner();
+            match (outcome, result) {
+                (Deadline::Met, Ok(n)) if n > 0 => {}
+                _ => return Err(Stop::Quiet),
             }
         }
-        let body = self.buf[self.pos..self.pos + len].to_vec();
-        self.pos += len;
         Ok(Ok(body))
     }
 

@@ -109,15 +109,21 @@ impl AsyncFile {
     pub fn read_cached(fd: BorrowedFd<'_>, len: usize) -> Option<Vec<u8>> {
         let mut buf = vec![0u8; len + 1];
         let mut filled = 0;
+        let mut flags = rustix::io::ReadWriteFlags::NOWAIT;
         while filled < buf.len() {
             match rustix::io::preadv2(
                 fd,
                 &mut [std::io::IoSliceMut::new(&mut buf[filled..])],
                 filled as u64,
-                rustix::io::ReadWriteFlags::NOWAIT,
+                flags,
             ) {
                 Ok(0) => break,
                 Ok(n) => filled += n,
+                // tmpfs and ramfs do not implement RWF_NOWAIT, but their data lives in
+                // memory, so a plain read cannot wait for a disk either.
+                Err(rustix::io::Errno::OPNOTSUPP) if !flags.is_empty() && memory_backed(fd) => {
+                    flags = rustix::io::ReadWriteFlags::empty();
+                }
                 Err(_) => return None,
             }
         }
@@ -155,4 +161,14 @@ pub async fn blocking<T: Send + 'static>(
     monoio::spawn_blocking(work)
         .await
         .map_err(|_| ApiError::internal("RuntimeError", "blocking task was cancelled"))
+}
+
+/// Whether `fd` is on a memory-only file system (tmpfs, ramfs).
+fn memory_backed(fd: BorrowedFd<'_>) -> bool {
+    const TMPFS_MAGIC: i64 = 0x0102_1994;
+    const RAMFS_MAGIC: i64 = 0x8584_58f6;
+    rustix::fs::fstatfs(fd).is_ok_and(|st| {
+        let kind = st.f_type as i64;
+        kind == TMPFS_MAGIC || kind == RAMFS_MAGIC
+    })
 }

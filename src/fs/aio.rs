@@ -168,6 +168,8 @@ fn memory_backed(fd: BorrowedFd<'_>) -> bool {
     const TMPFS_MAGIC: i64 = 0x0102_1994;
     const RAMFS_MAGIC: i64 = 0x8584_58f6;
     rustix::fs::fstatfs(fd).is_ok_and(|st| {
+        // `f_type` is i64 on x86_64 but narrower or unsigned on other architectures.
+        #[allow(clippy::unnecessary_cast)]
         let kind = st.f_type as i64;
         kind == TMPFS_MAGIC || kind == RAMFS_MAGIC
     })

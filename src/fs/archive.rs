@@ -250,6 +250,17 @@ fn collect_dir(
     Ok(())
 }
 
+/// The byte cap surfaces from inside the writers as an I/O error; turn it back into 413.
+fn write_error(e: std::io::Error, limits: Limits) -> ApiError {
+    if e.to_string() == CAP_REACHED {
+        too_large(limits)
+    } else {
+        ApiError::internal("OSError", e.to_string())
+    }
+}
+
+const CAP_REACHED: &str = "archive byte limit";
+
 fn too_large(limits: Limits) -> ApiError {
     ApiError::new(
         413,
@@ -269,7 +280,7 @@ struct Capped {
 impl Write for Capped {
     fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
         if (self.data.len() + buf.len()) as u64 > self.max {
-            return Err(std::io::Error::other("archive byte limit"));
+            return Err(std::io::Error::other(CAP_REACHED));
         }
         self.data.extend_from_slice(buf);
         Ok(buf.len())
@@ -286,13 +297,7 @@ fn write_tar_gz(members: Vec<Member>, limits: Limits) -> Result<Vec<u8>, ApiErro
     };
     let gz = flate2::write::GzEncoder::new(sink, flate2::Compression::default());
     let mut tar = tar::Builder::new(gz);
-    let fail = |e: std::io::Error| {
-        if e.to_string() == "archive byte limit" {
-            too_large(limits)
-        } else {
-            ApiError::internal("OSError", e.to_string())
-        }
-    };
+    let fail = |e: std::io::Error| write_error(e, limits);
     for member in members {
         let mut header = tar::Header::new_gnu();
         header.set_mode(member.mode);
@@ -339,13 +344,7 @@ fn write_zip(members: Vec<Member>, limits: Limits) -> Result<Vec<u8>, ApiError> 
     };
     let mut central = Vec::new();
     let mut count: u16 = 0;
-    let fail = |e: std::io::Error| {
-        if e.to_string() == "archive byte limit" {
-            too_large(limits)
-        } else {
-            ApiError::internal("OSError", e.to_string())
-        }
-    };
+    let fail = |e: std::io::Error| write_error(e, limits);
     for member in members {
         let (data, method, crc, raw_len, external, name) = match member.content {
             Content::Dir => (

@@ -298,22 +298,10 @@ pub fn kind_of(stat: &rustix::fs::Stat) -> Kind {
 
 /// The entries of an open directory, sorted by name, without `.` and `..`.
 pub fn read_dir_sorted(dir: BorrowedFd<'_>) -> io::Result<Vec<Vec<u8>>> {
-    let fd = rustix::fs::openat(
-        dir,
-        ".",
-        OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,
-        Mode::empty(),
-    )?;
-    let mut names = Vec::new();
-    for entry in rustix::fs::Dir::new(fd)? {
-        let entry = entry?;
-        let name = entry.file_name().to_bytes();
-        if name != b"." && name != b".." {
-            names.push(name.to_vec());
-        }
-    }
-    names.sort();
-    Ok(names)
+    Ok(read_dir_typed(dir)?
+        .into_iter()
+        .map(|(name, _)| name)
+        .collect())
 }
 
 /// The entries of an open directory with the type `getdents` reported (`Other` where

@@ -245,6 +245,39 @@ fn blocking_open_error(e: OpenError, input: &str, base: &Path) -> ApiError {
     e.into_api(input, base)
 }
 
+/// Opens the caller's directory beneath the base; a missing path, or one that is not a
+/// directory, is the contract's 404. Blocking.
+fn open_dir_or_404(
+    base_fd: std::os::fd::BorrowedFd<'_>,
+    base: &Path,
+    caller: &CallerPath,
+    input: &str,
+    flags: OFlags,
+) -> Result<std::os::fd::OwnedFd, ApiError> {
+    match resolve::open_beneath(
+        base_fd,
+        base,
+        &caller.rel,
+        flags | OFlags::DIRECTORY,
+        Mode::empty(),
+    ) {
+        Ok(dir) => Ok(dir),
+        Err(OpenError::Io(e))
+            if matches!(
+                e.raw_os_error().map(rustix::io::Errno::from_raw_os_error),
+                Some(rustix::io::Errno::NOENT | rustix::io::Errno::NOTDIR)
+            ) =>
+        {
+            Err(ApiError::new(
+                404,
+                "FileNotFoundError",
+                format!("Directory not found: {}", caller.display()),
+            ))
+        }
+        Err(e) => Err(blocking_open_error(e, input, base)),
+    }
+}
+
 // ---- upload ----------------------------------------------------------------------------
 
 #[derive(Deserialize)]
@@ -602,28 +635,7 @@ async fn list(request: Request) -> Result<Response, ApiError> {
     let body = blocking(move || -> Result<Vec<u8>, ApiError> {
         let shown = caller.display();
         let base_fd = resolve::open_base(&base).map_err(|e| resolve::io_error(&e, &input))?;
-        let dir = match resolve::open_beneath(
-            base_fd.as_fd(),
-            &base,
-            &caller.rel,
-            OFlags::RDONLY | OFlags::DIRECTORY,
-            Mode::empty(),
-        ) {
-            Ok(dir) => dir,
-            Err(OpenError::Io(e))
-                if matches!(
-                    e.raw_os_error().map(rustix::io::Errno::from_raw_os_error),
-                    Some(rustix::io::Errno::NOENT | rustix::io::Errno::NOTDIR)
-                ) =>
-            {
-                return Err(ApiError::new(
-                    404,
-                    "FileNotFoundError",
-                    format!("Directory not found: {shown}"),
-                ));
-            }
-            Err(e) => return Err(blocking_open_error(e, &input, &base)),
-        };
+        let dir = open_dir_or_404(base_fd.as_fd(), &base, &caller, &input, OFlags::RDONLY)?;
         let mut out = Vec::with_capacity(4096);
         out.extend_from_slice(b"{\"entries\":[");
         let mut first = true;
@@ -900,30 +912,8 @@ async fn search(request: Request) -> Result<Response, ApiError> {
     let max_results = int_field(&body, "max_results", SEARCH_DEFAULT_RESULTS)?;
     let caller = CallerPath::new(&base, &input)?;
     let found = blocking(move || -> Result<Value, ApiError> {
-        let shown = caller.display();
         let base_fd = base_fd_or(&base, &input)?;
-        let root = match resolve::open_beneath(
-            base_fd.as_fd(),
-            &base,
-            &caller.rel,
-            OFlags::RDONLY | OFlags::DIRECTORY,
-            Mode::empty(),
-        ) {
-            Ok(fd) => fd,
-            Err(OpenError::Io(e))
-                if matches!(
-                    e.raw_os_error().map(rustix::io::Errno::from_raw_os_error),
-                    Some(rustix::io::Errno::NOENT | rustix::io::Errno::NOTDIR)
-                ) =>
-            {
-                return Err(ApiError::new(
-                    404,
-                    "FileNotFoundError",
-                    format!("Directory not found: {shown}"),
-                ));
-            }
-            Err(e) => return Err(blocking_open_error(e, &input, &base)),
-        };
+        let root = open_dir_or_404(base_fd.as_fd(), &base, &caller, &input, OFlags::RDONLY)?;
         let mut walk = Search {
             pattern: pattern.as_bytes(),
             max_depth,
@@ -1108,30 +1098,15 @@ async fn watch_dir(request: Request) -> Result<Response, ApiError> {
     let check_base = base.clone();
     let check_caller = caller.clone();
     blocking(move || -> Result<(), ApiError> {
-        let shown = check_caller.display();
         let base_fd = base_fd_or(&check_base, &input)?;
-        match resolve::open_beneath(
+        open_dir_or_404(
             base_fd.as_fd(),
             &check_base,
-            &check_caller.rel,
-            OFlags::PATH | OFlags::DIRECTORY,
-            Mode::empty(),
-        ) {
-            Ok(_) => Ok(()),
-            Err(OpenError::Io(e))
-                if matches!(
-                    e.raw_os_error().map(rustix::io::Errno::from_raw_os_error),
-                    Some(rustix::io::Errno::NOENT | rustix::io::Errno::NOTDIR)
-                ) =>
-            {
-                Err(ApiError::new(
-                    404,
-                    "FileNotFoundError",
-                    format!("Directory not found: {shown}"),
-                ))
-            }
-            Err(e) => Err(blocking_open_error(e, &input, &check_base)),
-        }
+            &check_caller,
+            &input,
+            OFlags::PATH,
+        )
+        .map(drop)
     })
     .await??;
     let (tx, rx) = sse::channel(64);

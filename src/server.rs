@@ -50,6 +50,7 @@ impl Server {
         // Before any thread exists, so every thread inherits the blocked mask and only the
         // signal thread sees SIGTERM/SIGINT.
         shutdown::block_termination_signals();
+        raise_open_file_limit();
         let (driver, fallback_note) = runtime::choose_driver(self.config.io_driver)?;
         let mut endpoints = builtin_endpoints();
         endpoints.extend(self.custom);
@@ -84,5 +85,20 @@ impl Server {
             let _ = worker.join();
         }
         Ok(())
+    }
+}
+
+/// Lifts the soft limit on open descriptors to the hard limit: every connection, open
+/// file and watched directory holds one, and the usual soft default of 1024 is far below
+/// what one busy worker can need.
+fn raise_open_file_limit() {
+    use rustix::process::{getrlimit, setrlimit, Resource};
+    let limit = getrlimit(Resource::Nofile);
+    if limit.current < limit.maximum {
+        let raised = rustix::process::Rlimit {
+            current: limit.maximum,
+            maximum: limit.maximum,
+        };
+        let _ = setrlimit(Resource::Nofile, raised);
     }
 }

@@ -1,9 +1,12 @@
 //! `GET /files/watch`: a polled snapshot diff, as the contract describes, woken early by
 //! inotify so a change is reported within milliseconds and an idle watch costs no CPU.
 //!
-//! Each round runs on the blocking pool: wait on the inotify descriptor (at most one
-//! interval), then rescan the tree with directory descriptors beneath the base. The diff
-//! against the previous snapshot becomes `created` / `modified` / `deleted` events.
+//! Each round runs on the blocking pool: wait on the inotify descriptor, then rescan the
+//! tree with directory descriptors beneath the base. The diff against the previous
+//! snapshot becomes `created` / `modified` / `deleted` events. While inotify covers every
+//! tracked directory, a quiet tree is not rescanned (only every 30 s, for changes inotify
+//! cannot see); without inotify, or past the 5,000-entry cap, the tree is polled every
+//! `interval` as the contract describes.
 
 use std::collections::BTreeMap;
 use std::ffi::OsStr;
@@ -25,6 +28,9 @@ use crate::timefmt::iso8601_utc;
 pub const MAX_TRACKED: usize = 5000;
 /// A comment line is sent after this much silence, so a vanished client is noticed.
 const HEARTBEAT: Duration = Duration::from_secs(15);
+/// With inotify, a full rescan happens at least this often anyway, for changes inotify
+/// does not report (writes through mmap, some network and FUSE file systems).
+const SAFETY_RESCAN: Duration = Duration::from_secs(30);
 
 #[derive(Clone, Debug, PartialEq)]
 struct Entry {
@@ -140,17 +146,14 @@ fn watch_dirs(inotify: &Inotify, snapshot: &Snapshot) {
     }
 }
 
-/// Blocks until inotify reports something or `wait` passes; drains what arrived.
-fn wait_for_change(inotify: Option<&Inotify>, wait: Duration) {
-    let Some(inotify) = inotify else {
-        std::thread::sleep(wait);
-        return;
-    };
+/// Blocks until inotify reports something or `wait` passes; drains what arrived and
+/// tells whether anything did.
+fn wait_for_change(inotify: &Inotify, wait: Duration) -> bool {
     let fd = inotify.as_fd();
     let mut fds = [nix::poll::PollFd::new(fd, nix::poll::PollFlags::POLLIN)];
     let millis = wait.as_millis().min(u16::MAX as u128) as u16;
-    if let Ok(n) = nix::poll::poll(&mut fds, nix::poll::PollTimeout::from(millis)) {
-        if n > 0 {
+    match nix::poll::poll(&mut fds, nix::poll::PollTimeout::from(millis)) {
+        Ok(n) if n > 0 => {
             // Let a burst (an editor's write-rename dance) settle into one rescan.
             std::thread::sleep(Duration::from_millis(5));
             while inotify
@@ -158,7 +161,11 @@ fn wait_for_change(inotify: Option<&Inotify>, wait: Duration) {
                 .map(|e| !e.is_empty())
                 .unwrap_or(false)
             {}
+            true
         }
+        Ok(_) => false,
+        // Interrupted or failed: rescan rather than risk missing something.
+        Err(_) => true,
     }
 }
 
@@ -201,22 +208,44 @@ pub async fn run(spec: WatchSpec, mut tx: SseSender) {
     let mut base = base;
     let mut caller = caller;
     let mut last_sent = Instant::now();
+    let mut last_scan = Instant::now();
     let mut warned_truncated = snapshot.truncated;
     loop {
         let now = Instant::now();
         if now >= deadline || tx.is_closed() {
             break;
         }
-        let wait = spec.interval.min(deadline - now);
+        // With every directory under inotify, a rescan happens when something changed
+        // (plus a safety rescan now and then); otherwise the contract's polling.
+        let woken = inotify.is_some() && !snapshot.truncated;
+        let since_scan = last_scan.elapsed();
+        let wait = if woken {
+            HEARTBEAT
+                .min(SAFETY_RESCAN.saturating_sub(since_scan))
+                .min(deadline - now)
+        } else {
+            spec.interval.min(deadline - now)
+        };
         let round = blocking(move || {
-            wait_for_change(inotify.as_ref(), wait);
-            let mut next = scan(&base, &caller, recursive);
-            if let (Some(inotify), Ok(next)) = (&inotify, &next) {
-                watch_dirs(inotify, next);
-            }
-            if let Ok(next) = &mut next {
-                next.dirs.clear();
-            }
+            let changed = match (&inotify, woken) {
+                (Some(inotify), true) => {
+                    wait_for_change(inotify, wait) || since_scan + wait >= SAFETY_RESCAN
+                }
+                _ => {
+                    std::thread::sleep(wait);
+                    true
+                }
+            };
+            let next = changed.then(|| {
+                let mut next = scan(&base, &caller, recursive);
+                if let (Some(inotify), Ok(next)) = (&inotify, &next) {
+                    watch_dirs(inotify, next);
+                }
+                if let Ok(next) = &mut next {
+                    next.dirs.clear();
+                }
+                next
+            });
             (inotify, base, caller, next)
         })
         .await;
@@ -226,6 +255,17 @@ pub async fn run(spec: WatchSpec, mut tx: SseSender) {
         inotify = returned_inotify;
         base = returned_base;
         caller = returned_caller;
+        let Some(next) = next else {
+            // Nothing changed: only keep the connection alive.
+            if last_sent.elapsed() >= HEARTBEAT {
+                if tx.send_raw(b": keep-alive\n\n".to_vec()).await.is_err() {
+                    return;
+                }
+                last_sent = Instant::now();
+            }
+            continue;
+        };
+        last_scan = Instant::now();
         let next = match next {
             Ok(next) => next,
             Err(_) => {

@@ -113,9 +113,11 @@ impl Auth {
                     _ => access_token = Some(value),
                 }
             } else if name == "authorization" {
+                // Compare bytes: the header may hold any byte, and slicing a str at 7
+                // could cut a multi-byte character.
                 let value = value.trim();
-                if value.len() > 7 && value[..7].eq_ignore_ascii_case("bearer ") {
-                    bearer = Some(value[7..].trim());
+                if value.len() > 7 && value.as_bytes()[..7].eq_ignore_ascii_case(b"bearer ") {
+                    bearer = value.get(7..).map(str::trim);
                 }
             }
         }

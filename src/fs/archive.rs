@@ -100,15 +100,12 @@ pub fn build(
                     mode: stat.st_mode & 0o7777,
                     mtime: stat.st_mtime,
                 });
-                collect_dir(
-                    base_fd.as_fd(),
+                let walk = Walk {
+                    base_fd: base_fd.as_fd(),
                     base,
-                    &caller.rel,
-                    dir.as_fd(),
-                    &top_name,
-                    &mut members,
                     limits,
-                )?;
+                };
+                collect_dir(&walk, &caller.rel, dir.as_fd(), &top_name, &mut members, 0)?;
             }
             _ => {
                 if let Some(member) =
@@ -156,7 +153,8 @@ fn member_for(
                 base_fd,
                 base,
                 rel,
-                OFlags::RDONLY | OFlags::NOFOLLOW,
+                // O_NONBLOCK: a FIFO swapped in must not make the open wait for a writer.
+                OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::NONBLOCK,
                 Mode::empty(),
             )
             .map_err(|e| e.into_api(&shown, base))?;
@@ -171,11 +169,11 @@ fn member_for(
             match resolve::open_beneath(base_fd, base, rel, OFlags::PATH, Mode::empty()) {
                 // Its target lies beneath the base: keep the link itself.
                 Ok(_) => {
-                    let target = rustix::fs::readlink(base.join(rel), Vec::new())
-                        .map_err(|e| resolve::io_error(&e.into(), &shown))?;
+                    let target = resolve::readlink_beneath(base_fd, base, rel)
+                        .map_err(|e| e.into_api(&shown, base))?;
                     Ok(Some(Member {
                         name,
-                        content: Content::Symlink(target.into_bytes()),
+                        content: Content::Symlink(target),
                         mode: 0o777,
                         mtime: stat.st_mtime,
                     }))
@@ -183,21 +181,21 @@ fn member_for(
                 Err(OpenError::Escape) => Ok(None),
                 // A dangling link inside the base is kept as a link too.
                 Err(e) if e.is_not_found() => {
-                    let target = rustix::fs::readlink(base.join(rel), Vec::new())
-                        .map_err(|e| resolve::io_error(&e.into(), &shown))?;
+                    let target = resolve::readlink_beneath(base_fd, base, rel)
+                        .map_err(|e| e.into_api(&shown, base))?;
                     let stays_inside = resolve::CallerPath::new(
                         base,
                         &base
                             .join(rel)
                             .parent()
                             .unwrap_or(base)
-                            .join(OsStr::from_bytes(target.as_bytes()))
+                            .join(OsStr::from_bytes(&target))
                             .to_string_lossy(),
                     )
                     .is_ok();
                     Ok(stays_inside.then(|| Member {
                         name,
-                        content: Content::Symlink(target.into_bytes()),
+                        content: Content::Symlink(target),
                         mode: 0o777,
                         mtime: stat.st_mtime,
                     }))
@@ -209,15 +207,28 @@ fn member_for(
     }
 }
 
+/// What every level of an archive walk shares.
+struct Walk<'a> {
+    base_fd: BorrowedFd<'a>,
+    base: &'a Path,
+    limits: Limits,
+}
+
 fn collect_dir(
-    base_fd: BorrowedFd<'_>,
-    base: &Path,
+    walk: &Walk<'_>,
     rel: &Path,
     dir: BorrowedFd<'_>,
     prefix: &str,
     members: &mut Vec<Member>,
-    limits: Limits,
+    depth: usize,
 ) -> Result<(), ApiError> {
+    let (base_fd, base, limits) = (walk.base_fd, walk.base, walk.limits);
+    if depth > resolve::MAX_TREE_DEPTH {
+        return Err(resolve::io_error(
+            &resolve::too_deep(),
+            &base.join(rel).to_string_lossy(),
+        ));
+    }
     let shown = base.join(rel).to_string_lossy().into_owned();
     let names = resolve::read_dir_sorted(dir).map_err(|e| resolve::io_error(&e, &shown))?;
     for name in names {
@@ -234,13 +245,12 @@ fn collect_dir(
                 mtime: stat.st_mtime,
             });
             collect_dir(
-                base_fd,
-                base,
+                walk,
                 &child_rel,
                 child.as_fd(),
                 &member_name,
                 members,
-                limits,
+                depth + 1,
             )?;
         } else if let Some(member) = member_for(base_fd, base, &child_rel, member_name, &stat)? {
             members.push(member);
@@ -361,28 +371,38 @@ fn write_zip(members: Vec<Member>, limits: Limits) -> Result<Vec<u8>, ApiError> 
                 (target, 0, crc, len, (0o120000 | 0o777) << 16, member.name)
             }
             Content::File(fd) => {
-                let mut raw = Vec::new();
-                std::fs::File::from(fd)
-                    .read_to_end(&mut raw)
-                    .map_err(fail)?;
-                if raw.len() as u64 > limits.max_bytes {
+                // Streamed through the compressor in 1 MiB reads: the raw file is never
+                // held whole, and the compressed member is capped like the archive.
+                let mut file = std::fs::File::from(fd);
+                let mut crc = crc32fast::Hasher::new();
+                let packed = Capped {
+                    data: Vec::new(),
+                    max: limits.max_bytes,
+                };
+                let mut deflater =
+                    flate2::write::DeflateEncoder::new(packed, flate2::Compression::default());
+                let mut chunk = vec![0u8; 1 << 20];
+                let mut raw_len = 0u64;
+                loop {
+                    let n = file.read(&mut chunk).map_err(fail)?;
+                    if n == 0 {
+                        break;
+                    }
+                    crc.update(&chunk[..n]);
+                    raw_len += n as u64;
+                    deflater.write_all(&chunk[..n]).map_err(fail)?;
+                }
+                if raw_len > u32::MAX as u64 {
+                    // Beyond 4 GiB a member needs zip64; compressed it would pass the cap anyway.
                     return Err(too_large(limits));
                 }
-                let crc = crc32fast::hash(&raw);
-                let mut deflater =
-                    flate2::write::DeflateEncoder::new(Vec::new(), flate2::Compression::default());
-                deflater.write_all(&raw).map_err(fail)?;
-                let packed = deflater.finish().map_err(fail)?;
-                let (data, method) = if packed.len() < raw.len() {
-                    (packed, 8u16)
-                } else {
-                    (raw.clone(), 0u16)
-                };
+                let data = deflater.finish().map_err(fail)?.data;
+                let (method, crc) = (8u16, crc.finalize());
                 (
                     data,
                     method,
                     crc,
-                    raw.len() as u64,
+                    raw_len,
                     (0o100000 | member.mode) << 16,
                     member.name,
                 )

@@ -80,6 +80,11 @@ impl OpenError {
         matches!(self, OpenError::Io(e) if e.kind() == io::ErrorKind::NotFound)
     }
 
+    /// Nothing is at that path: missing, or a parent component is not a directory.
+    pub fn is_missing(&self) -> bool {
+        matches!(self, OpenError::Io(e) if is_missing(e))
+    }
+
     /// The route-independent rendering: 403 for an escape, the Python exception for I/O.
     pub fn into_api(self, caller: &str, base: &Path) -> ApiError {
         match self {
@@ -87,6 +92,12 @@ impl OpenError {
             OpenError::Io(e) => io_error(&e, caller),
         }
     }
+}
+
+/// Whether an I/O error means "nothing is there" (ENOENT, or ENOTDIR on a parent).
+pub fn is_missing(e: &io::Error) -> bool {
+    e.kind() == io::ErrorKind::NotFound
+        || e.raw_os_error() == Some(rustix::io::Errno::NOTDIR.raw_os_error())
 }
 
 /// A 500 named like the Python exception the same failure raises there.
@@ -205,7 +216,15 @@ fn open_canonical(
     } else {
         match std::fs::canonicalize(&joined) {
             Ok(p) => p,
-            Err(e) if e.kind() == io::ErrorKind::NotFound => return Err(OpenError::Escape),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {
+                // Missing: decide by the deepest ancestor that exists. Inside the base
+                // it is an honest "not found" (so mkdir -p can create it); outside, or
+                // through a dangling link, it is an escape.
+                return match deepest_existing_ancestor(&joined) {
+                    Some(found) if found.starts_with(&canonical_base) => Err(OpenError::Io(e)),
+                    _ => Err(OpenError::Escape),
+                };
+            }
             Err(e) => return Err(e.into()),
         }
     };
@@ -225,6 +244,30 @@ fn open_canonical(
         Err(rustix::io::Errno::XDEV) | Err(rustix::io::Errno::LOOP) => Err(OpenError::Escape),
         Err(e) => Err(e.into()),
     }
+}
+
+/// The canonical form of the nearest ancestor of `path` that exists.
+fn deepest_existing_ancestor(path: &Path) -> Option<PathBuf> {
+    path.ancestors()
+        .skip(1)
+        .find_map(|p| std::fs::canonicalize(p).ok())
+}
+
+/// Reads the target of the symlink `rel` beneath the base, through a descriptor of the
+/// link itself, so a component swapped mid-request cannot redirect the read.
+pub fn readlink_beneath(
+    base_fd: BorrowedFd<'_>,
+    base: &Path,
+    rel: &Path,
+) -> Result<Vec<u8>, OpenError> {
+    let link = open_beneath(
+        base_fd,
+        base,
+        rel,
+        OFlags::PATH | OFlags::NOFOLLOW,
+        Mode::empty(),
+    )?;
+    Ok(rustix::fs::readlinkat(&link, "", Vec::new())?.into_bytes())
 }
 
 /// Opens the directory `rel` beneath the base, creating it and its missing parents
@@ -355,6 +398,24 @@ pub fn lstat_child(dir: BorrowedFd<'_>, name: &[u8]) -> io::Result<rustix::fs::S
 /// Removes child `name` of `dir`: a file or symlink, or a directory tree (walked with
 /// directory fds, never following symlinks, so a symlink inside cannot redirect it).
 pub fn remove_child(dir: BorrowedFd<'_>, name: &OsStr) -> io::Result<()> {
+    remove_child_at_depth(dir, name, 0)
+}
+
+/// Deepest directory nesting the tree walks (delete, search, archive, watch) descend;
+/// deeper trees are refused rather than risk the walking thread's stack.
+pub const MAX_TREE_DEPTH: usize = 256;
+
+/// The error for a tree deeper than [`MAX_TREE_DEPTH`].
+pub fn too_deep() -> io::Error {
+    io::Error::other(format!(
+        "directory tree is deeper than {MAX_TREE_DEPTH} levels"
+    ))
+}
+
+fn remove_child_at_depth(dir: BorrowedFd<'_>, name: &OsStr, depth: usize) -> io::Result<()> {
+    if depth > MAX_TREE_DEPTH {
+        return Err(too_deep());
+    }
     let stat = rustix::fs::statat(dir, name, rustix::fs::AtFlags::SYMLINK_NOFOLLOW)?;
     if kind_of(&stat) != Kind::Directory {
         return Ok(rustix::fs::unlinkat(
@@ -365,7 +426,7 @@ pub fn remove_child(dir: BorrowedFd<'_>, name: &OsStr) -> io::Result<()> {
     }
     let child = open_child_dir(dir, name.as_bytes())?;
     for entry in read_dir_sorted(child.as_fd())? {
-        remove_child(child.as_fd(), OsStr::from_bytes(&entry))?;
+        remove_child_at_depth(child.as_fd(), OsStr::from_bytes(&entry), depth + 1)?;
     }
     Ok(rustix::fs::unlinkat(
         dir,

@@ -72,7 +72,7 @@ fn scan(spec_base: &Path, caller: &CallerPath, recursive: bool) -> std::io::Resu
     let mut snapshot = Snapshot::default();
     let root_watch = rustix::io::dup(&root)?;
     snapshot.dirs.push((String::new(), root_watch));
-    walk(root.as_fd(), "", recursive, &mut snapshot)?;
+    walk(root.as_fd(), "", recursive, &mut snapshot, 0)?;
     Ok(snapshot)
 }
 
@@ -81,6 +81,7 @@ fn walk(
     prefix: &str,
     recursive: bool,
     snapshot: &mut Snapshot,
+    depth: usize,
 ) -> std::io::Result<()> {
     for name in resolve::read_dir_sorted(dir)? {
         if snapshot.entries.len() >= MAX_TRACKED {
@@ -101,8 +102,18 @@ fn walk(
             },
         );
         if recursive && kind == Kind::Directory {
+            if depth >= resolve::MAX_TREE_DEPTH {
+                snapshot.truncated = true;
+                continue;
+            }
             if let Ok(child) = resolve::open_child_dir(dir, &name) {
-                walk(child.as_fd(), &format!("{rel}/"), recursive, snapshot)?;
+                walk(
+                    child.as_fd(),
+                    &format!("{rel}/"),
+                    recursive,
+                    snapshot,
+                    depth + 1,
+                )?;
                 snapshot.dirs.push((rel, child));
             }
         }

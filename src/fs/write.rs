@@ -41,6 +41,21 @@ const SMALL_WRITE_BYTES: usize = 64 * 1024;
 
 /// Creates missing parent directories and the temporary file. Blocking.
 pub fn prepare(base: PathBuf, caller: CallerPath, input: String) -> Result<PendingWrite, ApiError> {
+    prepare_following(base, caller, input, 0)
+}
+
+/// Most symlinks followed from an upload's path to the file it replaces (as the kernel's
+/// limit on nested links, roughly).
+const MAX_LINK_HOPS: usize = 8;
+
+/// Like [`prepare`]; a symlink as the last component is followed (as Python's
+/// `open(path, "wb")` writes through it), confined like any caller path.
+fn prepare_following(
+    base: PathBuf,
+    caller: CallerPath,
+    input: String,
+    hops: usize,
+) -> Result<PendingWrite, ApiError> {
     let Some(name) = caller.file_name().map(OsStr::to_os_string) else {
         return Err(ApiError::bad_request(
             "path must name a file, not the base directory",
@@ -65,6 +80,21 @@ pub fn prepare(base: PathBuf, caller: CallerPath, input: String) -> Result<Pendi
             ));
         }
         Ok(stat) if resolve::kind_of(&stat) == Kind::File => Some(stat.st_mode & 0o7777),
+        Ok(stat) if resolve::kind_of(&stat) == Kind::Symlink => {
+            if hops >= MAX_LINK_HOPS {
+                return Err(ApiError::internal(
+                    "OSError",
+                    format!("Too many levels of symbolic links: '{}'", caller.display()),
+                ));
+            }
+            let target = rustix::fs::readlinkat(&parent, name.as_os_str(), Vec::new())
+                .map_err(|e| resolve::io_error(&e.into(), &input))?;
+            let target = std::path::Path::new(OsStr::from_bytes(target.as_bytes()));
+            let next = caller.shown.parent().unwrap_or(&base).join(target);
+            let next = CallerPath::new(&base, &next.to_string_lossy())
+                .map_err(|_| crate::fs::confine::path_not_allowed(&input, &base))?;
+            return prepare_following(base, next, input, hops + 1);
+        }
         _ => None,
     };
     let mode = Mode::from_raw_mode(0o666);
@@ -183,7 +213,7 @@ pub async fn write_atomic(
     input: String,
     data: Vec<u8>,
     io_driver: &'static str,
-) -> Result<usize, ApiError> {
+) -> Result<(usize, String), ApiError> {
     let len = data.len();
     if len <= SMALL_WRITE_BYTES {
         // Creating, filling and renaming a small file in one pool task costs one
@@ -191,23 +221,20 @@ pub async fn write_atomic(
         return blocking(move || {
             let pending = prepare(base, caller, input)?;
             let display = pending.caller.display();
-            let written = rustix::io::write(&pending.file, &data)
-                .map_err(|e| resolve::io_error(&e.into(), &display));
-            match written {
-                Ok(n) if n == len => pending
+            let mut file = std::fs::File::from(
+                pending
+                    .file
+                    .try_clone()
+                    .map_err(|e| resolve::io_error(&e, &display))?,
+            );
+            match std::io::Write::write_all(&mut file, &data) {
+                Ok(()) => pending
                     .commit()
-                    .map(|_| len)
+                    .map(|_| (len, display.clone()))
                     .map_err(|e| resolve::io_error(&e, &display)),
-                Ok(_) => {
-                    pending.abort();
-                    Err(ApiError::internal(
-                        "OSError",
-                        format!("short write: '{display}'"),
-                    ))
-                }
                 Err(e) => {
                     pending.abort();
-                    Err(e)
+                    Err(resolve::io_error(&e, &display))
                 }
             }
         })
@@ -234,7 +261,7 @@ pub async fn write_atomic(
     blocking(move || pending.commit())
         .await?
         .map_err(|e| resolve::io_error(&e, &display))?;
-    Ok(len)
+    Ok((len, display))
 }
 
 /// Streams a raw upload body into a pending write (the `BodySink` of upload-stream).

@@ -60,6 +60,8 @@ struct Connection {
     out: Vec<u8>,
     /// Whether the request being answered spoke HTTP/1.0.
     http10: bool,
+    /// Whether it was a HEAD request, whose answer carries no body.
+    head_request: bool,
     /// The last answer refused a request whose bytes may still be arriving.
     linger_on_close: bool,
     ctx: Rc<WorkerContext>,
@@ -67,12 +69,25 @@ struct Connection {
 
 /// Serves `stream` until the peer closes, a timeout fires, or the server shuts down.
 pub async fn serve(stream: TcpStream, ctx: Rc<WorkerContext>) {
+    // monoio does not catch panics in tasks: one would take the worker thread, and every
+    // connection on it, down. Handlers have their own guard (a 500); this one covers the
+    // engine itself, closing just this connection.
+    if let Err(panic) = CatchPanic(Box::pin(serve_connection(stream, ctx))).await {
+        eprintln!(
+            "agent-sandbox: connection task panicked: {}",
+            panic_message(&*panic)
+        );
+    }
+}
+
+async fn serve_connection(stream: TcpStream, ctx: Rc<WorkerContext>) {
     let mut conn = Connection {
         stream,
         buf: Vec::with_capacity(READ_CHUNK),
         pos: 0,
         out: Vec::with_capacity(READ_CHUNK),
         http10: false,
+        head_request: false,
         linger_on_close: false,
         ctx,
     };
@@ -125,6 +140,7 @@ impl Connection {
             let ctx = self.ctx.clone();
             let _in_flight = ctx.shutdown.request_started();
             self.http10 = head.http10;
+            self.head_request = head.method == "HEAD";
             let (response, keep_alive) = self.handle(head).await?;
             let keep_alive = keep_alive && !self.ctx.shutdown.is_shutting_down();
             if !self.queue_response(response, keep_alive).await? {
@@ -136,6 +152,7 @@ impl Connection {
     /// Reads one request head. `Ok(None)` is a clean close between requests; `Err` inside
     /// is a malformed head to answer and close.
     async fn read_head(&mut self) -> Result<Result<Option<Head>, ApiError>, Stop> {
+        let mut head_started: Option<std::time::Instant> = None;
         loop {
             if self.pos < self.buf.len() {
                 let mut headers = [httparse::EMPTY_HEADER; MAX_HEADERS];
@@ -167,9 +184,20 @@ impl Connection {
             if self.ctx.shutdown.is_shutting_down() && self.pos == self.buf.len() {
                 return Ok(Ok(None));
             }
-            let started = self.pos < self.buf.len();
-            let timeout = if started {
-                self.ctx.state.config.read_timeout
+            // Once a head has started, the whole of it must arrive within read_timeout,
+            // however slowly the bytes trickle in.
+            let timeout = if self.pos < self.buf.len() {
+                let started = *head_started.get_or_insert_with(std::time::Instant::now);
+                let left = self
+                    .ctx
+                    .state
+                    .config
+                    .read_timeout
+                    .saturating_sub(started.elapsed());
+                if left.is_zero() {
+                    return Err(Stop::Quiet);
+                }
+                left
             } else {
                 self.ctx.state.config.idle_timeout
             };
@@ -269,8 +297,9 @@ impl Connection {
                     head.method
                 ),
             )
-            .with_header("Allow", "GET, POST, DELETE");
-            return Ok((self.refuse(error, has_body, &head).await?, keep_alive));
+            .with_header("Allow", "GET, POST, DELETE")
+            .closing();
+            return Ok((self.refuse(error, has_body, &head).await?, false));
         };
         if !head.target.starts_with('/') {
             return Ok((
@@ -644,9 +673,13 @@ impl Connection {
                 };
                 let line = &self.buf[self.pos..line_end];
                 let size_text = line.split(|b| *b == b';').next().unwrap_or(b"");
-                let size = std::str::from_utf8(size_text)
-                    .ok()
-                    .and_then(|s| usize::from_str_radix(s.trim(), 16).ok());
+                let size_text = size_text.trim_ascii_end();
+                let size = (!size_text.is_empty()
+                    && size_text.len() <= 15
+                    && size_text.iter().all(u8::is_ascii_hexdigit))
+                .then(|| std::str::from_utf8(size_text).ok())
+                .flatten()
+                .and_then(|s| usize::from_str_radix(s, 16).ok());
                 let Some(size) = size else {
                     return Ok(Err(ApiError::bad_request(
                         "Malformed chunked body: bad chunk size",
@@ -711,20 +744,20 @@ impl Connection {
         self.linger_on_close = !keep_alive && response.status >= 400;
         match response.body {
             Body::Full(ref body) => {
+                let framing = if matches!(response.status, 204 | 304) {
+                    Framing::NoBody
+                } else {
+                    Framing::Length(body.len())
+                };
                 with_http_date(|date| {
-                    write_head(
-                        &mut self.out,
-                        &response,
-                        Framing::Length(body.len()),
-                        keep_alive,
-                        http10,
-                        date,
-                    )
+                    write_head(&mut self.out, &response, framing, keep_alive, http10, date)
                 });
                 let Body::Full(body) = response.body else {
                     unreachable!()
                 };
-                if body.len() <= COALESCE_BODY_BYTES {
+                if framing == Framing::NoBody || self.head_request {
+                    // No body on the wire: a HEAD answer only describes one.
+                } else if body.len() <= COALESCE_BODY_BYTES {
                     self.out.extend_from_slice(&body);
                 } else {
                     self.flush().await?;
@@ -795,15 +828,19 @@ impl Connection {
     /// being written to the socket.
     async fn send_file(&mut self, body: FileBody) -> Result<(), Stop> {
         let FileBody { file, offset, len } = body;
+        if len == 0 {
+            return Ok(());
+        }
         let end = offset + len;
         let mut pos = offset;
         let chunk_for = |pos: u64| ((end - pos) as usize).min(STREAM_CHUNK);
-        let (result, mut current) = file.read_at(Vec::with_capacity(chunk_for(pos)), pos).await;
+        let (mut result, mut current) = file.read_at(Vec::with_capacity(chunk_for(pos)), pos).await;
         let mut spare = Vec::with_capacity(STREAM_CHUNK);
         loop {
             match result_len(&result, &current, end - pos) {
                 Some(n) => current.truncate(n),
-                // The file shrank under us: the promised length cannot be met, so close.
+                // A read error, or the file shrank under us: the promised length cannot be
+                // met, so the connection closes.
                 None => return Err(Stop::Quiet),
             }
             pos += current.len() as u64;
@@ -823,9 +860,7 @@ impl Connection {
             write_result?;
             spare = used;
             current = filled;
-            if let Err(_e) = &read {
-                return Err(Stop::Quiet);
-            }
+            result = read;
         }
     }
 
@@ -852,7 +887,7 @@ struct ChunkState {
 /// How many bytes of a file read count: `None` for an error or an early end of file.
 fn result_len(result: &std::io::Result<usize>, buf: &[u8], left: u64) -> Option<usize> {
     match result {
-        Ok(n) if *n > 0 => Some(buf.len().min(left as usize)),
+        Ok(n) if *n > 0 && !buf.is_empty() => Some(buf.len().min(left as usize)),
         _ => None,
     }
 }
@@ -908,9 +943,12 @@ fn extract_head(parsed: &httparse::Request<'_, '_>) -> Result<Head, ApiError> {
         let value = String::from_utf8_lossy(header.value).trim().to_string();
         match name.as_str() {
             "content-length" => {
-                let len: u64 = value
-                    .parse()
-                    .map_err(|_| ApiError::bad_request("Invalid Content-Length header"))?;
+                // Digits only: `+5` or ` 5` parse as numbers but a proxy may read them
+                // differently, which is how requests get smuggled.
+                let len: u64 = Some(value.as_str())
+                    .filter(|v| !v.is_empty() && v.bytes().all(|b| b.is_ascii_digit()))
+                    .and_then(|v| v.parse().ok())
+                    .ok_or_else(|| ApiError::bad_request("Invalid Content-Length header"))?;
                 if head.content_length.is_some_and(|seen| seen != len) {
                     return Err(ApiError::bad_request("Conflicting Content-Length headers"));
                 }
@@ -918,8 +956,8 @@ fn extract_head(parsed: &httparse::Request<'_, '_>) -> Result<Head, ApiError> {
             }
             "transfer-encoding" => {
                 transfer_encoding = true;
-                let last = value.rsplit(',').next().unwrap_or("").trim();
-                if !last.eq_ignore_ascii_case("chunked") {
+                // Only plain chunked: we would not undo any other coding.
+                if !value.eq_ignore_ascii_case("chunked") {
                     return Err(ApiError::new(
                         501,
                         "ValueError",
@@ -968,6 +1006,22 @@ fn panic_message(panic: &(dyn Any + Send)) -> String {
         s.clone()
     } else {
         "panic".to_string()
+    }
+}
+
+/// Polls a future, turning a panic into `Err`.
+struct CatchPanic<F>(Pin<Box<F>>);
+
+impl<F: Future> Future for CatchPanic<F> {
+    type Output = Result<F::Output, Box<dyn Any + Send>>;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let future = self.0.as_mut();
+        match catch_unwind(AssertUnwindSafe(|| future.poll(cx))) {
+            Ok(Poll::Pending) => Poll::Pending,
+            Ok(Poll::Ready(output)) => Poll::Ready(Ok(output)),
+            Err(panic) => Poll::Ready(Err(panic)),
+        }
     }
 }
 

@@ -136,7 +136,8 @@ pub(crate) fn split_target(target: &str) -> Result<(String, Vec<(String, String)
     let mut query: Vec<(String, String)> = Vec::new();
     if let Some(raw_query) = raw_query {
         let raw_query = raw_query.split('#').next().unwrap_or("");
-        for pair in raw_query.split(['&', ';']) {
+        // Only `&` separates (Python 3.10+ parse_qs): `;` is part of a value.
+        for pair in raw_query.split('&') {
             if pair.is_empty() {
                 continue;
             }

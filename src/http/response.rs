@@ -174,6 +174,8 @@ pub enum Framing {
     Chunked,
     /// HTTP/1.0 streaming: the end of the body is the end of the connection.
     UntilClose,
+    /// 204 and 304: the message ends with the head, no length is announced.
+    NoBody,
 }
 
 /// Appends a status line and headers to `out`.
@@ -200,7 +202,7 @@ pub fn write_head(
             out.extend_from_slice(num.format(len).as_bytes());
         }
         Framing::Chunked => out.extend_from_slice(b"\r\nTransfer-Encoding: chunked"),
-        Framing::UntilClose => {}
+        Framing::UntilClose | Framing::NoBody => {}
     }
     if !keep_alive {
         out.extend_from_slice(b"\r\nConnection: close");

@@ -320,8 +320,8 @@ async fn upload(mut request: Request) -> Result<Response, ApiError> {
     };
     let base = base_of(&request);
     let caller = CallerPath::new(&base, &input)?;
-    let shown = caller.display();
-    let bytes = write::write_atomic(base, caller, input, data, driver_of(&request)).await?;
+    let (bytes, shown) =
+        write::write_atomic(base, caller, input, data, driver_of(&request)).await?;
     Ok(Response::ok(&json!({"path": shown, "bytes": bytes})))
 }
 
@@ -360,7 +360,8 @@ async fn open_regular(
     // Fast path: everything cached, no hand-off to the pool at all.
     let not_a_file =
         |shown: &str| ApiError::new(404, "FileNotFoundError", format!("Not a file: {shown}"));
-    match resolve::open_beneath_cached(&base, &caller.rel, OFlags::RDONLY) {
+    // O_NONBLOCK: opening a FIFO for reading would otherwise wait for a writer.
+    match resolve::open_beneath_cached(&base, &caller.rel, OFlags::RDONLY | OFlags::NONBLOCK) {
         Ok(Some(fd)) => {
             let shown = caller.display();
             let stat = rustix::fs::fstat(&fd).map_err(|e| resolve::io_error(&e.into(), &shown))?;
@@ -403,7 +404,7 @@ async fn open_regular(
             base_fd.as_fd(),
             &base,
             &rel,
-            OFlags::RDONLY,
+            OFlags::RDONLY | OFlags::NONBLOCK,
             Mode::empty(),
         ) {
             Ok(fd) => fd,
@@ -787,7 +788,7 @@ async fn delete(request: Request) -> Result<Response, ApiError> {
             Mode::empty(),
         ) {
             Ok(parent) => parent,
-            Err(e) if e.is_not_found() => {
+            Err(e) if e.is_missing() => {
                 return Err(ApiError::new(
                     404,
                     "FileNotFoundError",
@@ -799,7 +800,7 @@ async fn delete(request: Request) -> Result<Response, ApiError> {
         let name = caller.file_name().expect("not the base");
         match resolve::remove_child(parent.as_fd(), name) {
             Ok(()) => Ok(()),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Err(ApiError::new(
+            Err(e) if resolve::is_missing(&e) => Err(ApiError::new(
                 404,
                 "FileNotFoundError",
                 format!("Path not found: {shown}"),
@@ -822,7 +823,10 @@ async fn move_path(request: Request) -> Result<Response, ApiError> {
         };
         let input = body_string(body.get(field), "path").map_err(prefix)?;
         let caller = CallerPath::new(&base, &input).map_err(prefix)?;
-        refuse_base(&caller, &input, &base).map_err(prefix)?;
+        // Into the base directory is fine; moving the base itself away is not.
+        if field == "source" {
+            refuse_base(&caller, &input, &base).map_err(prefix)?;
+        }
         callers.push((input, caller));
     }
     let (dst_input, destination) = callers.pop().expect("two fields");
@@ -838,7 +842,7 @@ async fn move_path(request: Request) -> Result<Response, ApiError> {
             Mode::empty(),
         ) {
             Ok(fd) => fd,
-            Err(e) if e.is_not_found() => {
+            Err(e) if e.is_missing() => {
                 return Err(ApiError::new(
                     404,
                     "FileNotFoundError",
@@ -877,7 +881,9 @@ async fn move_path(request: Request) -> Result<Response, ApiError> {
             .map_err(|e| blocking_open_error(e, &dst_input, &base))?;
         let dst_name = destination
             .file_name()
-            .expect("not the base")
+            .ok_or_else(|| {
+                ApiError::bad_request("destination: must name a path beneath the base directory")
+            })?
             .to_os_string();
         rustix::fs::renameat(
             &src_parent,
@@ -916,7 +922,7 @@ async fn search(request: Request) -> Result<Response, ApiError> {
         let root = open_dir_or_404(base_fd.as_fd(), &base, &caller, &input, OFlags::RDONLY)?;
         let mut walk = Search {
             pattern: pattern.as_bytes(),
-            max_depth,
+            max_depth: max_depth.min(resolve::MAX_TREE_DEPTH as i64),
             max_results: max_results.max(0) as usize,
             deadline: Instant::now() + SEARCH_TIME_LIMIT,
             results: Vec::new(),

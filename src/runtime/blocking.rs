@@ -57,8 +57,10 @@ impl BlockingPool {
 
     fn spawn_thread(&self) {
         let inner = self.inner.clone();
+        // Tree walks recurse (bounded by MAX_TREE_DEPTH); give them room.
         let spawned = std::thread::Builder::new()
             .name("abx-blocking".into())
+            .stack_size(8 * 1024 * 1024)
             .spawn(move || worker(inner));
         if spawned.is_err() {
             // Could not grow: the queued task waits for an existing thread.

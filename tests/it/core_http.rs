@@ -64,13 +64,12 @@ fn unknown_path_is_the_contract_404(driver: &'static str) {
 
 fn other_methods_are_405_with_allow(driver: &'static str) {
     let server = Server::start(driver);
-    for method in ["PUT", "PATCH", "HEAD", "OPTIONS"] {
+    // HEAD is answered without a body; framing_is_strict_and_bodiless_answers_have_no_body covers it.
+    for method in ["PUT", "PATCH", "OPTIONS", "TRACE"] {
         let reply = server.request(method, "/health", &[], None);
         assert_eq!(reply.status, 405, "{method}");
         assert_eq!(reply.header("allow"), Some("GET, POST, DELETE"));
-        if method != "HEAD" {
-            assert_eq!(reply.json()["type"], "ValueError");
-        }
+        assert_eq!(reply.json()["type"], "ValueError");
     }
 }
 
@@ -721,7 +720,47 @@ fn workers_share_one_port(driver: &'static str) {
     }
 }
 
+fn framing_is_strict_and_bodiless_answers_have_no_body(driver: &'static str) {
+    let server = Launch::new(driver).env("ABX_SERVER_TOKEN", "t").start();
+    for (head, status) in [
+        ("POST /capabilities/check HTTP/1.1\r\nContent-Length: +2\r\n\r\n{}", 400),
+        ("POST /capabilities/check HTTP/1.1\r\nTransfer-Encoding: gzip, chunked\r\n\r\n0\r\n\r\n", 501),
+        ("POST /capabilities/check HTTP/1.1\r\nX-Access-Token: t\r\nTransfer-Encoding: chunked\r\n\r\n+2\r\n{}\r\n0\r\n\r\n", 400),
+    ] {
+        let mut stream = server.connect();
+        stream.write_all(head.as_bytes()).unwrap();
+        let reply = read_reply(&mut BufReader::new(stream.try_clone().unwrap())).unwrap();
+        assert_eq!(reply.status, status, "{head:?}");
+        assert!(closes_within(&mut stream, Duration::from_secs(5)), "{head:?}");
+    }
+    // HEAD gets its 405 without a body, and the connection closes.
+    let mut stream = server.connect();
+    stream.write_all(b"HEAD /health HTTP/1.1\r\n\r\n").unwrap();
+    let mut raw = Vec::new();
+    stream
+        .set_read_timeout(Some(Duration::from_secs(5)))
+        .unwrap();
+    let _ = stream.read_to_end(&mut raw);
+    let text = String::from_utf8_lossy(&raw);
+    assert!(text.starts_with("HTTP/1.1 405"), "{text}");
+    assert!(
+        text.ends_with("\r\n\r\n"),
+        "a HEAD answer carried a body: {text}"
+    );
+    // A multi-byte character where "Bearer " would end is a bad credential, not a crash.
+    let mut stream = server.connect();
+    stream
+        .write_all(
+            "GET /capabilities HTTP/1.1\r\nAuthorization: abcdef\u{e9}\u{e9}x\r\n\r\n".as_bytes(),
+        )
+        .unwrap();
+    assert_eq!(read_reply(&mut BufReader::new(stream)).unwrap().status, 401);
+    let handles: Vec<_> = (0..4).map(|_| server.get("/health").status).collect();
+    assert_eq!(handles, [200; 4], "a worker died");
+}
+
 on_both_drivers!(
+    framing_is_strict_and_bodiless_answers_have_no_body,
     health_is_json_and_trailing_slash_is_stripped,
     startup_line_names_driver_groups_and_auth,
     unknown_path_is_the_contract_404,

@@ -1049,7 +1049,99 @@ fn python_reference_gives_the_same_answers(driver: &'static str) {
     );
 }
 
+fn awkward_files_and_paths(driver: &'static str) {
+    let server = Server::start(driver);
+    let b = server.base_dir().to_path_buf();
+    // An empty file streams as an empty body and the connection stays usable.
+    std::fs::write(b.join("empty.bin"), b"").unwrap();
+    let mut stream = server.connect();
+    stream.write_all(b"GET /files/download-stream?path=empty.bin&raw=1 HTTP/1.1\r\n\r\nGET /health HTTP/1.1\r\n\r\n").unwrap();
+    let mut reader = BufReader::new(stream.try_clone().unwrap());
+    let empty = read_reply(&mut reader).unwrap();
+    assert_eq!(
+        (empty.status, empty.header("content-length")),
+        (200, Some("0"))
+    );
+    assert_eq!(read_reply(&mut reader).unwrap().status, 200);
+    // A FIFO is not a file, and opening it must not wait for a writer.
+    let made = std::process::Command::new("mkfifo")
+        .arg(b.join("pipe"))
+        .status()
+        .unwrap();
+    assert!(made.success());
+    assert_eq!(server.get("/download?path=pipe").status, 404);
+    assert_eq!(
+        server.get("/files/download-stream?path=pipe&raw=1").status,
+        404
+    );
+    assert_eq!(server.get("/health").status, 200);
+    // `;` is part of a value, not a separator.
+    std::fs::write(b.join("keep"), b"k").unwrap();
+    assert_eq!(
+        server
+            .request("DELETE", "/files?path=keep;x", &[], None)
+            .status,
+        404
+    );
+    assert!(b.join("keep").exists());
+    // A path through a regular file is "not found", not a server error.
+    assert_eq!(
+        server
+            .request("DELETE", "/files?path=keep/x", &[], None)
+            .status,
+        404
+    );
+    assert_eq!(
+        server
+            .post("/files/move", r#"{"source": "keep/x", "destination": "y"}"#)
+            .status,
+        404
+    );
+    // Moving into the base directory itself is allowed.
+    std::fs::create_dir(b.join("sub")).unwrap();
+    std::fs::write(b.join("sub/up.txt"), b"u").unwrap();
+    let moved = server.post(
+        "/files/move",
+        &json!({"source": "sub/up.txt", "destination": base(&server)}).to_string(),
+    );
+    assert_eq!(
+        moved.json()["destination"],
+        format!("{}/up.txt", base(&server))
+    );
+    // An absolute symlink that stays inside works for creating below it.
+    symlink(b.join("sub"), b.join("abs-sub")).unwrap();
+    assert_eq!(
+        server
+            .post("/files/mkdir", r#"{"path": "abs-sub/new/deeper"}"#)
+            .status,
+        200
+    );
+    assert!(b.join("sub/new/deeper").is_dir());
+    assert_eq!(upload(&server, "abs-sub/new/f.txt", b"f").status, 200);
+    assert_eq!(server.get("/download?path=abs-sub/missing.txt").status, 404);
+    // Uploading onto a symlink writes through it (as Python's open(path, "wb") does).
+    std::fs::write(b.join("real.txt"), b"old").unwrap();
+    symlink("real.txt", b.join("alias.txt")).unwrap();
+    let reply = upload(&server, "alias.txt", b"new");
+    assert_eq!(reply.json()["path"], format!("{}/real.txt", base(&server)));
+    assert_eq!(std::fs::read(b.join("real.txt")).unwrap(), b"new");
+    assert!(std::fs::symlink_metadata(b.join("alias.txt"))
+        .unwrap()
+        .file_type()
+        .is_symlink());
+    // A zip of a file larger than the archive cap that compresses well is fine.
+    let big = std::fs::File::create(b.join("zeros.bin")).unwrap();
+    big.set_len(110 * 1024 * 1024).unwrap();
+    let reply = server.post(
+        "/files/archive",
+        r#"{"paths": ["zeros.bin"], "format": "zip"}"#,
+    );
+    assert_eq!(reply.status, 200, "{}", reply.text());
+    assert!(reply.json()["bytes"].as_u64().unwrap() < 1024 * 1024);
+}
+
 on_both_drivers!(
+    awkward_files_and_paths,
     upload_download_round_trips_every_byte_value,
     seven_mib_through_json,
     upload_and_download_errors,

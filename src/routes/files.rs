@@ -703,36 +703,57 @@ async fn stat(request: Request) -> Result<Response, ApiError> {
     let input = query_path(&request)?;
     let base = base_of(&request);
     let caller = CallerPath::new(&base, &input)?;
+    // Fast path: from the dentry cache (fstat of an open descriptor does not wait for
+    // the disk either), answered without leaving the worker.
+    match resolve::open_beneath_cached(&base, &caller.rel, OFlags::PATH | OFlags::NOFOLLOW) {
+        Ok(Some(fd)) => {
+            let st = rustix::fs::fstat(&fd).map_err(|e| resolve::io_error(&e.into(), &input))?;
+            return Ok(Response::ok(&stat_document(&caller, Some(&st))));
+        }
+        // A cached negative entry is as definite as a positive one.
+        Err(e) if e.is_missing() => return Ok(Response::ok(&stat_document(&caller, None))),
+        Err(e) => return Err(e.into_api(&input, &base)),
+        Ok(None) => {}
+    }
     let document = blocking(move || -> Result<Value, ApiError> {
-        let shown = caller.display();
-        let name = caller.shown.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
         let base_fd = resolve::open_base(&base).map_err(|e| resolve::io_error(&e, &input))?;
         let found = match resolve::lstat_beneath(base_fd.as_fd(), &base, &caller.rel) {
             Ok(found) => found,
             // A parent that is missing or not a directory: nothing is there.
-            Err(OpenError::Io(e)) if e.raw_os_error() == Some(rustix::io::Errno::NOTDIR.raw_os_error()) => None,
+            Err(e) if e.is_missing() => None,
             Err(e) => return Err(blocking_open_error(e, &input, &base)),
         };
-        Ok(match found {
-            None => json!({
-                "name": name, "path": shown, "type": "unknown", "size": 0, "permissions": "",
-                "modified": "", "accessed": "", "created": "", "exists": false
-            }),
-            Some(st) => json!({
-                "name": name,
-                "path": shown,
-                "type": match resolve::kind_of(&st) { Kind::Directory => "directory", Kind::Symlink => "symlink", _ => "file" },
-                "size": st.st_size,
-                "permissions": format!("{:03o}", st.st_mode & 0o777),
-                "modified": iso_of(st.st_mtime, st.st_mtime_nsec as i64),
-                "accessed": iso_of(st.st_atime, st.st_atime_nsec as i64),
-                "created": iso_of(st.st_ctime, st.st_ctime_nsec as i64),
-                "exists": true,
-            }),
-        })
+        Ok(stat_document(&caller, found.as_ref()))
     })
     .await??;
     Ok(Response::ok(&document))
+}
+
+/// The contract's `/files/stat` object; `None` when nothing is at the path.
+fn stat_document(caller: &CallerPath, found: Option<&rustix::fs::Stat>) -> Value {
+    let shown = caller.display();
+    let name = caller
+        .shown
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    match found {
+        None => json!({
+            "name": name, "path": shown, "type": "unknown", "size": 0, "permissions": "",
+            "modified": "", "accessed": "", "created": "", "exists": false
+        }),
+        Some(st) => json!({
+            "name": name,
+            "path": shown,
+            "type": match resolve::kind_of(st) { Kind::Directory => "directory", Kind::Symlink => "symlink", _ => "file" },
+            "size": st.st_size,
+            "permissions": format!("{:03o}", st.st_mode & 0o777),
+            "modified": iso_of(st.st_mtime, st.st_mtime_nsec as i64),
+            "accessed": iso_of(st.st_atime, st.st_atime_nsec as i64),
+            "created": iso_of(st.st_ctime, st.st_ctime_nsec as i64),
+            "exists": true,
+        }),
+    }
 }
 
 async fn mkdir(request: Request) -> Result<Response, ApiError> {

@@ -675,6 +675,12 @@ fn mkdir_delete_move(driver: &'static str) {
         "exist_ok"
     );
     assert_eq!(server.post("/files/mkdir", r#"{}"#).status, 400);
+    std::fs::write(b.join("plain.txt"), b"p").unwrap();
+    let blocked = server.post("/files/mkdir", r#"{"path": "plain.txt/sub"}"#);
+    assert_eq!(
+        (blocked.status, blocked.json()["type"].clone()),
+        (500, json!("NotADirectoryError"))
+    );
     std::fs::write(b.join("a/b/c/f.txt"), b"f").unwrap();
 
     let moved = server.post(

@@ -66,7 +66,11 @@ impl AppState {
             .collect();
         let empty: Vec<&str> = Group::ALL
             .into_iter()
-            .filter(|g| !endpoints.iter().any(|e| e.group == *g))
+            .filter(|g| {
+                !endpoints
+                    .iter()
+                    .any(|e| e.group == *g && e.unavailable.is_none())
+            })
             .map(Group::name)
             .collect();
         if !empty.is_empty() {

@@ -195,6 +195,13 @@ impl Policy {
         if group == Group::Core {
             return decided(true, "default:core".into(), None);
         }
+        if let Some(reason) = endpoint.unavailable {
+            return decided(
+                false,
+                "build:unavailable".into(),
+                Some(format!("Endpoint '{id}' is not available: {reason}")),
+            );
+        }
         let g = group.name();
         if let Some(enabled) = self.endpoints.get(id).and_then(|r| r.enabled) {
             let message = (!enabled).then(|| {

@@ -185,6 +185,9 @@ pub struct Endpoint {
     /// dispatcher: the handler answers with a body sink (`Response::accept_body`) and the
     /// connection streams the body into it, up to `ABX_MAX_UPLOAD_SIZE`.
     pub raw_body: bool,
+    /// Declared but not served by this build, with the reason: listed in
+    /// `/capabilities` as disabled (rule `build:unavailable`), whatever the policy says.
+    pub unavailable: Option<&'static str>,
 }
 
 impl Endpoint {
@@ -205,7 +208,26 @@ impl Endpoint {
             handler: Some(handler),
             parses_whole_body: false,
             raw_body: false,
+            unavailable: None,
         }
+    }
+
+    /// An endpoint served elsewhere than the HTTP dispatcher (the PTY WebSocket).
+    pub fn external(method: Method, path: &str, group: Group) -> Endpoint {
+        Endpoint {
+            handler: None,
+            ..Endpoint::new(
+                method,
+                path,
+                group,
+                handler(|_| async { Err(ApiError::internal("RuntimeError", "not an HTTP route")) }),
+            )
+        }
+    }
+
+    pub fn unavailable(mut self, reason: &'static str) -> Self {
+        self.unavailable = Some(reason);
+        self
     }
 
     pub fn parses_whole_body(mut self) -> Self {
@@ -269,5 +291,13 @@ pub fn builtin_endpoints() -> Vec<Endpoint> {
     let mut endpoints = Vec::new();
     endpoints.extend(core::endpoints());
     endpoints.extend(files::endpoints());
+    // The terminal's WebSocket (port ABX_PTY_PORT), listed as the contract lists it.
+    endpoints.push(
+        Endpoint::external(Method::Ws, "/pty", Group::Terminal)
+            .id("pty_connect")
+            .summary("PTY WebSocket on ABX_PTY_PORT (input, resize, signal; output and events).")
+            .params(&[Param::query("session_id", "string", true), Param::query("token", "string", false)])
+            .unavailable("the terminal group (PTY sessions and their WebSocket) is not part of this build of agent-sandbox"),
+    );
     endpoints
 }

@@ -775,6 +775,32 @@ fn base_fd_or(base: &Path, input: &str) -> Result<std::os::fd::OwnedFd, ApiError
     resolve::open_base(base).map_err(|e| resolve::io_error(&e, input))
 }
 
+/// Opens the directory that holds the caller's path; when it is missing the path is,
+/// answered as `<what> not found: <path>` (404). Blocking.
+fn open_parent_or_404(
+    base_fd: std::os::fd::BorrowedFd<'_>,
+    base: &Path,
+    caller: &CallerPath,
+    input: &str,
+    what: &str,
+) -> Result<std::os::fd::OwnedFd, ApiError> {
+    match resolve::open_beneath(
+        base_fd,
+        base,
+        caller.parent_rel(),
+        OFlags::RDONLY | OFlags::DIRECTORY,
+        Mode::empty(),
+    ) {
+        Ok(parent) => Ok(parent),
+        Err(e) if e.is_missing() => Err(ApiError::new(
+            404,
+            "FileNotFoundError",
+            format!("{what} not found: {}", caller.display()),
+        )),
+        Err(e) => Err(blocking_open_error(e, input, base)),
+    }
+}
+
 /// The base directory itself is never deleted or moved away: every later file request
 /// would fail (see docs/api.md).
 fn refuse_base(caller: &CallerPath, input: &str, base: &Path) -> Result<(), ApiError> {
@@ -801,23 +827,7 @@ async fn delete(request: Request) -> Result<Response, ApiError> {
     blocking(move || -> Result<(), ApiError> {
         let shown = caller.display();
         let base_fd = base_fd_or(&base, &input)?;
-        let parent = match resolve::open_beneath(
-            base_fd.as_fd(),
-            &base,
-            caller.parent_rel(),
-            OFlags::RDONLY | OFlags::DIRECTORY,
-            Mode::empty(),
-        ) {
-            Ok(parent) => parent,
-            Err(e) if e.is_missing() => {
-                return Err(ApiError::new(
-                    404,
-                    "FileNotFoundError",
-                    format!("Path not found: {shown}"),
-                ))
-            }
-            Err(e) => return Err(blocking_open_error(e, &input, &base)),
-        };
+        let parent = open_parent_or_404(base_fd.as_fd(), &base, &caller, &input, "Path")?;
         let name = caller.file_name().expect("not the base");
         match resolve::remove_child(parent.as_fd(), name) {
             Ok(()) => Ok(()),
@@ -855,23 +865,7 @@ async fn move_path(request: Request) -> Result<Response, ApiError> {
     let (source_shown, final_shown) = blocking(move || -> Result<(String, String), ApiError> {
         let base_fd = base_fd_or(&base, &src_input)?;
         let source_shown = source.display();
-        let src_parent = match resolve::open_beneath(
-            base_fd.as_fd(),
-            &base,
-            source.parent_rel(),
-            OFlags::RDONLY | OFlags::DIRECTORY,
-            Mode::empty(),
-        ) {
-            Ok(fd) => fd,
-            Err(e) if e.is_missing() => {
-                return Err(ApiError::new(
-                    404,
-                    "FileNotFoundError",
-                    format!("Source not found: {source_shown}"),
-                ))
-            }
-            Err(e) => return Err(blocking_open_error(e, &src_input, &base)),
-        };
+        let src_parent = open_parent_or_404(base_fd.as_fd(), &base, &source, &src_input, "Source")?;
         let src_name = source.file_name().expect("not the base").to_os_string();
         if resolve::lstat_child(src_parent.as_fd(), src_name.as_encoded_bytes()).is_err() {
             return Err(ApiError::new(

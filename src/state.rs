@@ -3,7 +3,6 @@
 //! as a plain `Arc` without locks.
 
 use std::path::PathBuf;
-use std::sync::Arc;
 use std::time::Instant;
 
 use crate::auth::{Auth, Identity};
@@ -162,6 +161,3 @@ impl AppState {
             .join(",")
     }
 }
-
-/// Convenience for handlers: the shared state type behind an `Arc`.
-pub type SharedState = Arc<AppState>;

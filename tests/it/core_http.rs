@@ -711,10 +711,14 @@ fn missing_base_dir_is_a_warning(driver: &'static str) {
 fn sigterm_finishes_in_flight_requests(driver: &'static str) {
     let mut server = Launch::example(driver).start();
     let mut stream = server.connect();
+    stream.write_all(b"GET /health HTTP/1.1\r\n\r\n").unwrap();
+    // An answer proves a worker owns this connection before the slow request starts.
+    let mut warm = BufReader::new(stream.try_clone().unwrap());
+    assert_eq!(read_reply(&mut warm).unwrap().status, 200);
     stream
         .write_all(b"GET /debug/slow?ms=800 HTTP/1.1\r\n\r\n")
         .unwrap();
-    std::thread::sleep(Duration::from_millis(200));
+    std::thread::sleep(Duration::from_millis(300));
     nix::sys::signal::kill(
         nix::unistd::Pid::from_raw(server.child.id() as i32),
         nix::sys::signal::Signal::SIGTERM,

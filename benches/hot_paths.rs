@@ -4,8 +4,7 @@
 
 use std::hint::black_box;
 
-use agent_sandbox::policy::Policy;
-use agent_sandbox::routes::{builtin_endpoints, Group, Method, Router};
+use agent_sandbox::bench_support::{builtin_endpoints, Group, Listener, Method, Policy, Router};
 use criterion::{criterion_group, criterion_main, BatchSize, Criterion, Throughput};
 use serde::Deserialize;
 
@@ -91,7 +90,7 @@ fn base64(c: &mut Criterion) {
 
 fn routing(c: &mut Criterion) {
     let endpoints = builtin_endpoints();
-    let router = Router::new(&endpoints);
+    let router = Router::new(&endpoints, Listener::Api).expect("the built-in table is valid");
     c.bench_function("route_lookup_health", |b| {
         b.iter(|| {
             black_box(
@@ -114,7 +113,7 @@ fn routing(c: &mut Criterion) {
     c.bench_function("policy_decide_all_endpoints", |b| {
         b.iter(|| {
             for ep in &endpoints {
-                black_box(policy.decide(ep, &[Group::DevTools]).enabled);
+                black_box(policy.decide(&ep.spec, None, &[Group::DevTools]).enabled);
             }
         })
     });

@@ -5,7 +5,7 @@ use std::net::IpAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use crate::routes::Group;
+use crate::api::Group;
 
 /// Which event loop backs the worker runtimes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -1,21 +1,40 @@
 //! agent-sandbox: a drop-in, thread-per-core replacement for the `agent_sandbox.server`
 //! HTTP API. See `docs/architecture.md` for how the pieces fit.
+//!
+//! The public surface is the embedding API: [`Server`], [`Config`], [`Endpoint`],
+//! [`handler`], [`Call`], [`Response`], [`ApiError`], [`Group`], [`Method`], [`Param`] and
+//! the server-sent events channel ([`sse`]). Everything else is internal.
 
-pub mod auth;
+mod api;
+mod app;
 pub mod config;
-pub mod error;
-pub mod fs;
-pub mod http;
-pub mod policy;
-pub mod process;
-pub mod routes;
-pub mod runtime;
-pub mod server;
-pub mod state;
-pub mod timefmt;
+mod fs;
+mod http;
+#[doc(hidden)]
+pub mod log;
+mod process;
+mod routes;
+mod runtime;
+mod server;
+mod timefmt;
 
+pub use api::{ApiError, Group, Method, Param};
+pub use app::{handler, Call, Endpoint};
 pub use config::Config;
-pub use error::ApiError;
-pub use http::{Request, Response};
-pub use routes::{handler, Endpoint, Group, Method, Param};
+pub use http::Response;
 pub use server::Server;
+
+/// Server-sent events for streaming custom routes: `let (tx, rx) = sse::channel(n)`,
+/// feed `tx` from a task, answer `Response::sse(rx)`.
+pub mod sse {
+    pub use crate::http::sse::{channel, format_event, SseSender, SseStream, StreamClosed};
+}
+
+/// Internals the micro-benchmarks (`benches/hot_paths.rs`) measure; not an API.
+#[doc(hidden)]
+pub mod bench_support {
+    pub use crate::api::{Group, Listener, Method};
+    pub use crate::app::policy::Policy;
+    pub use crate::app::router::Router;
+    pub use crate::routes::builtin_endpoints;
+}

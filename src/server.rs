@@ -3,8 +3,8 @@
 //! ```no_run
 //! use agent_sandbox::{Config, Endpoint, Group, Method, Response, Server, handler};
 //!
-//! let hello = Endpoint::new(Method::Get, "/hello/{name}", Group::Commands, handler(|req| async move {
-//!     let name = req.path_param("name").unwrap_or("World").to_string();
+//! let hello = Endpoint::new(Method::Get, "/hello/{name}", Group::Commands, handler(|call| async move {
+//!     let name = call.path_param("name").unwrap_or("World").to_string();
 //!     Ok(Response::ok(&serde_json::json!({"greeting": format!("Hello, {name}!")})))
 //! }));
 //! Server::new(Config::default()).endpoint(hello).run().unwrap();
@@ -13,10 +13,12 @@
 use std::net::SocketAddr;
 use std::sync::Arc;
 
-use crate::config::Config;
-use crate::routes::{builtin_endpoints, Endpoint, Group, Handler, Method};
-use crate::runtime::{self, blocking::BlockingPool, shutdown, shutdown::Shutdown};
-use crate::state::AppState;
+use crate::api::{Group, Listener, Method};
+use crate::app::dispatch::service_factory;
+use crate::app::{AppState, Endpoint, Handler};
+use crate::config::{Config, IoDriverChoice};
+use crate::routes::builtin_endpoints;
+use crate::runtime::{self, blocking::BlockingPool, shutdown, shutdown::Shutdown, DriverChoice};
 
 /// A server under construction.
 pub struct Server {
@@ -51,19 +53,24 @@ impl Server {
         // signal thread sees SIGTERM/SIGINT.
         shutdown::block_termination_signals();
         raise_open_file_limit();
-        let (driver, fallback_note) = runtime::choose_driver(self.config.io_driver)?;
+        let choice = match self.config.io_driver {
+            IoDriverChoice::Auto => DriverChoice::Auto,
+            IoDriverChoice::Uring => DriverChoice::Uring,
+            IoDriverChoice::Epoll => DriverChoice::Epoll,
+        };
+        let (driver, fallback_note) = runtime::choose_driver(choice)?;
         let mut endpoints = builtin_endpoints();
         endpoints.extend(self.custom);
-        let state = Arc::new(AppState::build(self.config, endpoints, driver.name())?);
+        let state = Arc::new(AppState::build(self.config, endpoints, driver)?);
         let config = &state.config;
         let addr = SocketAddr::new(config.host, config.port);
         let (listeners, bound) = runtime::bind_all(addr, config.workers)
             .map_err(|e| format!("cannot listen on {addr}: {e}"))?;
         if let Some(note) = fallback_note {
-            eprintln!("agent-sandbox: {note}");
+            crate::log!("{note}");
         }
-        for warning in &state.warnings {
-            eprintln!("agent-sandbox: warning: {warning}");
+        for warning in &state.catalog.warnings {
+            crate::log!("warning: {warning}");
         }
         println!(
             "agent-sandbox {} address={} workers={} io_driver={} groups={} auth={}",
@@ -71,16 +78,32 @@ impl Server {
             bound,
             config.workers,
             driver.name(),
-            state.enabled_groups_line(),
-            state.auth.mode(),
+            state.catalog.enabled_groups_line(),
+            state.catalog.auth.mode(),
         );
         println!("listening on {bound}");
         let shutdown = Arc::new(Shutdown::default());
         let pool = BlockingPool::new(config.blocking_threads);
-        let workers =
-            runtime::start_workers(listeners, driver, state.clone(), shutdown.clone(), pool)
-                .map_err(|e| format!("cannot start worker threads: {e}"))?;
-        shutdown::spawn_signal_thread(shutdown, state);
+        // Slot 0 of every worker is the API port; the PTY port joins as slot 1 when the
+        // terminal group is built.
+        let slots = vec![Listener::Api];
+        let per_worker = listeners.into_iter().map(|l| vec![(0, l)]).collect();
+        let factory = Arc::new(service_factory(state.clone(), shutdown.clone(), slots));
+        let workers = runtime::start_workers(per_worker, driver, shutdown.clone(), pool, factory)
+            .map_err(|e| format!("cannot start worker threads: {e}"))?;
+        let children_state = state.clone();
+        shutdown::spawn_signal_thread(
+            shutdown,
+            state.config.shutdown_grace,
+            Box::new(move || {
+                let children = &children_state.services.children;
+                if children.signal_all(nix::sys::signal::Signal::SIGTERM) > 0 {
+                    std::thread::sleep(std::time::Duration::from_millis(200));
+                    children.signal_all(nix::sys::signal::Signal::SIGKILL);
+                }
+            }),
+        )
+        .map_err(|e| format!("cannot start the signal thread: {e}"))?;
         for worker in workers {
             let _ = worker.join();
         }

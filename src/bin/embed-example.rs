@@ -6,7 +6,7 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use agent_sandbox::config::{Config, Parsed};
-use agent_sandbox::http::sse;
+use agent_sandbox::sse;
 use agent_sandbox::{handler, ApiError, Endpoint, Group, Method, Response, Server};
 use serde_json::json;
 

@@ -18,43 +18,6 @@ use std::path::{Component, Path, PathBuf};
 
 use rustix::fs::{Mode, OFlags, ResolveFlags};
 
-use super::confine;
-use crate::error::ApiError;
-
-/// A caller path after the lexical check: what responses show, and the part beneath the
-/// base directory that is actually opened (empty for the base itself).
-#[derive(Debug, Clone)]
-pub struct CallerPath {
-    pub shown: PathBuf,
-    pub rel: PathBuf,
-}
-
-impl CallerPath {
-    /// Checks `input` lexically against `base` (403 `path_not_allowed` outside it).
-    pub fn new(base: &Path, input: &str) -> Result<CallerPath, ApiError> {
-        let shown = confine::lexical(base, input)?;
-        let rel = shown
-            .strip_prefix(base)
-            .map(Path::to_path_buf)
-            .unwrap_or_default();
-        Ok(CallerPath { shown, rel })
-    }
-
-    /// The last component, or `None` for the base directory itself.
-    pub fn file_name(&self) -> Option<&OsStr> {
-        self.rel.file_name()
-    }
-
-    /// The parent's part beneath the base (empty when the parent is the base).
-    pub fn parent_rel(&self) -> &Path {
-        self.rel.parent().unwrap_or(Path::new(""))
-    }
-
-    pub fn display(&self) -> String {
-        self.shown.to_string_lossy().into_owned()
-    }
-}
-
 /// Why an open failed, before a route words it.
 #[derive(Debug)]
 pub enum OpenError {
@@ -84,33 +47,12 @@ impl OpenError {
     pub fn is_missing(&self) -> bool {
         matches!(self, OpenError::Io(e) if is_missing(e))
     }
-
-    /// The route-independent rendering: 403 for an escape, the Python exception for I/O.
-    pub fn into_api(self, caller: &str, base: &Path) -> ApiError {
-        match self {
-            OpenError::Escape => confine::path_not_allowed(caller, base),
-            OpenError::Io(e) => io_error(&e, caller),
-        }
-    }
 }
 
 /// Whether an I/O error means "nothing is there" (ENOENT, or ENOTDIR on a parent).
 pub fn is_missing(e: &io::Error) -> bool {
     e.kind() == io::ErrorKind::NotFound
         || e.raw_os_error() == Some(rustix::io::Errno::NOTDIR.raw_os_error())
-}
-
-/// A 500 named like the Python exception the same failure raises there.
-pub fn io_error(e: &io::Error, path: &str) -> ApiError {
-    let kind = match e.raw_os_error().map(rustix::io::Errno::from_raw_os_error) {
-        Some(rustix::io::Errno::NOENT) => "FileNotFoundError",
-        Some(rustix::io::Errno::EXIST) => "FileExistsError",
-        Some(rustix::io::Errno::NOTDIR) => "NotADirectoryError",
-        Some(rustix::io::Errno::ISDIR) => "IsADirectoryError",
-        Some(rustix::io::Errno::ACCESS) | Some(rustix::io::Errno::PERM) => "PermissionError",
-        _ => "OSError",
-    };
-    ApiError::internal(kind, format!("{e}: '{path}'"))
 }
 
 /// Opens the base directory itself. Opened per request, so a base directory created (or
@@ -339,14 +281,6 @@ pub fn kind_of(stat: &rustix::fs::Stat) -> Kind {
     }
 }
 
-/// The entries of an open directory, sorted by name, without `.` and `..`.
-pub fn read_dir_sorted(dir: BorrowedFd<'_>) -> io::Result<Vec<Vec<u8>>> {
-    Ok(read_dir_typed(dir)?
-        .into_iter()
-        .map(|(name, _)| name)
-        .collect())
-}
-
 /// The entries of an open directory with the type `getdents` reported (`Other` where
 /// the file system does not say), sorted by name, without `.` and `..`.
 pub fn read_dir_typed(dir: BorrowedFd<'_>) -> io::Result<Vec<(Vec<u8>, Option<Kind>)>> {
@@ -392,46 +326,6 @@ pub fn lstat_child(dir: BorrowedFd<'_>, name: &[u8]) -> io::Result<rustix::fs::S
         dir,
         OsStr::from_bytes(name),
         rustix::fs::AtFlags::SYMLINK_NOFOLLOW,
-    )?)
-}
-
-/// Removes child `name` of `dir`: a file or symlink, or a directory tree (walked with
-/// directory fds, never following symlinks, so a symlink inside cannot redirect it).
-pub fn remove_child(dir: BorrowedFd<'_>, name: &OsStr) -> io::Result<()> {
-    remove_child_at_depth(dir, name, 0)
-}
-
-/// Deepest directory nesting the tree walks (delete, search, archive, watch) descend;
-/// deeper trees are refused rather than risk the walking thread's stack.
-pub const MAX_TREE_DEPTH: usize = 256;
-
-/// The error for a tree deeper than [`MAX_TREE_DEPTH`].
-pub fn too_deep() -> io::Error {
-    io::Error::other(format!(
-        "directory tree is deeper than {MAX_TREE_DEPTH} levels"
-    ))
-}
-
-fn remove_child_at_depth(dir: BorrowedFd<'_>, name: &OsStr, depth: usize) -> io::Result<()> {
-    if depth > MAX_TREE_DEPTH {
-        return Err(too_deep());
-    }
-    let stat = rustix::fs::statat(dir, name, rustix::fs::AtFlags::SYMLINK_NOFOLLOW)?;
-    if kind_of(&stat) != Kind::Directory {
-        return Ok(rustix::fs::unlinkat(
-            dir,
-            name,
-            rustix::fs::AtFlags::empty(),
-        )?);
-    }
-    let child = open_child_dir(dir, name.as_bytes())?;
-    for entry in read_dir_sorted(child.as_fd())? {
-        remove_child_at_depth(child.as_fd(), OsStr::from_bytes(&entry), depth + 1)?;
-    }
-    Ok(rustix::fs::unlinkat(
-        dir,
-        name,
-        rustix::fs::AtFlags::REMOVEDIR,
     )?)
 }
 
@@ -491,12 +385,6 @@ mod tests {
             Err(OpenError::Escape)
         ));
         assert!(!dir.join("x").exists());
-        remove_child(fd.as_fd(), OsStr::new("a")).unwrap();
-        assert!(!base.join("a").exists());
-        assert!(
-            dir.join("secret.txt").exists(),
-            "removal followed a symlink"
-        );
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }

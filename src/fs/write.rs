@@ -9,18 +9,16 @@
 
 use std::ffi::{OsStr, OsString};
 use std::io;
-use std::os::fd::{AsFd, AsRawFd, OwnedFd};
+use std::os::fd::{AsRawFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
-use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use rustix::fs::{AtFlags, Mode, OFlags};
 
-use super::aio::{blocking, AsyncFile};
-use super::resolve::{self, CallerPath, Kind, OpenError};
-use crate::error::ApiError;
-use crate::http::response::{BodySink, SinkFuture};
-use crate::http::Response;
+use super::base::{BaseDir, CallerPath};
+use super::error::FsError;
+use super::resolve::{self, Kind};
+use crate::runtime::{blocking, AsyncFile, IoDriver};
 
 /// A temporary file opened beside its target, not yet visible under the target's name.
 pub struct PendingWrite {
@@ -40,8 +38,8 @@ static TEMP_COUNTER: AtomicU64 = AtomicU64::new(0);
 const SMALL_WRITE_BYTES: usize = 64 * 1024;
 
 /// Creates missing parent directories and the temporary file. Blocking.
-pub fn prepare(base: PathBuf, caller: CallerPath, input: String) -> Result<PendingWrite, ApiError> {
-    prepare_following(base, caller, input, 0)
+pub fn prepare(base: &BaseDir, caller: CallerPath) -> Result<PendingWrite, FsError> {
+    prepare_following(base, caller, 0)
 }
 
 /// Most symlinks followed from an upload's path to the file it replaces (as the kernel's
@@ -51,19 +49,21 @@ const MAX_LINK_HOPS: usize = 8;
 /// Like [`prepare`]; a symlink as the last component is followed (as Python's
 /// `open(path, "wb")` writes through it), confined like any caller path.
 fn prepare_following(
-    base: PathBuf,
+    base: &BaseDir,
     caller: CallerPath,
-    input: String,
     hops: usize,
-) -> Result<PendingWrite, ApiError> {
+) -> Result<PendingWrite, FsError> {
     let Some(name) = caller.file_name().map(OsStr::to_os_string) else {
-        return Err(ApiError::bad_request(
-            "path must name a file, not the base directory",
+        return Err(FsError::Invalid(
+            "path must name a file, not the base directory".into(),
         ));
     };
-    let map = |e: OpenError| e.into_api(&input, &base);
-    let base_fd = resolve::open_base(&base).map_err(|e| resolve::io_error(&e, &input))?;
-    let parent = resolve::create_dirs(base_fd.as_fd(), &base, caller.parent_rel()).map_err(map)?;
+    let input = caller.input.clone();
+    let io = |e: io::Error| FsError::io(e, caller.display());
+    let beneath = base.open()?;
+    let parent = beneath
+        .create_dirs(caller.parent_rel())
+        .map_err(|e| base.open_error(e, &caller))?;
     // Work relative to a real (not O_PATH) descriptor of the confined parent.
     let parent = rustix::fs::openat(
         &parent,
@@ -71,29 +71,29 @@ fn prepare_following(
         OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,
         Mode::empty(),
     )
-    .map_err(|e| resolve::io_error(&e.into(), &input))?;
+    .map_err(|e| io(e.into()))?;
     let keep_mode = match rustix::fs::statat(&parent, name.as_os_str(), AtFlags::SYMLINK_NOFOLLOW) {
         Ok(stat) if resolve::kind_of(&stat) == Kind::Directory => {
-            return Err(ApiError::internal(
-                "IsADirectoryError",
-                format!("Is a directory: '{}'", caller.display()),
-            ));
+            return Err(io(io::Error::from_raw_os_error(
+                rustix::io::Errno::ISDIR.raw_os_error(),
+            )));
         }
         Ok(stat) if resolve::kind_of(&stat) == Kind::File => Some(stat.st_mode & 0o7777),
         Ok(stat) if resolve::kind_of(&stat) == Kind::Symlink => {
             if hops >= MAX_LINK_HOPS {
-                return Err(ApiError::internal(
-                    "OSError",
-                    format!("Too many levels of symbolic links: '{}'", caller.display()),
-                ));
+                return Err(io(io::Error::from_raw_os_error(
+                    rustix::io::Errno::LOOP.raw_os_error(),
+                )));
             }
             let target = rustix::fs::readlinkat(&parent, name.as_os_str(), Vec::new())
-                .map_err(|e| resolve::io_error(&e.into(), &input))?;
+                .map_err(|e| io(e.into()))?;
             let target = std::path::Path::new(OsStr::from_bytes(target.as_bytes()));
-            let next = caller.shown.parent().unwrap_or(&base).join(target);
-            let next = CallerPath::new(&base, &next.to_string_lossy())
-                .map_err(|_| crate::fs::confine::path_not_allowed(&input, &base))?;
-            return prepare_following(base, next, input, hops + 1);
+            let next = caller.shown.parent().unwrap_or(base.path()).join(target);
+            let mut next = base
+                .confine(&next.to_string_lossy())
+                .map_err(|_| base.not_allowed(&input))?;
+            next.input = input;
+            return prepare_following(base, next, hops + 1);
         }
         _ => None,
     };
@@ -133,7 +133,7 @@ fn prepare_following(
         OFlags::WRONLY | OFlags::CREATE | OFlags::EXCL | OFlags::NOFOLLOW | OFlags::CLOEXEC,
         mode,
     )
-    .map_err(|e| resolve::io_error(&e.into(), &input))?;
+    .map_err(|e| io(e.into()))?;
     Ok(PendingWrite {
         parent,
         file,
@@ -146,8 +146,8 @@ fn prepare_following(
 
 impl PendingWrite {
     /// A second descriptor of the temporary file for writing through the driver.
-    pub fn data_file(&self, io_driver: &str) -> io::Result<AsyncFile> {
-        AsyncFile::new(self.file.try_clone()?, io_driver)
+    pub fn data_file(&self, driver: IoDriver) -> io::Result<AsyncFile> {
+        AsyncFile::new(self.file.try_clone()?, driver)
     }
 
     /// Makes the data visible under the target name (replacing any file there). Blocking.
@@ -206,133 +206,125 @@ fn link_anonymous(file: &OwnedFd, parent: &OwnedFd, name: &OsStr) -> io::Result<
     Ok(())
 }
 
-/// Writes `data` to the caller's path atomically and returns the byte count.
+/// Writes `data` to the caller's path atomically; returns the byte count and the path
+/// written (a symlink at the path is written through).
 pub async fn write_atomic(
-    base: PathBuf,
+    base: &BaseDir,
     caller: CallerPath,
-    input: String,
     data: Vec<u8>,
-    io_driver: &'static str,
-) -> Result<(usize, String), ApiError> {
+    driver: IoDriver,
+) -> Result<(usize, String), FsError> {
     let len = data.len();
+    let shown = caller.display();
+    let gone = |e: io::Error| FsError::io(e, shown.clone());
     if len <= SMALL_WRITE_BYTES {
         // Creating, filling and renaming a small file in one pool task costs one
         // hand-off instead of two plus an io_uring write (docs/architecture.md).
+        let base = base.clone();
         return blocking(move || {
-            let pending = prepare(base, caller, input)?;
+            let pending = prepare(&base, caller)?;
             let display = pending.caller.display();
-            let mut file = std::fs::File::from(
-                pending
-                    .file
-                    .try_clone()
-                    .map_err(|e| resolve::io_error(&e, &display))?,
-            );
+            let io = |e: io::Error| FsError::io(e, display.clone());
+            let mut file = std::fs::File::from(pending.file.try_clone().map_err(io)?);
             match std::io::Write::write_all(&mut file, &data) {
-                Ok(()) => pending
-                    .commit()
-                    .map(|_| (len, display.clone()))
-                    .map_err(|e| resolve::io_error(&e, &display)),
+                Ok(()) => pending.commit().map(|_| (len, display.clone())).map_err(io),
                 Err(e) => {
                     pending.abort();
-                    Err(resolve::io_error(&e, &display))
+                    Err(io(e))
                 }
             }
         })
-        .await?;
+        .await
+        .map_err(gone)?;
     }
-    let pending = blocking(move || prepare(base, caller, input)).await??;
-    let display = pending.caller.display();
-    let file = match pending.data_file(io_driver) {
-        Ok(file) => file,
-        Err(e) => {
-            blocking(move || pending.abort()).await?;
-            return Err(resolve::io_error(&e, &display));
-        }
-    };
-    if len > 0 {
-        let (result, _) = file.write_all_at(data, 0).await;
-        if let Err(e) = result {
-            drop(file);
-            blocking(move || pending.abort()).await?;
-            return Err(resolve::io_error(&e, &display));
-        }
+    let mut upload = Upload::open(base, caller, driver).await?;
+    if let Err(e) = upload.write(data).await {
+        upload.abort().await;
+        return Err(e);
     }
-    drop(file);
-    blocking(move || pending.commit())
-        .await?
-        .map_err(|e| resolve::io_error(&e, &display))?;
-    Ok((len, display))
+    upload.commit().await
 }
 
-/// Streams a raw upload body into a pending write (the `BodySink` of upload-stream).
-pub struct UploadSink {
+/// A streamed upload: pieces are written at increasing offsets to the temporary file,
+/// which becomes visible under the target name only on [`Upload::commit`].
+pub struct Upload {
     pending: Option<PendingWrite>,
     file: Option<AsyncFile>,
     written: u64,
 }
 
-impl UploadSink {
+impl Upload {
+    /// Creates the temporary file beside the target (and the target's parents).
     pub async fn open(
-        base: PathBuf,
+        base: &BaseDir,
         caller: CallerPath,
-        input: String,
-        io_driver: &'static str,
-    ) -> Result<UploadSink, ApiError> {
-        let pending = blocking(move || prepare(base, caller, input)).await??;
-        match pending.data_file(io_driver) {
-            Ok(file) => Ok(UploadSink {
+        driver: IoDriver,
+    ) -> Result<Upload, FsError> {
+        let shown = caller.display();
+        let base = base.clone();
+        let pending = blocking(move || prepare(&base, caller))
+            .await
+            .map_err(|e| FsError::io(e, shown))??;
+        match pending.data_file(driver) {
+            Ok(file) => Ok(Upload {
                 pending: Some(pending),
                 file: Some(file),
                 written: 0,
             }),
             Err(e) => {
                 let display = pending.caller.display();
-                blocking(move || pending.abort()).await?;
-                Err(resolve::io_error(&e, &display))
+                let _ = blocking(move || pending.abort()).await;
+                Err(FsError::io(e, display))
             }
         }
     }
-}
 
-impl BodySink for UploadSink {
-    fn write(&mut self, chunk: Vec<u8>) -> SinkFuture<'_, Result<Vec<u8>, ApiError>> {
-        Box::pin(async move {
-            let file = self.file.as_ref().expect("file present until finish");
-            let len = chunk.len() as u64;
-            let (result, chunk) = file.write_all_at(chunk, self.written).await;
-            if let Err(e) = result {
-                let display = self
-                    .pending
-                    .as_ref()
-                    .map(|p| p.caller.display())
-                    .unwrap_or_default();
-                return Err(resolve::io_error(&e, &display));
-            }
-            self.written += len;
-            Ok(chunk)
-        })
+    /// The path the data will appear under.
+    pub fn display(&self) -> String {
+        self.pending
+            .as_ref()
+            .map(|p| p.caller.display())
+            .unwrap_or_default()
     }
 
-    fn finish(mut self: Box<Self>) -> SinkFuture<'static, Result<Response, ApiError>> {
-        Box::pin(async move {
-            drop(self.file.take());
-            let pending = self.pending.take().expect("pending write present");
-            let display = pending.caller.display();
-            blocking(move || pending.commit())
-                .await?
-                .map_err(|e| resolve::io_error(&e, &display))?;
-            Ok(Response::ok(
-                &serde_json::json!({"path": display, "bytes": self.written}),
-            ))
-        })
+    /// Appends one piece; returns the buffer for reuse.
+    pub async fn write(&mut self, piece: Vec<u8>) -> Result<Vec<u8>, FsError> {
+        let Some(file) = self.file.as_ref() else {
+            return Err(FsError::io(
+                io::Error::other("upload already finished"),
+                self.display(),
+            ));
+        };
+        let len = piece.len() as u64;
+        let (result, piece) = file.write_all_at(piece, self.written).await;
+        result.map_err(|e| FsError::io(e, self.display()))?;
+        self.written += len;
+        Ok(piece)
     }
 
-    fn abort(mut self: Box<Self>) -> SinkFuture<'static, ()> {
-        Box::pin(async move {
-            drop(self.file.take());
-            if let Some(pending) = self.pending.take() {
-                let _ = blocking(move || pending.abort()).await;
-            }
-        })
+    /// Makes the data visible under the target name; returns the byte count and path.
+    pub async fn commit(mut self) -> Result<(usize, String), FsError> {
+        drop(self.file.take());
+        let display = self.display();
+        let Some(pending) = self.pending.take() else {
+            return Err(FsError::io(
+                io::Error::other("upload already finished"),
+                display,
+            ));
+        };
+        let io = |e: io::Error| FsError::io(e, display.clone());
+        blocking(move || pending.commit())
+            .await
+            .map_err(io)?
+            .map_err(io)?;
+        Ok((self.written as usize, display))
+    }
+
+    /// Removes the temporary file.
+    pub async fn abort(mut self) {
+        drop(self.file.take());
+        if let Some(pending) = self.pending.take() {
+            let _ = blocking(move || pending.abort()).await;
+        }
     }
 }

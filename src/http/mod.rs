@@ -1,9 +1,15 @@
-//! The HTTP/1.1 engine (on httparse) and the request/response types handlers use.
+//! The HTTP/1.1 engine, protocol only: request heads (`head`), chunked bodies
+//! (`chunked`), responses (`response`), server-sent events (`sse`), and the connection
+//! loop (`conn`) that serves any [`Service`]. Nothing here knows routes, credentials or
+//! policy; the application answers through the [`Service`] trait.
 
+pub mod chunked;
 pub mod conn;
-pub mod request;
+pub mod head;
 pub mod response;
+pub mod service;
 pub mod sse;
 
-pub use request::Request;
-pub use response::{Body, Response, JSON_CONTENT_TYPE, SSE_CONTENT_TYPE};
+pub use head::{ProtocolError, RequestHead};
+pub use response::{BodyStream, LocalFuture, Response, JSON_CONTENT_TYPE};
+pub use service::{BodySink, Plan, Service, Timeouts};

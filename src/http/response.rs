@@ -1,60 +1,52 @@
-//! Responses and their serialisation into one output buffer (head and body together, so
-//! a small answer leaves in a single `send`).
+//! Responses and their serialisation: status line and headers written into one output
+//! buffer with the body behind them, so a small answer leaves in a single `send`.
 
+use std::borrow::Cow;
 use std::future::Future;
 use std::pin::Pin;
 
 use serde::Serialize;
-
-use super::sse::SseStream;
-use crate::error::ApiError;
-use crate::fs::aio::AsyncFile;
 
 /// `Content-Type` of every JSON answer, as the contract spells it.
 pub const JSON_CONTENT_TYPE: &str = "application/json; charset=utf-8";
 /// `Content-Type` of streaming routes.
 pub const SSE_CONTENT_TYPE: &str = "text/event-stream";
 
+/// A future that runs on one worker thread, so it need not be `Send`.
+pub type LocalFuture<'a, T> = Pin<Box<dyn Future<Output = T> + 'a>>;
+
 /// What follows the head.
 pub enum Body {
     /// A body known in full; sent with `Content-Length`.
     Full(Vec<u8>),
-    /// Server-sent events, each flushed as it is produced.
-    Sse(SseStream),
-    /// A region of an open file, streamed in constant memory.
-    File(FileBody),
-    /// Not a body to send: the handler accepts the request's raw body into this sink, and
-    /// the response is whatever the sink answers once the body is complete.
-    Sink(Box<dyn BodySink>),
+    /// A body produced piece by piece (a file region, server-sent events).
+    Stream(Box<dyn BodyStream>),
 }
 
-/// A file region sent as the response body.
-pub struct FileBody {
-    pub file: AsyncFile,
-    pub offset: u64,
-    pub len: u64,
+/// A response body produced piece by piece. With a known length it is sent with
+/// `Content-Length` and the engine reads the next piece while the current one is being
+/// written; without one it is chunked (or, for HTTP/1.0, ends with the connection) and
+/// every piece is flushed as soon as it is produced, which server-sent events need.
+pub trait BodyStream {
+    /// The exact byte count, when known before the first byte.
+    fn length(&self) -> Option<u64>;
+    /// The next piece, written into `buf` (whose allocation may be reused); `Ok(None)` at
+    /// the end. An error, or a stream that ends short of its announced length, closes the
+    /// connection: the promised length cannot be met.
+    fn next(&mut self, buf: Vec<u8>) -> LocalFuture<'_, std::io::Result<Option<Vec<u8>>>>;
+    /// A piece that is ready now, without waiting, so a burst leaves in one write.
+    fn ready(&mut self) -> Option<Vec<u8>> {
+        None
+    }
 }
 
-/// A future a sink returns; sinks run on one worker, so it need not be `Send`.
-pub type SinkFuture<'a, T> = Pin<Box<dyn Future<Output = T> + 'a>>;
-
-/// Receives a raw request body chunk by chunk (see `Endpoint::raw_body`).
-pub trait BodySink {
-    /// Takes one chunk and returns the buffer for reuse.
-    fn write(&mut self, chunk: Vec<u8>) -> SinkFuture<'_, Result<Vec<u8>, ApiError>>;
-    /// The body arrived whole: commit it and produce the answer.
-    fn finish(self: Box<Self>) -> SinkFuture<'static, Result<Response, ApiError>>;
-    /// The body did not arrive whole (client gone, too large, malformed): undo.
-    fn abort(self: Box<Self>) -> SinkFuture<'static, ()>;
-}
-
-/// An HTTP response as handlers build it.
+/// An HTTP response.
 pub struct Response {
     pub status: u16,
-    pub content_type: &'static str,
+    pub content_type: Cow<'static, str>,
     /// Headers beyond the ones the engine writes itself (Content-Type, Content-Length,
-    /// Connection, Date, Transfer-Encoding).
-    pub headers: Vec<(&'static str, String)>,
+    /// Connection, Date, Transfer-Encoding, Server).
+    pub headers: Vec<(Cow<'static, str>, String)>,
     pub body: Body,
     /// Close the connection after this response.
     pub close: bool,
@@ -85,54 +77,46 @@ impl Response {
     pub fn raw(status: u16, content_type: &'static str, body: Vec<u8>) -> Response {
         Response {
             status,
-            content_type,
+            content_type: Cow::Borrowed(content_type),
             headers: Vec::new(),
             body: Body::Full(body),
             close: false,
         }
     }
 
-    /// A `text/event-stream` response fed by `stream`.
-    pub fn sse(stream: SseStream) -> Response {
-        Response {
-            status: 200,
-            content_type: SSE_CONTENT_TYPE,
-            headers: vec![("Cache-Control", "no-cache".to_string())],
-            body: Body::Sse(stream),
-            close: false,
-        }
-    }
-
-    /// A response that streams `len` bytes of `file` from `offset`.
-    pub fn file(
+    /// A response whose body is produced by `stream`.
+    pub fn stream(
         status: u16,
         content_type: &'static str,
-        file: AsyncFile,
-        offset: u64,
-        len: u64,
+        stream: Box<dyn BodyStream>,
     ) -> Response {
         Response {
             status,
-            content_type,
+            content_type: Cow::Borrowed(content_type),
             headers: Vec::new(),
-            body: Body::File(FileBody { file, offset, len }),
+            body: Body::Stream(stream),
             close: false,
         }
     }
 
-    /// Accepts the request's raw body into `sink` (only for `raw_body` endpoints).
-    pub fn accept_body(sink: Box<dyn BodySink>) -> Response {
-        Response {
-            status: 100,
-            content_type: JSON_CONTENT_TYPE,
-            headers: Vec::new(),
-            body: Body::Sink(sink),
-            close: false,
-        }
+    /// A `text/event-stream` response fed by `events`.
+    pub fn sse(events: super::sse::SseStream) -> Response {
+        Response::stream(200, SSE_CONTENT_TYPE, Box::new(events))
+            .header("Cache-Control", "no-cache")
     }
 
-    pub fn header(mut self, name: &'static str, value: impl Into<String>) -> Response {
-        self.headers.push((name, value.into()));
+    pub fn header(
+        mut self,
+        name: impl Into<Cow<'static, str>>,
+        value: impl Into<String>,
+    ) -> Response {
+        self.headers.push((name.into(), value.into()));
+        self
+    }
+
+    /// Marks the connection to close after this response.
+    pub fn closing(mut self) -> Response {
+        self.close = true;
         self
     }
 }
@@ -141,6 +125,7 @@ impl Response {
 pub fn reason_phrase(status: u16) -> &'static str {
     match status {
         100 => "Continue",
+        101 => "Switching Protocols",
         200 => "OK",
         201 => "Created",
         204 => "No Content",
@@ -170,7 +155,7 @@ pub fn reason_phrase(status: u16) -> &'static str {
 /// How the body of a response is framed on the wire.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 pub enum Framing {
-    Length(usize),
+    Length(u64),
     Chunked,
     /// HTTP/1.0 streaming: the end of the body is the end of the connection.
     UntilClose,
@@ -211,7 +196,10 @@ pub fn write_head(
     }
     for (name, value) in &response.headers {
         out.extend_from_slice(b"\r\n");
-        out.extend_from_slice(name.as_bytes());
+        out.extend(
+            name.bytes()
+                .filter(|b| *b != b'\r' && *b != b'\n' && *b != b':'),
+        );
         out.extend_from_slice(b": ");
         // Header values come from handlers; CR/LF would split the response.
         out.extend(value.bytes().filter(|b| *b != b'\r' && *b != b'\n'));

@@ -11,6 +11,8 @@ use futures_channel::mpsc;
 use futures_core::Stream;
 use serde::Serialize;
 
+use super::response::{BodyStream, LocalFuture};
+
 /// Frames one event exactly as the contract shows it.
 pub fn format_event<T: Serialize + ?Sized>(name: &str, data: &T) -> Vec<u8> {
     let mut out = Vec::with_capacity(64);
@@ -70,14 +72,19 @@ impl SseSender {
     }
 }
 
-impl SseStream {
-    /// The next framed event, or `None` once every sender is gone.
-    pub async fn next(&mut self) -> Option<Vec<u8>> {
-        poll_fn(|cx| Pin::new(&mut self.rx).poll_next(cx)).await
+impl BodyStream for SseStream {
+    /// Events have no length known in advance: the stream is chunked and each event is
+    /// flushed as it arrives.
+    fn length(&self) -> Option<u64> {
+        None
     }
 
-    /// Everything already queued, without waiting, so bursts leave in one write.
-    pub fn try_next(&mut self) -> Option<Vec<u8>> {
+    /// The next framed event, or `None` once every sender is gone.
+    fn next(&mut self, _buf: Vec<u8>) -> LocalFuture<'_, std::io::Result<Option<Vec<u8>>>> {
+        Box::pin(async move { Ok(poll_fn(|cx| Pin::new(&mut self.rx).poll_next(cx)).await) })
+    }
+
+    fn ready(&mut self) -> Option<Vec<u8>> {
         self.rx.try_recv().ok()
     }
 }

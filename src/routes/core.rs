@@ -3,10 +3,9 @@
 use serde::Deserialize;
 use serde_json::{json, Map, Value};
 
-use super::{handler, Endpoint, Group, Method, Param};
-use crate::error::ApiError;
-use crate::fs::confine;
-use crate::http::{Request, Response};
+use crate::api::{ApiError, Group, Method, Param};
+use crate::app::{handler, Call, Endpoint};
+use crate::http::Response;
 
 /// Version of the discovery document's shape.
 pub const API_VERSION: u32 = 2;
@@ -40,7 +39,7 @@ pub fn endpoints() -> Vec<Endpoint> {
     ]
 }
 
-async fn health(_request: Request) -> Result<Response, ApiError> {
+async fn health(_call: Call) -> Result<Response, ApiError> {
     Ok(Response::raw(
         200,
         crate::http::JSON_CONTENT_TYPE,
@@ -48,21 +47,22 @@ async fn health(_request: Request) -> Result<Response, ApiError> {
     ))
 }
 
-async fn capabilities(request: Request) -> Result<Response, ApiError> {
-    let state = request.state();
-    let identity = &request.identity;
+async fn capabilities(call: Call) -> Result<Response, ApiError> {
+    let catalog = call.catalog();
+    let identity = &call.identity;
     let mut endpoints = Map::new();
     let mut summary: Vec<(Group, usize, usize)> = Group::ALL.iter().map(|g| (*g, 0, 0)).collect();
-    for (index, ep) in state.endpoints.iter().enumerate() {
-        let decision = &state.decisions[index];
-        let access = state.access(index, identity);
+    for (index, ep) in catalog.endpoints.iter().enumerate() {
+        let ep = &ep.spec;
+        let decision = &catalog.decisions[index];
+        let access = catalog.access(index, identity);
         let counts = &mut summary[Group::ALL.iter().position(|g| *g == ep.group).unwrap_or(0)];
         counts.2 += 1;
         if decision.enabled {
             counts.1 += 1;
         }
         let mut entry = Map::new();
-        entry.insert("method".into(), json!(ep.method.as_str()));
+        entry.insert("method".into(), json!(ep.method_name()));
         entry.insert("path".into(), json!(ep.path));
         entry.insert("group".into(), json!(ep.group.name()));
         entry.insert("summary".into(), json!(ep.summary));
@@ -76,7 +76,7 @@ async fn capabilities(request: Request) -> Result<Response, ApiError> {
             entry.insert("limits".into(), Value::Object(ep.limits.clone()));
             entry.insert("params".into(), ep.params_json());
         }
-        endpoints.insert(ep.id.to_string(), Value::Object(entry));
+        endpoints.insert(ep.id.clone(), Value::Object(entry));
     }
     let groups: Map<String, Value> = summary
         .iter()
@@ -98,12 +98,12 @@ async fn capabilities(request: Request) -> Result<Response, ApiError> {
         "group_summary": group_summary,
         "identity": {"id": identity.id, "scopes": identity.scopes},
         "policy": {
-            "preset": state.policy.preset,
-            "revision": state.policy.revision,
-            "configured": state.policy.configured,
+            "preset": catalog.policy.preset,
+            "revision": catalog.policy.revision,
+            "configured": catalog.policy.configured,
         },
         "endpoints": endpoints,
-        "warnings": state.warnings,
+        "warnings": catalog.warnings,
     });
     Ok(Response::ok(&document))
 }
@@ -114,8 +114,8 @@ struct CheckBody {
     path: Option<Value>,
 }
 
-async fn capabilities_check(request: Request) -> Result<Response, ApiError> {
-    let body: CheckBody = request.json()?;
+async fn capabilities_check(call: Call) -> Result<Response, ApiError> {
+    let body: CheckBody = call.json()?;
     let endpoint =
         match body.endpoint {
             Some(Value::String(s)) if !s.is_empty() => s,
@@ -128,8 +128,8 @@ async fn capabilities_check(request: Request) -> Result<Response, ApiError> {
         Some(Value::String(s)) => Some(s),
         Some(_) => return Err(ApiError::bad_request("path: must be a string")),
     };
-    let state = request.state();
-    let Some((index, _)) = state.endpoint(&endpoint) else {
+    let catalog = call.catalog();
+    let Some((index, _)) = catalog.endpoint(&endpoint) else {
         return Ok(Response::ok(&json!({
             "endpoint": endpoint,
             "allowed": false,
@@ -137,7 +137,7 @@ async fn capabilities_check(request: Request) -> Result<Response, ApiError> {
             "reason": format!("No endpoint has the id '{endpoint}'; GET /capabilities lists them"),
         })));
     };
-    let access = state.access(index, &request.identity);
+    let access = catalog.access(index, &call.identity);
     if !access.allowed {
         return Ok(Response::ok(&json!({
             "endpoint": endpoint,
@@ -148,8 +148,9 @@ async fn capabilities_check(request: Request) -> Result<Response, ApiError> {
         })));
     }
     if let Some(path) = path {
-        if let Err(refusal) = confine::lexical(&state.base_dir, &path) {
-            let rule = if state.policy.base_dir.is_some() {
+        if let Err(refusal) = call.services().base.confine(&path) {
+            let refusal = super::files::fs_error(refusal);
+            let rule = if catalog.policy.base_dir.is_some() {
                 "policy:base_dir"
             } else {
                 "default:base_dir"

@@ -47,6 +47,7 @@ impl BlockingPool {
     }
 
     /// Threads currently alive (busy or idle).
+    #[cfg(test)]
     pub fn threads(&self) -> usize {
         self.lock().threads
     }

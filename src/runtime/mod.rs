@@ -1,8 +1,13 @@
-//! Threads, listeners and the choice of I/O driver. One OS thread per worker, each running
-//! its own monoio runtime and accepting on its own `SO_REUSEPORT` socket, so the kernel
-//! spreads connections across cores and no connection ever changes thread.
+//! Threads, listeners and the choice of I/O driver. One OS thread per worker, each
+//! running its own monoio runtime and accepting on its own `SO_REUSEPORT` sockets, so the
+//! kernel spreads connections across cores and no connection ever changes thread. The
+//! accept loop is generic over the HTTP [`Service`](crate::http::Service), so a worker
+//! can serve several listeners (the API port and the PTY WebSocket port) with one
+//! service each.
 
 pub mod blocking;
+pub mod file;
+pub mod ready;
 pub mod shutdown;
 
 use std::io;
@@ -15,10 +20,11 @@ use std::time::Duration;
 use monoio::net::TcpListener;
 use socket2::{Domain, Protocol, Socket, Type};
 
-use crate::config::IoDriverChoice;
-use crate::state::AppState;
+use crate::http::Service;
 use blocking::BlockingPool;
 use shutdown::Shutdown;
+
+pub use file::{blocking, AsyncFile, FileStream};
 
 /// The event loop the workers run on.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -36,16 +42,27 @@ impl IoDriver {
     }
 }
 
+/// What `--io-driver` asked for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DriverChoice {
+    /// io_uring when the kernel (and seccomp) allow it, epoll otherwise.
+    Auto,
+    /// io_uring or refuse to start.
+    Uring,
+    /// epoll, even where io_uring would work.
+    Epoll,
+}
+
 /// Picks the driver. `auto` probes io_uring (Docker's default seccomp profile refuses
 /// `io_uring_setup` with EPERM) and falls back to epoll, saying why.
-pub fn choose_driver(choice: IoDriverChoice) -> Result<(IoDriver, Option<String>), String> {
+pub fn choose_driver(choice: DriverChoice) -> Result<(IoDriver, Option<String>), String> {
     match choice {
-        IoDriverChoice::Epoll => Ok((IoDriver::Epoll, None)),
-        IoDriverChoice::Uring => match probe_uring() {
+        DriverChoice::Epoll => Ok((IoDriver::Epoll, None)),
+        DriverChoice::Uring => match probe_uring() {
             Ok(()) => Ok((IoDriver::IoUring, None)),
             Err(e) => Err(format!("--io-driver uring: io_uring is not available here ({e}); use --io-driver epoll or auto")),
         },
-        IoDriverChoice::Auto => match probe_uring() {
+        DriverChoice::Auto => match probe_uring() {
             Ok(()) => Ok((IoDriver::IoUring, None)),
             Err(e) => Ok((IoDriver::Epoll, Some(format!("io_uring is not available ({e}); falling back to epoll")))),
         },
@@ -67,12 +84,6 @@ fn io_uring_setup_probe() -> io::Result<()> {
         .with_entries(8)
         .build()
         .map(drop)
-}
-
-/// Per-thread context every connection on a worker shares.
-pub struct WorkerContext {
-    pub state: Arc<AppState>,
-    pub shutdown: Arc<Shutdown>,
 }
 
 /// Binds `addr` with `SO_REUSEPORT` (and `SO_REUSEADDR`), non-blocking, ready for monoio.
@@ -101,88 +112,102 @@ pub fn bind_all(addr: SocketAddr, workers: usize) -> io::Result<(Vec<StdListener
     Ok((listeners, bound))
 }
 
-/// Starts one worker thread per listener and returns their join handles.
-pub fn start_workers(
-    listeners: Vec<StdListener>,
+/// One worker's sockets, each with the slot number its service is made for.
+pub type WorkerListeners = Vec<(usize, StdListener)>;
+
+/// Starts one worker thread per entry of `listeners`. Each worker calls `make_service`
+/// once per listener slot, on its own thread, and serves that listener with it.
+pub fn start_workers<S, F>(
+    listeners: Vec<WorkerListeners>,
     driver: IoDriver,
-    state: Arc<AppState>,
     shutdown: Arc<Shutdown>,
     pool: BlockingPool,
-) -> io::Result<Vec<std::thread::JoinHandle<()>>> {
+    make_service: Arc<F>,
+) -> io::Result<Vec<std::thread::JoinHandle<()>>>
+where
+    S: Service,
+    F: Fn(usize) -> S + Send + Sync + 'static,
+{
     let mut handles = Vec::new();
-    for (index, listener) in listeners.into_iter().enumerate() {
-        shutdown.track_listener(listener.as_fd().try_clone_to_owned()?);
-        let state = state.clone();
+    for (index, sockets) in listeners.into_iter().enumerate() {
+        for (_, listener) in &sockets {
+            shutdown.track_listener(listener.as_fd().try_clone_to_owned()?);
+        }
         let shutdown = shutdown.clone();
         let pool = pool.clone();
+        let make_service = make_service.clone();
         let handle = std::thread::Builder::new()
             .name(format!("abx-worker-{index}"))
-            .spawn(move || run_worker(listener, driver, state, shutdown, pool))?;
+            .spawn(move || run_worker(sockets, driver, shutdown, pool, make_service))?;
         handles.push(handle);
     }
     Ok(handles)
 }
 
-fn run_worker(
-    listener: StdListener,
+fn run_worker<S, F>(
+    sockets: WorkerListeners,
     driver: IoDriver,
-    state: Arc<AppState>,
     shutdown: Arc<Shutdown>,
     pool: BlockingPool,
-) {
-    let context = Rc::new(WorkerContext { state, shutdown });
+    make_service: Arc<F>,
+) where
+    S: Service,
+    F: Fn(usize) -> S + Send + Sync + 'static,
+{
+    let serve = async move {
+        for (slot, listener) in sockets {
+            let service = Rc::new(make_service(slot));
+            monoio::spawn(accept_loop(listener, service, shutdown.clone()));
+        }
+        // Connections already accepted keep being served until the signal thread exits
+        // the process; this future never returns so the runtime keeps polling them.
+        std::future::pending::<()>().await;
+    };
     let result = match driver {
         IoDriver::IoUring => monoio::RuntimeBuilder::<monoio::IoUringDriver>::new()
             .with_entries(1024)
             .enable_timer()
             .attach_thread_pool(Box::new(pool))
             .build()
-            .map(|mut rt| rt.block_on(accept_loop(listener, context))),
+            .map(|mut rt| rt.block_on(serve)),
         IoDriver::Epoll => monoio::RuntimeBuilder::<monoio::LegacyDriver>::new()
             .enable_timer()
             .attach_thread_pool(Box::new(pool))
             .build()
-            .map(|mut rt| rt.block_on(accept_loop(listener, context))),
+            .map(|mut rt| rt.block_on(serve)),
     };
     if let Err(e) = result {
-        eprintln!(
-            "agent-sandbox: worker could not start its {} runtime: {e}",
-            driver.name()
-        );
+        crate::log!("worker could not start its {} runtime: {e}", driver.name());
         std::process::exit(1);
     }
 }
 
-async fn accept_loop(listener: StdListener, context: Rc<WorkerContext>) {
+async fn accept_loop<S: Service>(listener: StdListener, service: Rc<S>, shutdown: Arc<Shutdown>) {
     let listener = match TcpListener::from_std(listener) {
         Ok(l) => l,
         Err(e) => {
-            eprintln!("agent-sandbox: cannot register listener: {e}");
+            crate::log!("cannot register listener: {e}");
             std::process::exit(1);
         }
     };
     loop {
         match listener.accept().await {
             Ok((stream, _peer)) => {
-                if context.shutdown.is_shutting_down() {
+                if shutdown.is_shutting_down() {
                     break;
                 }
                 let _ = stream.set_nodelay(true);
-                monoio::spawn(crate::http::conn::serve(stream, context.clone()));
+                monoio::spawn(crate::http::conn::serve(stream, service.clone()));
             }
             Err(e) => {
-                if context.shutdown.is_shutting_down() {
+                if shutdown.is_shutting_down() {
                     break;
                 }
                 // EMFILE/ENFILE: back off instead of spinning; others are per-connection.
-                if matches!(e.raw_os_error(), Some(libc_emfile) if libc_emfile == 24 || libc_emfile == 23)
-                {
+                if matches!(e.raw_os_error(), Some(23 | 24)) {
                     monoio::time::sleep(Duration::from_millis(50)).await;
                 }
             }
         }
     }
-    // Connections already accepted keep being served until the signal thread exits the
-    // process; this future never returns so the runtime keeps polling them.
-    std::future::pending::<()>().await;
 }

@@ -8,8 +8,6 @@ use std::time::{Duration, Instant};
 
 use nix::sys::signal::{SigSet, Signal};
 
-use crate::state::AppState;
-
 /// Shared shutdown flag, in-flight request count, and duplicates of the listening sockets
 /// (duplicates, so shutting them down can never hit an fd number a worker has reused).
 #[derive(Default)]
@@ -20,9 +18,9 @@ pub struct Shutdown {
 }
 
 /// Counts one request as in flight until dropped.
-pub struct InFlight<'a>(&'a Shutdown);
+pub struct InFlight(Arc<Shutdown>);
 
-impl Drop for InFlight<'_> {
+impl Drop for InFlight {
     fn drop(&mut self) {
         self.0.in_flight.fetch_sub(1, Ordering::AcqRel);
     }
@@ -33,9 +31,9 @@ impl Shutdown {
         self.flag.load(Ordering::Acquire)
     }
 
-    pub fn request_started(&self) -> InFlight<'_> {
+    pub fn request_started(self: &Arc<Self>) -> InFlight {
         self.in_flight.fetch_add(1, Ordering::AcqRel);
-        InFlight(self)
+        InFlight(self.clone())
     }
 
     pub fn in_flight(&self) -> usize {
@@ -74,8 +72,13 @@ pub fn block_termination_signals() {
     let _ = set.thread_block();
 }
 
-/// Starts the thread that waits for SIGTERM/SIGINT and performs the shutdown.
-pub fn spawn_signal_thread(shutdown: Arc<Shutdown>, state: Arc<AppState>) {
+/// Starts the thread that waits for SIGTERM/SIGINT, stops accepting, gives in-flight
+/// requests up to `grace`, runs `before_exit` (which ends the children) and exits 0.
+pub fn spawn_signal_thread(
+    shutdown: Arc<Shutdown>,
+    grace: Duration,
+    before_exit: Box<dyn FnOnce() + Send>,
+) -> std::io::Result<()> {
     std::thread::Builder::new()
         .name("abx-signals".into())
         .spawn(move || {
@@ -83,23 +86,19 @@ pub fn spawn_signal_thread(shutdown: Arc<Shutdown>, state: Arc<AppState>) {
             set.add(Signal::SIGTERM);
             set.add(Signal::SIGINT);
             let signal = set.wait().unwrap_or(Signal::SIGTERM);
-            eprintln!("agent-sandbox: {signal} received, shutting down");
+            crate::log!("{signal} received, shutting down");
             shutdown.begin();
-            let deadline = Instant::now() + state.config.shutdown_grace;
+            let deadline = Instant::now() + grace;
             while shutdown.in_flight() > 0 && Instant::now() < deadline {
                 std::thread::sleep(Duration::from_millis(10));
             }
             let left = shutdown.in_flight();
             if left > 0 {
-                eprintln!("agent-sandbox: {left} request(s) still running after the grace period; exiting");
+                crate::log!("{left} request(s) still running after the grace period; exiting");
             }
-            let groups = state.children.signal_all(Signal::SIGTERM);
-            if groups > 0 {
-                std::thread::sleep(Duration::from_millis(200));
-                state.children.signal_all(Signal::SIGKILL);
-            }
-            eprintln!("agent-sandbox: stopped");
+            before_exit();
+            crate::log!("stopped");
             std::process::exit(0);
         })
-        .expect("spawn signal thread");
+        .map(drop)
 }

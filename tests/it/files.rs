@@ -1005,6 +1005,45 @@ fn watch_reports_create_modify_delete(driver: &'static str) {
     );
 }
 
+/// Open watches wait on the worker's event loop, not on blocking-pool threads: with a
+/// pool of two threads and fifty watches open, other file routes still answer at once
+/// (before the fix, two watches made mkdir wait 14 s), and every watch still reports.
+fn open_watches_hold_no_pool_threads(driver: &'static str) {
+    let server = Launch::new(driver)
+        .env("ABX_BLOCKING_THREADS", "2")
+        .arg("--workers")
+        .arg("1")
+        .start();
+    let b = server.base_dir().to_path_buf();
+    std::fs::create_dir(b.join("watched")).unwrap();
+    let mut readers = Vec::new();
+    for _ in 0..50 {
+        let mut stream = server.connect();
+        stream
+            .write_all(b"GET /files/watch?path=watched&recursive=true&timeout=60 HTTP/1.0\r\n\r\n")
+            .unwrap();
+        stream
+            .set_read_timeout(Some(Duration::from_secs(20)))
+            .unwrap();
+        let mut reader = BufReader::new(stream);
+        let mut status = String::new();
+        reader.read_line(&mut status).unwrap();
+        assert!(status.contains("200"), "{status}");
+        assert_eq!(read_event(&mut reader).0, "ready");
+        readers.push(reader);
+    }
+    let started = Instant::now();
+    let reply = server.post("/files/mkdir", r#"{"path": "elsewhere/deep"}"#);
+    let took = started.elapsed();
+    assert_eq!(reply.status, 200, "{}", reply.text());
+    // A liveness bound, not a speed measurement: a parked pool makes this 14 s.
+    assert!(took < Duration::from_secs(3), "mkdir waited {took:?}");
+    std::fs::write(b.join("watched/seen.txt"), b"x").unwrap();
+    for reader in &mut readers {
+        expect_event(reader, "created", "seen.txt");
+    }
+}
+
 fn watch_times_out_and_validates(driver: &'static str) {
     let server = Server::start(driver);
     let mut stream = server.connect();
@@ -1147,6 +1186,7 @@ fn awkward_files_and_paths(driver: &'static str) {
 }
 
 on_both_drivers!(
+    open_watches_hold_no_pool_threads,
     awkward_files_and_paths,
     upload_download_round_trips_every_byte_value,
     seven_mib_through_json,

@@ -1,19 +1,35 @@
-//! The state every thread reads: configuration, route table, policy decisions, auth.
-//! Built once before the first worker starts and never mutated afterwards, so it is shared
-//! as a plain `Arc` without locks.
+//! The state every thread reads: built once before the first worker starts and never
+//! mutated afterwards, so it is shared as a plain `Arc` without locks. Handlers see it
+//! through two narrow views: [`Services`] (what domain code needs) and [`Catalog`] (the
+//! route table and its decisions, for the discovery routes).
 
-use std::path::PathBuf;
 use std::time::Instant;
 
-use crate::auth::{Auth, Identity};
+use super::auth::{Auth, Identity};
+use super::endpoint::Endpoint;
+use super::policy::{Decision, Policy};
+use super::router::Router;
+use crate::api::{Group, Listener};
 use crate::config::Config;
-use crate::policy::{Decision, Policy};
+use crate::fs::BaseDir;
 use crate::process::ChildRegistry;
-use crate::routes::{Endpoint, Group, Router};
+use crate::runtime::IoDriver;
 
-/// Shared, immutable server state.
-pub struct AppState {
-    pub config: Config,
+/// What handlers work with.
+pub struct Services {
+    /// The directory caller paths are confined to (policy `base_dir` beats config).
+    pub base: BaseDir,
+    /// The I/O driver the workers run.
+    pub driver: IoDriver,
+    /// `ABX_MAX_UPLOAD_SIZE`: decoded upload bytes.
+    pub max_upload_size: u64,
+    /// Process groups of children we started, ended at shutdown.
+    pub children: ChildRegistry,
+    pub started: Instant,
+}
+
+/// The route table, its routers and the policy's decision for every endpoint.
+pub struct Catalog {
     pub endpoints: Vec<Endpoint>,
     /// `decisions[i]` is the policy decision for `endpoints[i]`.
     pub decisions: Vec<Decision>,
@@ -21,13 +37,13 @@ pub struct AppState {
     pub policy: Policy,
     pub auth: Auth,
     pub warnings: Vec<String>,
-    /// The directory caller paths are confined to (policy `base_dir` beats config).
-    pub base_dir: PathBuf,
-    /// Process groups of children we started, ended at shutdown.
-    pub children: ChildRegistry,
-    /// The I/O driver the workers actually run (`io_uring` or `epoll`).
-    pub io_driver: &'static str,
-    pub started: Instant,
+}
+
+/// Shared, immutable server state.
+pub struct AppState {
+    pub config: Config,
+    pub services: Services,
+    pub catalog: Catalog,
 }
 
 /// Whether a caller may use an endpoint, and if not, the refusal's code, rule and reason.
@@ -44,7 +60,7 @@ impl AppState {
     pub fn build(
         config: Config,
         endpoints: Vec<Endpoint>,
-        io_driver: &'static str,
+        driver: IoDriver,
     ) -> Result<AppState, String> {
         let policy = match &config.policy_path {
             Some(path) => Policy::load(path)?,
@@ -52,23 +68,24 @@ impl AppState {
         };
         let mut seen = std::collections::HashSet::new();
         for ep in &endpoints {
-            if !seen.insert(ep.id.clone()) {
-                return Err(format!("two endpoints share the id '{}'", ep.id));
+            if !seen.insert(ep.spec.id.clone()) {
+                return Err(format!("two endpoints share the id '{}'", ep.spec.id));
             }
         }
+        let specs: Vec<_> = endpoints.iter().map(|e| e.spec.clone()).collect();
         let mut warnings = policy
-            .validate(&endpoints)
+            .validate(&specs)
             .map_err(|e| format!("ABX_SERVER_POLICY: {e}"))?;
         let decisions: Vec<Decision> = endpoints
             .iter()
-            .map(|ep| policy.decide(ep, &config.enabled_groups))
+            .map(|ep| policy.decide(&ep.spec, ep.unavailable(), &config.enabled_groups))
             .collect();
         let empty: Vec<&str> = Group::ALL
             .into_iter()
             .filter(|g| {
                 !endpoints
                     .iter()
-                    .any(|e| e.group == *g && e.unavailable.is_none())
+                    .any(|e| e.spec.group == *g && e.unavailable().is_none())
             })
             .map(Group::name)
             .collect();
@@ -88,29 +105,36 @@ impl AppState {
                 base_dir.display()
             ));
         }
-        let router = Router::new(&endpoints);
+        let router = Router::new(&endpoints, Listener::Api)?;
         let auth = Auth::new(config.token.as_deref());
         Ok(AppState {
+            services: Services {
+                base: BaseDir::new(base_dir),
+                driver,
+                max_upload_size: config.max_upload_size,
+                children: ChildRegistry::default(),
+                started: Instant::now(),
+            },
+            catalog: Catalog {
+                endpoints,
+                decisions,
+                router,
+                policy,
+                auth,
+                warnings,
+            },
             config,
-            endpoints,
-            decisions,
-            router,
-            policy,
-            auth,
-            warnings,
-            base_dir,
-            children: ChildRegistry::default(),
-            io_driver,
-            started: Instant::now(),
         })
     }
+}
 
-    /// The decision for the endpoint with id `id`, with its index.
+impl Catalog {
+    /// The endpoint with id `id`, with its index.
     pub fn endpoint(&self, id: &str) -> Option<(usize, &Endpoint)> {
         self.endpoints
             .iter()
             .enumerate()
-            .find(|(_, e)| &*e.id == id)
+            .find(|(_, e)| e.spec.id == id)
     }
 
     /// Whether `identity` may call endpoint `index`.
@@ -131,7 +155,7 @@ impl AppState {
                 rule: Some(&decision.scopes_rule),
                 reason: Some(format!(
                     "Endpoint '{}' needs scope '{scope}', which the caller '{}' does not have",
-                    self.endpoints[index].id, identity.id
+                    self.endpoints[index].spec.id, identity.id
                 )),
             };
         }
@@ -148,7 +172,7 @@ impl AppState {
         self.endpoints
             .iter()
             .zip(&self.decisions)
-            .any(|(e, d)| e.group == group && d.enabled)
+            .any(|(e, d)| e.spec.group == group && d.enabled)
     }
 
     /// One line describing the enabled groups, for the startup banner.

@@ -3,8 +3,9 @@
 
 use std::collections::HashMap;
 
-use super::{Endpoint, Method};
-use crate::http::request::percent_decode;
+use super::endpoint::{Endpoint, Serve};
+use super::request::percent_decode;
+use crate::api::{Listener, Method};
 
 enum Segment {
     Literal(String),
@@ -25,20 +26,34 @@ pub struct RouteMatch {
 }
 
 impl Router {
-    /// Indexes `endpoints`; the first declaration of a method and path wins.
-    pub fn new(endpoints: &[Endpoint]) -> Router {
+    /// Indexes the endpoints `listener` serves. Two endpoints with one method and path
+    /// (after normalising `{param}` names) are a configuration error.
+    pub fn new(endpoints: &[Endpoint], listener: Listener) -> Result<Router, String> {
         let mut exact: HashMap<String, Vec<(Method, usize)>> = HashMap::new();
         let mut patterns = Vec::new();
+        let mut seen: HashMap<(Method, String), usize> = HashMap::new();
         for (index, ep) in endpoints.iter().enumerate() {
-            if ep.handler.is_none() {
+            let spec = &ep.spec;
+            if spec.listener != listener || matches!(ep.serve, Serve::Unavailable(_)) {
                 continue;
             }
-            let path = normalise(&ep.path);
+            let path = normalise(&spec.path);
+            let shape = path
+                .split('/')
+                .map(|s| if s.starts_with('{') { "{}" } else { s })
+                .collect::<Vec<_>>()
+                .join("/");
+            if let Some(first) = seen.insert((spec.method, shape), index) {
+                return Err(format!(
+                    "endpoints '{}' and '{}' both claim {} {}",
+                    endpoints[first].spec.id,
+                    spec.id,
+                    spec.method.as_str(),
+                    spec.path
+                ));
+            }
             if !path.contains('{') {
-                let slot = exact.entry(path).or_default();
-                if !slot.iter().any(|(m, _)| *m == ep.method) {
-                    slot.push((ep.method, index));
-                }
+                exact.entry(path).or_default().push((spec.method, index));
                 continue;
             }
             let segments = path
@@ -51,9 +66,9 @@ impl Router {
                     },
                 )
                 .collect();
-            patterns.push((ep.method, segments, index));
+            patterns.push((spec.method, segments, index));
         }
-        Router { exact, patterns }
+        Ok(Router { exact, patterns })
     }
 
     /// Finds the endpoint serving `method path`; `path` is already trailing-slash stripped.
@@ -110,8 +125,9 @@ fn normalise(path: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::api::Group;
+    use crate::app::endpoint::handler;
     use crate::http::Response;
-    use crate::routes::{handler, Group};
 
     fn ep(method: Method, path: &str) -> Endpoint {
         Endpoint::new(
@@ -130,7 +146,7 @@ mod tests {
             ep(Method::Post, "/process/{pid}/signal"),
             ep(Method::Get, "/process/list"),
         ];
-        let router = Router::new(&table);
+        let router = Router::new(&table, Listener::Api).unwrap();
         assert_eq!(router.lookup(Method::Get, "/health").unwrap().index, 0);
         assert!(router.lookup(Method::Post, "/health").is_none());
         let m = router.lookup(Method::Get, "/process/42").unwrap();
@@ -150,5 +166,16 @@ mod tests {
         assert!(router.lookup(Method::Get, "/process").is_none());
         let m = router.lookup(Method::Get, "/process/a%20b").unwrap();
         assert_eq!(m.params[0].1, "a b");
+    }
+
+    #[test]
+    fn one_method_and_path_per_endpoint() {
+        let table = vec![
+            ep(Method::Get, "/a/{x}"),
+            ep(Method::Get, "/a/{y}").id("other"),
+        ];
+        assert!(Router::new(&table, Listener::Api).is_err());
+        let table = vec![ep(Method::Get, "/a"), ep(Method::Post, "/a")];
+        assert!(Router::new(&table, Listener::Api).is_ok());
     }
 }

@@ -9,7 +9,8 @@ use std::sync::Arc;
 
 use monoio::buf::IoBufMut;
 
-use crate::error::ApiError;
+use super::IoDriver;
+use crate::http::{BodyStream, LocalFuture};
 
 /// An open file bound to the calling worker's driver.
 pub enum AsyncFile {
@@ -18,13 +19,12 @@ pub enum AsyncFile {
 }
 
 impl AsyncFile {
-    /// Wraps `fd` for the driver named by `io_driver` (`AppState::io_driver`).
-    pub fn new(fd: OwnedFd, io_driver: &str) -> io::Result<AsyncFile> {
+    /// Wraps `fd` for the driver the calling worker runs.
+    pub fn new(fd: OwnedFd, driver: IoDriver) -> io::Result<AsyncFile> {
         let file = std::fs::File::from(fd);
-        if io_driver == "io_uring" {
-            Ok(AsyncFile::Uring(monoio::fs::File::from_std(file)?))
-        } else {
-            Ok(AsyncFile::Pool(Arc::new(file)))
+        match driver {
+            IoDriver::IoUring => Ok(AsyncFile::Uring(monoio::fs::File::from_std(file)?)),
+            IoDriver::Epoll => Ok(AsyncFile::Pool(Arc::new(file))),
         }
     }
 
@@ -153,14 +153,64 @@ impl AsyncFile {
     }
 }
 
-/// Runs blocking file-system work on the blocking pool and awaits it without blocking
-/// the worker.
+/// Runs a short blocking call (open, getdents, fork) on the blocking pool and awaits it
+/// without blocking the worker. The error is the pool dropping the task (it panicked).
 pub async fn blocking<T: Send + 'static>(
     work: impl FnOnce() -> T + Send + 'static,
-) -> Result<T, ApiError> {
+) -> io::Result<T> {
     monoio::spawn_blocking(work)
         .await
-        .map_err(|_| ApiError::internal("RuntimeError", "blocking task was cancelled"))
+        .map_err(|_| io::Error::other("blocking task was cancelled (it panicked)"))
+}
+
+/// A region of an open file as a response body of known length: each piece is read
+/// while the previous one is being sent (the engine overlaps them).
+pub struct FileStream {
+    file: AsyncFile,
+    pos: u64,
+    end: u64,
+}
+
+impl FileStream {
+    /// The `len` bytes of `file` from `offset`.
+    pub fn new(file: AsyncFile, offset: u64, len: u64) -> FileStream {
+        FileStream {
+            file,
+            pos: offset,
+            end: offset + len,
+        }
+    }
+}
+
+/// Largest piece of a file held in memory at once.
+const FILE_PIECE: usize = 256 * 1024;
+
+impl BodyStream for FileStream {
+    fn length(&self) -> Option<u64> {
+        Some(self.end - self.pos)
+    }
+
+    fn next(&mut self, mut buf: Vec<u8>) -> LocalFuture<'_, io::Result<Option<Vec<u8>>>> {
+        Box::pin(async move {
+            if self.pos >= self.end {
+                return Ok(None);
+            }
+            let want = ((self.end - self.pos) as usize).min(FILE_PIECE);
+            buf.clear();
+            if buf.capacity() < want {
+                buf.reserve(want);
+            }
+            let (result, mut buf) = self.file.read_at(buf, self.pos).await;
+            let n = result?;
+            if n == 0 || buf.is_empty() {
+                // The file shrank since its size was announced.
+                return Err(io::Error::from(io::ErrorKind::UnexpectedEof));
+            }
+            buf.truncate(want.min(n));
+            self.pos += buf.len() as u64;
+            Ok(Some(buf))
+        })
+    }
 }
 
 /// Whether `fd` is on a memory-only file system (tmpfs, ramfs).

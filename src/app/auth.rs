@@ -10,7 +10,7 @@ use std::sync::Arc;
 use hmac::{Hmac, Mac};
 use sha2::Sha256;
 
-use crate::error::ApiError;
+use crate::api::ApiError;
 
 /// Who is calling, and what they may do.
 #[derive(Debug, Clone, PartialEq, Eq)]

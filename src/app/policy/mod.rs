@@ -13,7 +13,7 @@ use std::path::{Path, PathBuf};
 use serde_json::Value;
 use sha2::{Digest, Sha256};
 
-use crate::routes::{Endpoint, Group};
+use crate::api::{EndpointSpec, Group};
 
 /// One `endpoints.<id>` rule of the policy document.
 #[derive(Debug, Clone, Default)]
@@ -161,10 +161,10 @@ impl Policy {
     }
 
     /// Checks rules that need the route table, and returns the warnings to publish.
-    pub fn validate(&self, endpoints: &[Endpoint]) -> Result<Vec<String>, String> {
+    pub fn validate(&self, endpoints: &[EndpointSpec]) -> Result<Vec<String>, String> {
         let mut warnings = self.warnings.clone();
         for (id, rule) in &self.endpoints {
-            match endpoints.iter().find(|e| &*e.id == id) {
+            match endpoints.iter().find(|e| e.id == *id) {
                 None => warnings.push(format!(
                     "policy endpoints.{id} names no endpoint of this server"
                 )),
@@ -178,8 +178,13 @@ impl Policy {
     }
 
     /// Decides whether `endpoint` answers, given the opt-in groups enabled by environment.
-    pub fn decide(&self, endpoint: &Endpoint, env_groups: &[Group]) -> Decision {
-        let id = &*endpoint.id;
+    pub fn decide(
+        &self,
+        endpoint: &EndpointSpec,
+        unavailable: Option<&str>,
+        env_groups: &[Group],
+    ) -> Decision {
+        let id = endpoint.id.as_str();
         let group = endpoint.group;
         let (scopes, scopes_rule) = match self.endpoints.get(id).and_then(|r| r.scopes.clone()) {
             Some(scopes) => (scopes, format!("policy:endpoints.{id}.scopes")),
@@ -195,7 +200,7 @@ impl Policy {
         if group == Group::Core {
             return decided(true, "default:core".into(), None);
         }
-        if let Some(reason) = endpoint.unavailable {
+        if let Some(reason) = unavailable {
             return decided(
                 false,
                 "build:unavailable".into(),
@@ -278,18 +283,13 @@ pub fn revision_of(doc: &Value) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::http::Response;
-    use crate::routes::{handler, Method};
+    use crate::api::Method;
     use serde_json::json;
 
-    fn ep(id: &str, group: Group) -> Endpoint {
-        Endpoint::new(
-            Method::Get,
-            "/x",
-            group,
-            handler(|_| async { Ok(Response::ok(&1)) }),
-        )
-        .id(id)
+    fn ep(id: &str, group: Group) -> EndpointSpec {
+        let mut spec = EndpointSpec::new(Method::Get, "/x", group);
+        spec.id = id.to_string();
+        spec
     }
 
     #[test]
@@ -304,16 +304,16 @@ mod tests {
     #[test]
     fn defaults_enable_all_but_opt_in_groups() {
         let p = Policy::empty();
-        let d = p.decide(&ep("code_run", Group::DevTools), &[]);
+        let d = p.decide(&ep("code_run", Group::DevTools), None, &[]);
         assert!(!d.enabled);
         assert_eq!(d.rule, "default:opt-in:dev_tools");
         assert_eq!(
             d.message.unwrap(),
             "Endpoint 'code_run' is disabled: group 'dev_tools' is opt-in. Enable the group (ABX_SERVER_ENABLED_GROUPS=dev_tools, policy groups: [dev_tools]) or this endpoint (policy endpoints.code_run.enabled: true)"
         );
-        assert!(p.decide(&ep("shell", Group::Process), &[]).enabled);
+        assert!(p.decide(&ep("shell", Group::Process), None, &[]).enabled);
         assert!(
-            p.decide(&ep("code_run", Group::DevTools), &[Group::DevTools])
+            p.decide(&ep("code_run", Group::DevTools), None, &[Group::DevTools])
                 .enabled
         );
     }
@@ -326,29 +326,29 @@ mod tests {
             true,
         )
         .unwrap();
-        let d = p.decide(&ep("shell", Group::Process), &[]);
+        let d = p.decide(&ep("shell", Group::Process), None, &[]);
         assert_eq!(
             (d.enabled, d.rule.as_str()),
             (false, "policy:groups.process")
         );
-        let d = p.decide(&ep("process_list", Group::Process), &[]);
+        let d = p.decide(&ep("process_list", Group::Process), None, &[]);
         assert_eq!(
             (d.enabled, d.rule.as_str()),
             (true, "policy:endpoints.process_list")
         );
-        let d = p.decide(&ep("code_run", Group::DevTools), &[Group::DevTools]);
+        let d = p.decide(&ep("code_run", Group::DevTools), None, &[Group::DevTools]);
         assert_eq!(
             (d.enabled, d.rule.as_str()),
             (false, "policy:endpoints.code_run")
         );
-        let d = p.decide(&ep("git_status", Group::DevTools), &[]);
+        let d = p.decide(&ep("git_status", Group::DevTools), None, &[]);
         assert!(d.enabled);
     }
 
     #[test]
     fn server_groups_list_enables() {
         let p = Policy::from_value(json!({"server": {"groups": ["agents"]}}), true).unwrap();
-        let d = p.decide(&ep("agents_x", Group::Agents), &[]);
+        let d = p.decide(&ep("agents_x", Group::Agents), None, &[]);
         assert_eq!(
             (d.enabled, d.rule.as_str()),
             (true, "policy:server.groups.agents")

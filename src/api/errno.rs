@@ -1,0 +1,51 @@
+//! The one place an operating-system error becomes the contract's answer: the Python
+//! exception the same failure raises in the reference server (`FileNotFoundError`,
+//! `PermissionError`, ...), which clients match on in `type`.
+
+use super::ApiError;
+
+/// The Python exception class `OSError(errno)` is raised as.
+pub fn python_exception(errno: Option<i32>) -> &'static str {
+    use rustix::io::Errno;
+    match errno.map(Errno::from_raw_os_error) {
+        Some(Errno::NOENT) => "FileNotFoundError",
+        Some(Errno::EXIST) => "FileExistsError",
+        Some(Errno::NOTDIR) => "NotADirectoryError",
+        Some(Errno::ISDIR) => "IsADirectoryError",
+        Some(Errno::ACCESS) | Some(Errno::PERM) => "PermissionError",
+        Some(Errno::INTR) => "InterruptedError",
+        Some(Errno::TIMEDOUT) => "TimeoutError",
+        Some(Errno::CHILD) => "ChildProcessError",
+        Some(Errno::PIPE) => "BrokenPipeError",
+        Some(Errno::CONNREFUSED) => "ConnectionRefusedError",
+        Some(Errno::CONNRESET) => "ConnectionResetError",
+        Some(Errno::AGAIN) => "BlockingIOError",
+        _ => "OSError",
+    }
+}
+
+/// A 500 named like the Python exception, with the path it concerned when there is one
+/// (`[Errno 2] No such file or directory: '/home/user/x'` reads the same way).
+pub fn os_error(error: &std::io::Error, path: Option<&str>) -> ApiError {
+    let kind = python_exception(error.raw_os_error());
+    match path {
+        Some(path) => ApiError::internal(kind, format!("{error}: '{path}'")),
+        None => ApiError::internal(kind, error.to_string()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_follow_python() {
+        assert_eq!(python_exception(Some(2)), "FileNotFoundError");
+        assert_eq!(python_exception(Some(13)), "PermissionError");
+        assert_eq!(python_exception(Some(21)), "IsADirectoryError");
+        assert_eq!(python_exception(None), "OSError");
+        let error = os_error(&std::io::Error::from_raw_os_error(20), Some("/a"));
+        assert_eq!((error.status, error.kind), (500, "NotADirectoryError"));
+        assert!(error.message.ends_with(": '/a'"));
+    }
+}

@@ -1,0 +1,159 @@
+//! The one error type of every handler and of the dispatcher. It is data only: the
+//! dispatcher renders it, in one place, to the envelope its endpoint's [`ErrorStyle`]
+//! names.
+
+use serde_json::{Map, Value};
+
+/// The two JSON error envelopes the contract uses.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum ErrorStyle {
+    /// `{"error": <message>, "type": <ExceptionName>, "code"?: ..., ...}`.
+    #[default]
+    Contract,
+    /// OpenAI's `{"error": {"message", "type", "param", "code"}}`, used by `/v1`.
+    OpenAi,
+}
+
+/// An error a handler (or the dispatcher) answers with. `kind` is the Python exception
+/// name the contract shows in `type` (or OpenAI's error type under `/v1`); `code` is set
+/// for policy and protocol refusals.
+#[derive(Debug, Clone)]
+pub struct ApiError {
+    pub status: u16,
+    pub message: String,
+    pub kind: &'static str,
+    pub code: Option<&'static str>,
+    /// Further fields of the envelope, such as `endpoint`, `rule` or `param`.
+    pub extra: Vec<(&'static str, Value)>,
+    /// Extra response headers, such as `Allow` on a 405.
+    pub headers: Vec<(&'static str, String)>,
+}
+
+impl ApiError {
+    pub fn new(status: u16, kind: &'static str, message: impl Into<String>) -> Self {
+        ApiError {
+            status,
+            message: message.into(),
+            kind,
+            code: None,
+            extra: Vec::new(),
+            headers: Vec::new(),
+        }
+    }
+
+    /// 400 `ValueError`: the caller sent something we cannot use.
+    pub fn bad_request(message: impl Into<String>) -> Self {
+        Self::new(400, "ValueError", message)
+    }
+
+    /// 404 `ValueError` for a path no route serves, worded as the contract words it.
+    pub fn not_found_path(path: &str) -> Self {
+        Self::new(404, "ValueError", format!("Not found: {path}"))
+    }
+
+    /// 413 `payload_too_large` for a body over `limit` bytes.
+    pub fn payload_too_large(limit: u64) -> Self {
+        Self::new(
+            413,
+            "ValueError",
+            format!("Request body too large: the limit is {limit} bytes"),
+        )
+        .with_code("payload_too_large")
+    }
+
+    pub fn unauthorized() -> Self {
+        Self::new(401, "AuthError", "unauthorized")
+    }
+
+    /// 500 with the message of whatever failed inside a handler.
+    pub fn internal(kind: &'static str, message: impl Into<String>) -> Self {
+        Self::new(500, kind, message)
+    }
+
+    pub fn with_code(mut self, code: &'static str) -> Self {
+        self.code = Some(code);
+        self
+    }
+
+    pub fn with_field(mut self, name: &'static str, value: impl Into<Value>) -> Self {
+        self.extra.push((name, value.into()));
+        self
+    }
+
+    pub fn with_header(mut self, name: &'static str, value: impl Into<String>) -> Self {
+        self.headers.push((name, value.into()));
+        self
+    }
+
+    /// Whether the envelope already carries field `name`.
+    pub fn has_field(&self, name: &str) -> bool {
+        self.extra.iter().any(|(n, _)| *n == name)
+    }
+
+    /// The JSON envelope in `style`. Field order follows the contract's examples.
+    pub fn body(&self, style: ErrorStyle) -> Value {
+        match style {
+            ErrorStyle::Contract => {
+                let mut map = Map::new();
+                map.insert("error".into(), Value::String(self.message.clone()));
+                map.insert("type".into(), Value::String(self.kind.into()));
+                if let Some(code) = self.code {
+                    map.insert("code".into(), Value::String(code.into()));
+                }
+                for (name, value) in &self.extra {
+                    map.insert((*name).into(), value.clone());
+                }
+                Value::Object(map)
+            }
+            ErrorStyle::OpenAi => {
+                let field = |name: &str| {
+                    self.extra
+                        .iter()
+                        .find(|(n, _)| *n == name)
+                        .map(|(_, v)| v.clone())
+                        .unwrap_or(Value::Null)
+                };
+                serde_json::json!({"error": {
+                    "message": self.message,
+                    "type": self.kind,
+                    "param": field("param"),
+                    "code": self.code,
+                }})
+            }
+        }
+    }
+}
+
+impl std::fmt::Display for ApiError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} {}: {}", self.status, self.kind, self.message)
+    }
+}
+
+impl std::error::Error for ApiError {}
+
+impl From<std::io::Error> for ApiError {
+    fn from(err: std::io::Error) -> Self {
+        super::errno::os_error(&err, None)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn both_envelopes() {
+        let error = ApiError::bad_request("no")
+            .with_code("bad")
+            .with_field("param", "model");
+        assert_eq!(
+            error.body(ErrorStyle::Contract),
+            serde_json::json!({"error": "no", "type": "ValueError", "code": "bad", "param": "model"})
+        );
+        assert_eq!(
+            error.body(ErrorStyle::OpenAi),
+            serde_json::json!({"error": {"message": "no", "type": "ValueError", "param": "model", "code": "bad"}})
+        );
+    }
+}

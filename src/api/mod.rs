@@ -1,0 +1,242 @@
+//! The contract's vocabulary: capability groups, methods, parameters, how an endpoint
+//! takes its body and words its errors, and the one error type. Everything above reads
+//! these types; this module imports nothing else of the crate, so the route table,
+//! `/capabilities`, the policy engine and the OpenAPI document can all be built from the
+//! same declarations without depending on the engine or on any domain code.
+
+pub mod errno;
+mod error;
+
+use serde_json::{Map, Value};
+
+pub use error::{ApiError, ErrorStyle};
+
+/// The HTTP methods the contract's dispatcher serves; anything else is 405.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Method {
+    Get,
+    Post,
+    Delete,
+}
+
+impl Method {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Method::Get => "GET",
+            Method::Post => "POST",
+            Method::Delete => "DELETE",
+        }
+    }
+
+    /// Parses a request line's method; `None` for the methods the contract does not serve.
+    pub fn from_http(method: &str) -> Option<Method> {
+        match method {
+            "GET" => Some(Method::Get),
+            "POST" => Some(Method::Post),
+            "DELETE" => Some(Method::Delete),
+            _ => None,
+        }
+    }
+
+    /// Whether the contract reads a JSON object body for this method.
+    pub fn takes_json_body(self) -> bool {
+        matches!(self, Method::Post | Method::Delete)
+    }
+}
+
+/// Capability groups: names for sets of endpoint ids.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Group {
+    Core,
+    Commands,
+    FileOps,
+    Process,
+    Terminal,
+    System,
+    DevTools,
+    Browser,
+    Agents,
+}
+
+impl Group {
+    /// Every group, in the order `/capabilities` lists them.
+    pub const ALL: [Group; 9] = [
+        Group::Core,
+        Group::Commands,
+        Group::FileOps,
+        Group::Process,
+        Group::Terminal,
+        Group::System,
+        Group::DevTools,
+        Group::Browser,
+        Group::Agents,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Group::Core => "core",
+            Group::Commands => "commands",
+            Group::FileOps => "file_ops",
+            Group::Process => "process",
+            Group::Terminal => "terminal",
+            Group::System => "system",
+            Group::DevTools => "dev_tools",
+            Group::Browser => "browser",
+            Group::Agents => "agents",
+        }
+    }
+
+    pub fn parse(name: &str) -> Option<Group> {
+        Group::ALL.into_iter().find(|g| g.name() == name)
+    }
+
+    /// Groups that stay off until enabled.
+    pub fn opt_in(self) -> bool {
+        matches!(self, Group::DevTools | Group::Browser | Group::Agents)
+    }
+}
+
+/// Where a parameter travels.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ParamIn {
+    Query,
+    Body,
+    Path,
+}
+
+impl ParamIn {
+    pub fn name(self) -> &'static str {
+        match self {
+            ParamIn::Query => "query",
+            ParamIn::Body => "body",
+            ParamIn::Path => "path",
+        }
+    }
+}
+
+/// One parameter of an endpoint, as `/capabilities` describes it.
+#[derive(Clone, Debug)]
+pub struct Param {
+    pub name: &'static str,
+    pub location: ParamIn,
+    /// JSON type name: string, integer, number, boolean, object, array.
+    pub kind: &'static str,
+    pub required: bool,
+}
+
+impl Param {
+    pub const fn query(name: &'static str, kind: &'static str, required: bool) -> Param {
+        Param {
+            name,
+            location: ParamIn::Query,
+            kind,
+            required,
+        }
+    }
+    pub const fn body(name: &'static str, kind: &'static str, required: bool) -> Param {
+        Param {
+            name,
+            location: ParamIn::Body,
+            kind,
+            required,
+        }
+    }
+    pub const fn path(name: &'static str) -> Param {
+        Param {
+            name,
+            location: ParamIn::Path,
+            kind: "string",
+            required: true,
+        }
+    }
+}
+
+/// How an endpoint takes its request body. The dispatcher plans the body from this
+/// before the handler runs, so a refused request never has its body read.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BodyMode {
+    /// A JSON object (POST/DELETE), syntax-checked by the dispatcher; an empty body is
+    /// `{}`. GET endpoints take no body.
+    Json,
+    /// A JSON object the handler deserialises whole itself: the dispatcher checks only
+    /// that it starts like an object (saves a second pass over a 10 MiB upload).
+    WholeJson,
+    /// `WholeJson`, or with `Content-Type: application/octet-stream` a raw body that is
+    /// streamed into the sink the handler opens, up to `ABX_MAX_UPLOAD_SIZE`.
+    RawOrWholeJson,
+    /// A WebSocket upgrade (listed in `/capabilities` with method `WS`).
+    Upgrade,
+}
+
+/// Which listening port serves an endpoint.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Listener {
+    /// The HTTP API (`ABX_SERVER_PORT`, default 9000).
+    Api,
+    /// The PTY WebSocket (`ABX_PTY_PORT`, default 9001).
+    Pty,
+}
+
+/// Everything the table says about one endpoint except how it is served: what
+/// `/capabilities`, the policy engine and the router read.
+#[derive(Clone, Debug)]
+pub struct EndpointSpec {
+    pub id: String,
+    pub method: Method,
+    /// Path pattern with `{name}` segments.
+    pub path: String,
+    pub group: Group,
+    pub summary: String,
+    pub auth_required: bool,
+    pub streaming: bool,
+    /// Scopes the caller needs besides a valid credential.
+    pub scopes: Vec<String>,
+    pub params: Vec<Param>,
+    pub limits: Map<String, Value>,
+    pub body: BodyMode,
+    pub errors: ErrorStyle,
+    pub listener: Listener,
+}
+
+impl EndpointSpec {
+    /// A spec with the contract's defaults: auth required, not streaming, no scopes,
+    /// params or limits, a JSON body, the contract's error envelope. The id defaults to
+    /// `"METHOD /path"`, as custom routes are named.
+    pub fn new(method: Method, path: &str, group: Group) -> EndpointSpec {
+        EndpointSpec {
+            id: format!("{} {}", method.as_str(), path),
+            method,
+            path: path.to_string(),
+            group,
+            summary: String::new(),
+            auth_required: true,
+            streaming: false,
+            scopes: Vec::new(),
+            params: Vec::new(),
+            limits: Map::new(),
+            body: BodyMode::Json,
+            errors: ErrorStyle::Contract,
+            listener: Listener::Api,
+        }
+    }
+
+    /// The method as `/capabilities` shows it: `WS` for a WebSocket.
+    pub fn method_name(&self) -> &'static str {
+        match self.body {
+            BodyMode::Upgrade => "WS",
+            _ => self.method.as_str(),
+        }
+    }
+
+    /// The `params` object of `/capabilities`.
+    pub fn params_json(&self) -> Value {
+        let mut map = Map::new();
+        for p in &self.params {
+            map.insert(
+                p.name.to_string(),
+                serde_json::json!({"in": p.location.name(), "type": p.kind, "required": p.required}),
+            );
+        }
+        Value::Object(map)
+    }
+}

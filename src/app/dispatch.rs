@@ -1,0 +1,334 @@
+//! The application's answer to each request, as named steps:
+//! route → authenticate → authorize → body plan → invoke → decorate.
+//! [`ApiService`] implements the engine's [`Service`]: the engine asks it what to do
+//! with a head (`plan`) and hands it the body it asked for (`respond`). Every
+//! [`ApiError`] becomes bytes in exactly one place, [`render`].
+
+use std::any::Any;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+
+use super::auth::Identity;
+use super::endpoint::{Call, Handler, RawSink, Serve};
+use super::request::{split_target, validate_json_object};
+use super::state::AppState;
+use crate::api::{ApiError, BodyMode, ErrorStyle, Group, Listener, Method};
+use crate::config::MAX_JSON_BODY;
+use crate::http::conn::{describe_panic, CatchPanic};
+use crate::http::{
+    BodySink, LocalFuture, Plan, ProtocolError, RequestHead, Response, Service, Timeouts,
+};
+use crate::runtime::shutdown::{InFlight, Shutdown};
+
+/// The HTTP API as one worker serves it.
+pub struct ApiService {
+    state: Arc<AppState>,
+    shutdown: Arc<Shutdown>,
+    listener: Listener,
+}
+
+/// A routed, authorised request waiting for its body.
+pub struct Accepted {
+    index: usize,
+    method: Method,
+    path: String,
+    query: Vec<(String, String)>,
+    path_params: Vec<(String, String)>,
+    identity: Arc<Identity>,
+}
+
+impl ApiService {
+    pub fn new(state: Arc<AppState>, shutdown: Arc<Shutdown>, listener: Listener) -> ApiService {
+        ApiService {
+            state,
+            shutdown,
+            listener,
+        }
+    }
+
+    /// Route, authenticate and authorize; `Err` is the refusal to answer.
+    fn admit(&self, head: &RequestHead) -> Result<Accepted, Response> {
+        let catalog = &self.state.catalog;
+        // route
+        let Some(method) = Method::from_http(&head.method) else {
+            let error = ApiError::new(
+                405,
+                "ValueError",
+                format!(
+                    "Method {} is not allowed; use GET, POST or DELETE",
+                    head.method
+                ),
+            )
+            .with_header("Allow", "GET, POST, DELETE");
+            return Err(render(error, ErrorStyle::Contract).closing());
+        };
+        let (path, query) = split_target(&head.target);
+        let found = match (self.listener, catalog.router.lookup(method, &path)) {
+            (Listener::Api, Some(found)) => found,
+            _ => {
+                return Err(render(
+                    ApiError::not_found_path(&path),
+                    ErrorStyle::Contract,
+                ))
+            }
+        };
+        let endpoint = &catalog.endpoints[found.index];
+        let style = endpoint.spec.errors;
+        // authenticate
+        let identity = catalog
+            .auth
+            .authenticate(&head.headers, None, endpoint.spec.auth_required)
+            .map_err(|e| self.decorate(found.index, render(e, style)))?;
+        // authorize
+        let access = catalog.access(found.index, &identity);
+        if !access.allowed {
+            let disabled = access.code == Some("endpoint_disabled");
+            let (status, kind) = if disabled {
+                (404, "ValueError")
+            } else {
+                (403, "PermissionError")
+            };
+            let mut error = ApiError::new(status, kind, access.reason.clone().unwrap_or_default())
+                .with_field("endpoint", endpoint.spec.id.clone());
+            error.code = access.code;
+            if disabled {
+                error = error.with_field("rule", access.rule.unwrap_or_default().to_string());
+            }
+            return Err(self.decorate(found.index, render(error, style)));
+        }
+        let query = query.map_err(|e| self.decorate(found.index, render(e, style)))?;
+        Ok(Accepted {
+            index: found.index,
+            method,
+            path,
+            query,
+            path_params: found.params,
+            identity,
+        })
+    }
+
+    fn call(&self, accepted: Accepted, head: RequestHead, body: Vec<u8>) -> Call {
+        Call {
+            method: accepted.method,
+            path: accepted.path,
+            query: accepted.query,
+            headers: head.headers,
+            body,
+            path_params: accepted.path_params,
+            identity: accepted.identity,
+            endpoint: accepted.index,
+            state: self.state.clone(),
+        }
+    }
+
+    /// Headers a whole group carries on every answer, errors included.
+    fn decorate(&self, index: usize, response: Response) -> Response {
+        match self.state.catalog.endpoints[index].spec.group {
+            Group::Agents => response.header("X-Agent-Sandbox-Local", "1"),
+            _ => response,
+        }
+    }
+
+    /// Runs a handler, turning an error or a panic into its rendered answer.
+    async fn invoke(&self, index: usize, handler: Handler, call: Call) -> Response {
+        let spec = &self.state.catalog.endpoints[index].spec;
+        let outcome = guarded(move || handler(call)).await;
+        let response = match outcome {
+            Ok(Ok(response)) => response,
+            Ok(Err(error)) => render(with_endpoint(error, &spec.id), spec.errors),
+            Err(message) => render(panicked(&spec.id, &message), spec.errors),
+        };
+        self.decorate(index, response)
+    }
+}
+
+impl Service for ApiService {
+    type Call = Accepted;
+    type InFlight = InFlight;
+
+    fn timeouts(&self) -> Timeouts {
+        Timeouts {
+            idle: self.state.config.idle_timeout,
+            read: self.state.config.read_timeout,
+        }
+    }
+
+    fn draining(&self) -> bool {
+        self.shutdown.is_shutting_down()
+    }
+
+    fn request_started(&self) -> InFlight {
+        self.shutdown.request_started()
+    }
+
+    async fn plan(&self, head: &mut RequestHead) -> Plan<Accepted> {
+        let accepted = match self.admit(head) {
+            Ok(accepted) => accepted,
+            Err(refusal) => return Plan::Answer(refusal),
+        };
+        // body plan
+        let index = accepted.index;
+        let endpoint = &self.state.catalog.endpoints[index];
+        let raw = endpoint.spec.body == BodyMode::RawOrWholeJson
+            && accepted.method == Method::Post
+            && head.header("content-type").is_some_and(|v| {
+                v.split(';')
+                    .next()
+                    .unwrap_or("")
+                    .trim()
+                    .eq_ignore_ascii_case("application/octet-stream")
+            });
+        let Serve::HandlerOrSink { raw: open_sink, .. } = &endpoint.serve else {
+            return Plan::Read {
+                limit: MAX_JSON_BODY as u64,
+                call: accepted,
+            };
+        };
+        if !raw {
+            return Plan::Read {
+                limit: MAX_JSON_BODY as u64,
+                call: accepted,
+            };
+        }
+        // invoke (the sink opens before the body is read; it answers when it is done)
+        let style = endpoint.spec.errors;
+        let id = endpoint.spec.id.clone();
+        let open_sink = open_sink.clone();
+        let call = self.call(accepted, head.clone(), Vec::new());
+        match guarded(move || open_sink(call)).await {
+            Ok(Ok(sink)) => Plan::Stream {
+                limit: self.state.services.max_upload_size,
+                sink: Box::new(SinkAnswers { sink, style, id }),
+            },
+            Ok(Err(error)) => {
+                Plan::Answer(self.decorate(index, render(with_endpoint(error, &id), style)))
+            }
+            Err(message) => {
+                Plan::Answer(self.decorate(index, render(panicked(&id, &message), style)))
+            }
+        }
+    }
+
+    async fn respond(&self, accepted: Accepted, head: RequestHead, body: Vec<u8>) -> Response {
+        let index = accepted.index;
+        let endpoint = &self.state.catalog.endpoints[index];
+        if accepted.method.takes_json_body() {
+            let full_syntax = endpoint.spec.body == BodyMode::Json;
+            if let Err(error) = validate_json_object(&body, full_syntax) {
+                return self.decorate(index, render(error, endpoint.spec.errors));
+            }
+        }
+        let handler = match &endpoint.serve {
+            Serve::Handler(handler) | Serve::HandlerOrSink { json: handler, .. } => handler.clone(),
+            Serve::Unavailable(_) => {
+                // The router indexes no unavailable endpoint.
+                return render(
+                    ApiError::not_found_path(&accepted.path),
+                    endpoint.spec.errors,
+                );
+            }
+        };
+        let call = self.call(accepted, head, body);
+        self.invoke(index, handler, call).await
+    }
+
+    fn refuse(&self, error: ProtocolError) -> Response {
+        let mut api = ApiError::new(error.status, "ValueError", error.message);
+        api.code = error.code;
+        render(api, ErrorStyle::Contract)
+    }
+}
+
+/// Renders `error` in `style`: the only place an [`ApiError`] becomes a response.
+pub fn render(error: ApiError, style: ErrorStyle) -> Response {
+    let mut response = Response::json(error.status, &error.body(style));
+    for (name, value) in error.headers {
+        response = response.header(name, value);
+    }
+    response
+}
+
+/// Policy refusals name the endpoint that refused (the contract's common rules).
+fn with_endpoint(error: ApiError, id: &str) -> ApiError {
+    const POLICY_CODES: [&str; 6] = [
+        "path_not_allowed",
+        "command_not_allowed",
+        "extension_not_allowed",
+        "rate_limited",
+        "missing_scope",
+        "endpoint_disabled",
+    ];
+    let is_policy = error.code.is_some_and(|c| POLICY_CODES.contains(&c));
+    if is_policy && !error.has_field("endpoint") {
+        error.with_field("endpoint", id.to_string())
+    } else {
+        error
+    }
+}
+
+fn panicked(id: &str, message: &str) -> ApiError {
+    crate::log!("handler for endpoint '{id}' panicked: {message}");
+    ApiError::internal(
+        "RuntimeError",
+        format!("Internal error in endpoint '{id}': {message}"),
+    )
+}
+
+/// Builds and polls a handler's future, turning a panic in either into `Err` with the
+/// panic's message.
+async fn guarded<T, F>(start: F) -> Result<Result<T, ApiError>, String>
+where
+    F: FnOnce() -> Pin<Box<dyn Future<Output = Result<T, ApiError>>>>,
+{
+    let future = match std::panic::catch_unwind(std::panic::AssertUnwindSafe(start)) {
+        Ok(future) => future,
+        Err(panic) => return Err(describe(&*panic)),
+    };
+    CatchPanic(future).await.map_err(|panic| describe(&*panic))
+}
+
+fn describe(panic: &(dyn Any + Send)) -> String {
+    describe_panic(panic)
+}
+
+/// Renders a raw sink's errors for the engine.
+struct SinkAnswers {
+    sink: Box<dyn RawSink>,
+    style: ErrorStyle,
+    id: String,
+}
+
+impl BodySink for SinkAnswers {
+    fn write(&mut self, piece: Vec<u8>) -> LocalFuture<'_, Result<Vec<u8>, Response>> {
+        Box::pin(async move {
+            self.sink
+                .write(piece)
+                .await
+                .map_err(|e| render(with_endpoint(e, &self.id), self.style))
+        })
+    }
+
+    fn finish(self: Box<Self>) -> LocalFuture<'static, Response> {
+        Box::pin(async move {
+            let SinkAnswers { sink, style, id } = *self;
+            match sink.finish().await {
+                Ok(response) => response,
+                Err(error) => render(with_endpoint(error, &id), style),
+            }
+        })
+    }
+
+    fn abort(self: Box<Self>) -> LocalFuture<'static, ()> {
+        self.sink.abort()
+    }
+}
+
+/// Makes one service per listener slot on each worker.
+pub fn service_factory(
+    state: Arc<AppState>,
+    shutdown: Arc<Shutdown>,
+    slots: Vec<Listener>,
+) -> impl Fn(usize) -> ApiService + Send + Sync + 'static {
+    move |slot| ApiService::new(state.clone(), shutdown.clone(), slots[slot])
+}

@@ -1,0 +1,253 @@
+//! One declaration per endpoint: its [`EndpointSpec`] (what `/capabilities`, the policy
+//! engine and the router read) plus how it is served. Handlers are plain async functions
+//! from a [`Call`] to `Result<Response, ApiError>`.
+//!
+//! The handler types live here, one layer above the vocabulary, because a [`Call`]
+//! carries the services handlers use (the confinement object, the I/O driver, the child
+//! registry), which belong to the domain layer.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+
+use serde::de::DeserializeOwned;
+use serde::Deserialize;
+use serde_json::Value;
+
+use super::auth::Identity;
+use super::policy::Decision;
+use super::state::{Catalog, Services};
+use crate::api::{ApiError, BodyMode, EndpointSpec, Group, Listener, Method, Param};
+use crate::http::{LocalFuture, Response};
+
+/// What a handler receives: the request, the caller, its endpoint's spec and policy
+/// decision, and the services it may use.
+pub struct Call {
+    pub method: Method,
+    /// The path with the query removed and a trailing slash stripped (`/health/` is
+    /// `/health`), not percent-decoded, as the contract matches it.
+    pub path: String,
+    pub(crate) query: Vec<(String, String)>,
+    /// Header names in lower case, in arrival order.
+    pub(crate) headers: Vec<(String, String)>,
+    pub body: Vec<u8>,
+    pub(crate) path_params: Vec<(String, String)>,
+    pub identity: Arc<Identity>,
+    pub(crate) endpoint: usize,
+    pub(crate) state: Arc<super::state::AppState>,
+}
+
+impl Call {
+    /// The single value of query parameter `name`. Blank values count as absent, as with
+    /// Python's `parse_qs`; repeats were refused before the handler ran.
+    pub fn query(&self, name: &str) -> Option<&str> {
+        self.query
+            .iter()
+            .find(|(n, _)| n == name)
+            .map(|(_, v)| v.as_str())
+    }
+
+    /// The first value of header `name` (case-insensitive).
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers
+            .iter()
+            .find(|(n, _)| n.eq_ignore_ascii_case(name))
+            .map(|(_, v)| v.as_str())
+    }
+
+    /// A `{param}` segment of the route path, percent-decoded.
+    pub fn path_param(&self, name: &str) -> Option<&str> {
+        self.path_params
+            .iter()
+            .find(|(n, _)| n == name)
+            .map(|(_, v)| v.as_str())
+    }
+
+    /// The endpoint being served.
+    pub fn spec(&self) -> &EndpointSpec {
+        &self.state.catalog.endpoints[self.endpoint].spec
+    }
+
+    /// The policy's decision for this endpoint.
+    pub fn decision(&self) -> &Decision {
+        &self.state.catalog.decisions[self.endpoint]
+    }
+
+    /// What handlers work with: confinement, the I/O driver, limits, children.
+    pub fn services(&self) -> &Services {
+        &self.state.services
+    }
+
+    /// The route table and its decisions, for the discovery routes.
+    pub fn catalog(&self) -> &Catalog {
+        &self.state.catalog
+    }
+
+    /// The body as a JSON object deserialised into `T`; an empty body is `{}`. The
+    /// dispatcher already refused bodies that are not a JSON object, so an error here is
+    /// a field of the wrong type, reported as 400 with serde's description.
+    pub fn json<T: DeserializeOwned>(&self) -> Result<T, ApiError> {
+        parse_json(&self.body)
+    }
+
+    /// Like [`Call::json`], but `T` may borrow strings from the body, so a large base64
+    /// field is not copied.
+    pub fn json_borrowed<'a, T: Deserialize<'a>>(&'a self) -> Result<T, ApiError> {
+        parse_json(&self.body)
+    }
+
+    /// Moves the body out, e.g. to parse it on the blocking pool.
+    pub fn take_body(&mut self) -> Vec<u8> {
+        std::mem::take(&mut self.body)
+    }
+}
+
+/// Parses a JSON object body (empty is `{}`), worded as the contract's 400s.
+pub fn parse_json<'a, T: Deserialize<'a>>(body: &'a [u8]) -> Result<T, ApiError> {
+    let body: &[u8] = if is_blank(body) { b"{}" } else { body };
+    serde_json::from_slice(body).map_err(|e| match e.classify() {
+        serde_json::error::Category::Data => {
+            ApiError::bad_request(format!("Invalid request body: {e}"))
+        }
+        _ => ApiError::bad_request(format!("Invalid JSON body: {e}")),
+    })
+}
+
+/// Whether a body is empty for the contract's purposes (only whitespace).
+pub fn is_blank(body: &[u8]) -> bool {
+    body.iter().all(u8::is_ascii_whitespace)
+}
+
+/// The future a handler returns. Handlers run on one worker thread, so it need not be
+/// `Send`.
+pub type HandlerFuture<T> = Pin<Box<dyn Future<Output = Result<T, ApiError>>>>;
+
+/// A handler: a plain async function from the call to its answer.
+pub type Handler = Arc<dyn Fn(Call) -> HandlerFuture<Response> + Send + Sync>;
+
+/// Receives a raw request body (an `application/octet-stream` upload) piece by piece.
+pub trait RawSink {
+    /// Takes one piece and returns the buffer for reuse.
+    fn write(&mut self, piece: Vec<u8>) -> LocalFuture<'_, Result<Vec<u8>, ApiError>>;
+    /// The body arrived whole: commit it and produce the answer.
+    fn finish(self: Box<Self>) -> HandlerFuture<Response>;
+    /// The body did not arrive whole: undo.
+    fn abort(self: Box<Self>) -> Pin<Box<dyn Future<Output = ()>>>;
+}
+
+/// Opens the sink a raw body streams into (after the dispatcher accepted the request).
+pub type SinkHandler = Arc<dyn Fn(Call) -> HandlerFuture<Box<dyn RawSink>> + Send + Sync>;
+
+/// Wraps an async function as a [`Handler`].
+pub fn handler<F, Fut>(f: F) -> Handler
+where
+    F: Fn(Call) -> Fut + Send + Sync + 'static,
+    Fut: Future<Output = Result<Response, ApiError>> + 'static,
+{
+    Arc::new(move |call| Box::pin(f(call)))
+}
+
+/// Wraps an async function that opens a raw-body sink as a [`SinkHandler`].
+pub fn sink_handler<F, Fut>(f: F) -> SinkHandler
+where
+    F: Fn(Call) -> Fut + Send + Sync + 'static,
+    Fut: Future<Output = Result<Box<dyn RawSink>, ApiError>> + 'static,
+{
+    Arc::new(move |call| Box::pin(f(call)))
+}
+
+/// How an endpoint is served.
+#[derive(Clone)]
+pub enum Serve {
+    /// By a handler (with the JSON body, or none for GET).
+    Handler(Handler),
+    /// A JSON body goes to `json`; a raw `application/octet-stream` body streams into
+    /// the sink `raw` opens.
+    HandlerOrSink { json: Handler, raw: SinkHandler },
+    /// Declared but not part of this build, with the reason: listed in `/capabilities`
+    /// as disabled (rule `build:unavailable`), whatever the policy says.
+    Unavailable(&'static str),
+}
+
+/// One endpoint of the table: the spec and how it is served.
+#[derive(Clone)]
+pub struct Endpoint {
+    pub spec: EndpointSpec,
+    pub serve: Serve,
+}
+
+impl Endpoint {
+    /// A new endpoint with the contract's defaults: auth required, not streaming, no
+    /// scopes, params or limits, a JSON body. The id defaults to `"METHOD /path"`
+    /// (custom routes).
+    pub fn new(method: Method, path: &str, group: Group, handler: Handler) -> Endpoint {
+        Endpoint {
+            spec: EndpointSpec::new(method, path, group),
+            serve: Serve::Handler(handler),
+        }
+    }
+
+    /// A WebSocket endpoint on the PTY port that this build does not serve yet.
+    pub fn unavailable_websocket(path: &str, group: Group, reason: &'static str) -> Endpoint {
+        let mut spec = EndpointSpec::new(Method::Get, path, group);
+        spec.body = BodyMode::Upgrade;
+        spec.listener = Listener::Pty;
+        Endpoint {
+            spec,
+            serve: Serve::Unavailable(reason),
+        }
+    }
+
+    /// The handler deserialises the entire JSON body itself (see [`BodyMode::WholeJson`]).
+    pub fn whole_json(mut self) -> Self {
+        self.spec.body = BodyMode::WholeJson;
+        self
+    }
+
+    /// Also accepts a raw `application/octet-stream` body, streamed into the sink `raw`
+    /// opens (see [`BodyMode::RawOrWholeJson`]).
+    pub fn raw_body(mut self, raw: SinkHandler) -> Self {
+        if let Serve::Handler(json) = self.serve {
+            self.serve = Serve::HandlerOrSink { json, raw };
+            self.spec.body = BodyMode::RawOrWholeJson;
+        }
+        self
+    }
+
+    pub fn id(mut self, id: &str) -> Self {
+        self.spec.id = id.to_string();
+        self
+    }
+    pub fn summary(mut self, summary: &str) -> Self {
+        self.spec.summary = summary.to_string();
+        self
+    }
+    pub fn auth_required(mut self, required: bool) -> Self {
+        self.spec.auth_required = required;
+        self
+    }
+    pub fn streaming(mut self, streaming: bool) -> Self {
+        self.spec.streaming = streaming;
+        self
+    }
+    pub fn scopes(mut self, scopes: &[&str]) -> Self {
+        self.spec.scopes = scopes.iter().map(|s| s.to_string()).collect();
+        self
+    }
+    pub fn params(mut self, params: &[Param]) -> Self {
+        self.spec.params = params.to_vec();
+        self
+    }
+    pub fn limit(mut self, name: &str, value: impl Into<Value>) -> Self {
+        self.spec.limits.insert(name.to_string(), value.into());
+        self
+    }
+
+    /// The reason this build does not serve the endpoint, if it does not.
+    pub fn unavailable(&self) -> Option<&'static str> {
+        match self.serve {
+            Serve::Unavailable(reason) => Some(reason),
+            _ => None,
+        }
+    }
+}

@@ -1,0 +1,14 @@
+//! The application: the route table's runtime form (`endpoint`, `router`), dispatch as
+//! named steps (`dispatch`), credentials (`auth`), the policy engine (`policy`), the
+//! contract's request rules (`request`) and the shared state (`state`).
+
+pub mod auth;
+pub mod dispatch;
+pub mod endpoint;
+pub mod policy;
+pub mod request;
+pub mod router;
+pub mod state;
+
+pub use endpoint::{handler, sink_handler, Call, Endpoint, Handler, RawSink};
+pub use state::AppState;

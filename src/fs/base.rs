@@ -1,0 +1,222 @@
+//! The confinement object. A [`BaseDir`] is the directory caller paths must stay
+//! beneath; [`BaseDir::confine`] checks a caller's path lexically (no disk access) and
+//! [`BaseDir::open`] opens the base for a blocking operation, whose every further open
+//! goes through `openat2(RESOLVE_BENEATH)` (see `resolve`). Routes pass one `BaseDir`
+//! and one [`CallerPath`] instead of the base path, its descriptor, the caller's input
+//! and the resolved path separately.
+//!
+//! The base is opened per operation, not once at startup, so a base directory created
+//! (or recreated) after the server started is picked up.
+
+use std::ffi::OsStr;
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::path::{Component, Path, PathBuf};
+
+use rustix::fs::{Mode, OFlags};
+
+use super::error::FsError;
+use super::resolve::{self, OpenError};
+
+/// The directory caller paths are confined to.
+#[derive(Debug, Clone)]
+pub struct BaseDir {
+    path: PathBuf,
+}
+
+/// A caller path after the lexical check: what answers show, the part beneath the base
+/// that is actually opened (empty for the base itself), and what the caller sent.
+#[derive(Debug, Clone)]
+pub struct CallerPath {
+    pub shown: PathBuf,
+    pub rel: PathBuf,
+    pub input: String,
+}
+
+impl CallerPath {
+    /// The last component, or `None` for the base directory itself.
+    pub fn file_name(&self) -> Option<&OsStr> {
+        self.rel.file_name()
+    }
+
+    /// The parent's part beneath the base (empty when the parent is the base).
+    pub fn parent_rel(&self) -> &Path {
+        self.rel.parent().unwrap_or(Path::new(""))
+    }
+
+    /// The path as answers show it.
+    pub fn display(&self) -> String {
+        self.shown.to_string_lossy().into_owned()
+    }
+
+    /// The same caller input naming `name` inside this directory.
+    pub fn join(&self, name: &OsStr) -> CallerPath {
+        CallerPath {
+            shown: self.shown.join(name),
+            rel: self.rel.join(name),
+            input: self.input.clone(),
+        }
+    }
+
+    /// Whether this is the base directory itself.
+    pub fn is_base(&self) -> bool {
+        self.rel.as_os_str().is_empty()
+    }
+}
+
+impl BaseDir {
+    pub fn new(path: PathBuf) -> BaseDir {
+        BaseDir { path }
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Resolves `input` (absolute, or relative to the base) lexically and checks that it
+    /// stays beneath the base. Symlinks are the kernel's business at open time.
+    pub fn confine(&self, input: &str) -> Result<CallerPath, FsError> {
+        if input.contains('\0') {
+            return Err(FsError::Invalid("Path contains a NUL byte".into()));
+        }
+        let joined = if input.starts_with('/') {
+            PathBuf::from(input)
+        } else {
+            self.path.join(input)
+        };
+        let mut normal = PathBuf::from("/");
+        for component in joined.components() {
+            match component {
+                Component::RootDir | Component::Prefix(_) | Component::CurDir => {}
+                Component::ParentDir => {
+                    normal.pop();
+                }
+                Component::Normal(part) => normal.push(part),
+            }
+        }
+        match normal.strip_prefix(&self.path) {
+            Ok(rel) => Ok(CallerPath {
+                rel: rel.to_path_buf(),
+                shown: normal.clone(),
+                input: input.to_string(),
+            }),
+            Err(_) => Err(self.not_allowed(input)),
+        }
+    }
+
+    /// The refusal for a path outside the base.
+    pub fn not_allowed(&self, input: &str) -> FsError {
+        FsError::NotAllowed {
+            input: input.to_string(),
+            base: self.path.clone(),
+        }
+    }
+
+    /// Opens the base for a blocking operation. Blocking.
+    pub fn open(&self) -> Result<Beneath<'_>, FsError> {
+        let fd = resolve::open_base(&self.path)
+            .map_err(|e| FsError::io(e, self.path.to_string_lossy()))?;
+        Ok(Beneath { base: self, fd })
+    }
+
+    /// Turns a resolution failure into the caller-facing error.
+    pub fn open_error(&self, error: OpenError, caller: &CallerPath) -> FsError {
+        match error {
+            OpenError::Escape => self.not_allowed(&caller.input),
+            OpenError::Io(e) => FsError::io(e, caller.display()),
+        }
+    }
+}
+
+/// An opened base directory: every open beneath it is confined by the kernel.
+pub struct Beneath<'a> {
+    base: &'a BaseDir,
+    fd: OwnedFd,
+}
+
+impl Beneath<'_> {
+    pub fn base(&self) -> &BaseDir {
+        self.base
+    }
+
+    pub fn fd(&self) -> BorrowedFd<'_> {
+        self.fd.as_fd()
+    }
+
+    /// Opens `rel` beneath the base (`resolve::open_beneath`).
+    pub fn open(&self, rel: &Path, flags: OFlags, mode: Mode) -> Result<OwnedFd, OpenError> {
+        resolve::open_beneath(self.fd.as_fd(), &self.base.path, rel, flags, mode)
+    }
+
+    /// Opens the caller's directory; a missing path, or one that is not a directory, is
+    /// `NotFound("Directory not found: ...")`.
+    pub fn open_dir(&self, caller: &CallerPath, flags: OFlags) -> Result<OwnedFd, FsError> {
+        match self.open(&caller.rel, flags | OFlags::DIRECTORY, Mode::empty()) {
+            Ok(dir) => Ok(dir),
+            Err(e) if e.is_missing() => Err(FsError::NotFound(format!(
+                "Directory not found: {}",
+                caller.display()
+            ))),
+            Err(e) => Err(self.base.open_error(e, caller)),
+        }
+    }
+
+    /// Opens the directory holding the caller's path; when it is missing so is the path:
+    /// `NotFound("<what> not found: ...")`.
+    pub fn open_parent(&self, caller: &CallerPath, what: &str) -> Result<OwnedFd, FsError> {
+        match self.open(
+            caller.parent_rel(),
+            OFlags::RDONLY | OFlags::DIRECTORY,
+            Mode::empty(),
+        ) {
+            Ok(parent) => Ok(parent),
+            Err(e) if e.is_missing() => Err(FsError::NotFound(format!(
+                "{what} not found: {}",
+                caller.display()
+            ))),
+            Err(e) => Err(self.base.open_error(e, caller)),
+        }
+    }
+
+    /// `mkdir -p` of `rel`, returning the directory.
+    pub fn create_dirs(&self, rel: &Path) -> Result<OwnedFd, OpenError> {
+        resolve::create_dirs(self.fd.as_fd(), &self.base.path, rel)
+    }
+
+    /// `lstat` of `rel`; `Ok(None)` when nothing is there.
+    pub fn lstat(&self, rel: &Path) -> Result<Option<rustix::fs::Stat>, OpenError> {
+        resolve::lstat_beneath(self.fd.as_fd(), &self.base.path, rel)
+    }
+
+    /// The target of the symlink `rel`, read through a descriptor of the link itself.
+    pub fn readlink(&self, rel: &Path) -> Result<Vec<u8>, OpenError> {
+        resolve::readlink_beneath(self.fd.as_fd(), &self.base.path, rel)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn confinement_is_lexical() {
+        let base = BaseDir::new(PathBuf::from("/home/user"));
+        let shown = |input: &str| base.confine(input).map(|c| c.shown);
+        assert_eq!(
+            shown("/home/user/a.txt").unwrap(),
+            PathBuf::from("/home/user/a.txt")
+        );
+        assert_eq!(shown("a/../b").unwrap(), PathBuf::from("/home/user/b"));
+        assert_eq!(shown(".").unwrap(), PathBuf::from("/home/user"));
+        assert!(base.confine(".").unwrap().is_base());
+        assert_eq!(shown("/home/user/").unwrap(), PathBuf::from("/home/user"));
+        assert!(matches!(
+            base.confine("../user2"),
+            Err(FsError::NotAllowed { .. })
+        ));
+        assert!(shown("/etc/passwd").is_err());
+        assert!(shown("/home/user/../../etc").is_err());
+        assert!(shown("/home/username").is_err());
+        assert!(matches!(base.confine("a\0b"), Err(FsError::Invalid(_))));
+        assert_eq!(base.confine("x/y").unwrap().rel, PathBuf::from("x/y"));
+    }
+}

@@ -1,0 +1,362 @@
+//! Operations on paths and trees: list, stat, mkdir, delete, move, search. Each takes
+//! the confinement object and a checked caller path, does its blocking work in one
+//! blocking-pool task (or on the worker when the kernel's caches can answer without
+//! waiting), and reports an [`FsError`].
+
+use std::ffi::OsStr;
+use std::io;
+use std::os::fd::AsFd;
+use std::os::unix::ffi::OsStrExt;
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use rustix::fs::{AtFlags, Mode, OFlags};
+
+use super::base::{BaseDir, CallerPath};
+use super::error::FsError;
+use super::fnmatch::fnmatch;
+use super::resolve::{self, Kind};
+use super::walk::{self, Entry, Order, Rules, Visit, Visitor};
+use crate::runtime::blocking;
+
+/// Levels `/files/list?recursive=true` shows: the directory's entries and two below.
+pub const LIST_MAX_DEPTH: usize = 3;
+
+fn pool_error(error: io::Error, caller: &CallerPath) -> FsError {
+    FsError::io(error, caller.display())
+}
+
+/// `/files/list`: the JSON text of `{"entries": [...]}`, written directly (a fraction of
+/// the cost of building a tree of values).
+pub async fn list_json(
+    base: &BaseDir,
+    caller: CallerPath,
+    recursive: bool,
+) -> Result<Vec<u8>, FsError> {
+    let base = base.clone();
+    let shown = caller.display();
+    blocking(move || -> Result<Vec<u8>, FsError> {
+        let beneath = base.open()?;
+        let dir = beneath.open_dir(&caller, OFlags::RDONLY)?;
+        let mut listing = Listing {
+            out: Vec::with_capacity(4096),
+            first: true,
+        };
+        listing.out.extend_from_slice(b"{\"entries\":[");
+        let rules = Rules {
+            max_depth: if recursive { LIST_MAX_DEPTH - 1 } else { 0 },
+            order: Order::Interleaved,
+        };
+        walk::walk(dir.as_fd(), rules, &mut listing)
+            .map_err(|e| FsError::io(e, caller.display()))?;
+        listing.out.extend_from_slice(b"]}");
+        Ok(listing.out)
+    })
+    .await
+    .map_err(|e| FsError::io(e, shown))?
+}
+
+struct Listing {
+    out: Vec<u8>,
+    first: bool,
+}
+
+impl Visitor for Listing {
+    fn visit(&mut self, entry: &Entry<'_>) -> io::Result<Visit> {
+        let Ok(stat) = entry.lstat() else {
+            return Ok(Visit::Skip);
+        };
+        let out = &mut self.out;
+        if !self.first {
+            out.push(b',');
+        }
+        self.first = false;
+        out.extend_from_slice(b"{\"name\":");
+        serde_json::to_writer(&mut *out, entry.rel).map_err(io::Error::other)?;
+        out.extend_from_slice(if entry.kind == Kind::Directory {
+            b",\"type\":\"directory\",\"size\":"
+        } else {
+            b",\"type\":\"file\",\"size\":"
+        });
+        out.extend_from_slice(itoa::Buffer::new().format(stat.st_size).as_bytes());
+        out.extend_from_slice(b",\"modified\":\"");
+        crate::timefmt::push_iso8601_utc(
+            out,
+            stat.st_mtime,
+            (stat.st_mtime_nsec as u32).min(999_999_999),
+        );
+        out.extend_from_slice(b"\"}");
+        Ok(Visit::Continue)
+    }
+
+    /// A subdirectory that cannot be entered is listed without its contents, as before.
+    fn unreadable(&mut self, rel: &str, error: io::Error) -> io::Result<()> {
+        if rel.is_empty() {
+            Err(error)
+        } else {
+            Ok(())
+        }
+    }
+}
+
+/// `lstat` of the caller's path: `None` when nothing is there. From the dentry cache on
+/// the worker when possible (it cannot wait for the disk), else on the pool.
+pub async fn stat(
+    base: &BaseDir,
+    caller: &CallerPath,
+) -> Result<Option<rustix::fs::Stat>, FsError> {
+    match resolve::open_beneath_cached(base.path(), &caller.rel, OFlags::PATH | OFlags::NOFOLLOW) {
+        Ok(Some(fd)) => {
+            return rustix::fs::fstat(&fd)
+                .map(Some)
+                .map_err(|e| FsError::io(e.into(), caller.display()));
+        }
+        // A cached negative entry is as definite as a positive one.
+        Err(e) if e.is_missing() => return Ok(None),
+        Err(e) => return Err(base.open_error(e, caller)),
+        Ok(None) => {}
+    }
+    let base = base.clone();
+    let caller = caller.clone();
+    let shown = caller.display();
+    blocking(move || {
+        let beneath = base.open()?;
+        match beneath.lstat(&caller.rel) {
+            Ok(found) => Ok(found),
+            // A parent that is missing or not a directory: nothing is there.
+            Err(e) if e.is_missing() => Ok(None),
+            Err(e) => Err(base.open_error(e, &caller)),
+        }
+    })
+    .await
+    .map_err(|e| FsError::io(e, shown))?
+}
+
+/// `mkdir -p`.
+pub async fn mkdir(base: &BaseDir, caller: CallerPath) -> Result<(), FsError> {
+    let base = base.clone();
+    let shown = caller.display();
+    blocking(move || {
+        let beneath = base.open()?;
+        beneath
+            .create_dirs(&caller.rel)
+            .map(drop)
+            .map_err(|e| base.open_error(e, &caller))
+    })
+    .await
+    .map_err(|e| FsError::io(e, shown))?
+}
+
+/// Refuses the base directory itself as what an operation removes or moves away.
+pub fn refuse_base(base: &BaseDir, caller: &CallerPath) -> Result<(), FsError> {
+    if caller.is_base() {
+        return Err(FsError::BaseDirectory {
+            input: caller.input.clone(),
+            base: base.path().to_path_buf(),
+        });
+    }
+    Ok(())
+}
+
+/// Deletes a file, a symlink (not what it points to) or a whole directory tree.
+pub async fn delete(base: &BaseDir, caller: CallerPath) -> Result<(), FsError> {
+    refuse_base(base, &caller)?;
+    let base = base.clone();
+    let shown = caller.display();
+    blocking(move || {
+        let beneath = base.open()?;
+        let parent = beneath.open_parent(&caller, "Path")?;
+        let name = caller.file_name().unwrap_or_default();
+        match remove_child(parent.as_fd(), name) {
+            Ok(()) => Ok(()),
+            Err(e) if resolve::is_missing(&e) => Err(FsError::NotFound(format!(
+                "Path not found: {}",
+                caller.display()
+            ))),
+            Err(e) => Err(pool_error(e, &caller)),
+        }
+    })
+    .await
+    .map_err(|e| FsError::io(e, shown))?
+}
+
+/// Removes child `name` of `dir`; a directory is emptied with the walk (which never
+/// follows a symlink, so a link inside cannot redirect the removal) and then removed.
+fn remove_child(dir: std::os::fd::BorrowedFd<'_>, name: &OsStr) -> io::Result<()> {
+    let stat = rustix::fs::statat(dir, name, AtFlags::SYMLINK_NOFOLLOW)?;
+    if resolve::kind_of(&stat) == Kind::Directory {
+        let child = resolve::open_child_dir(dir, name.as_bytes())?;
+        let rules = Rules {
+            max_depth: walk::MAX_TREE_DEPTH,
+            order: Order::Interleaved,
+        };
+        walk::walk(child.as_fd(), rules, &mut Remover)?;
+        rustix::fs::unlinkat(dir, name, AtFlags::REMOVEDIR)?;
+    } else {
+        rustix::fs::unlinkat(dir, name, AtFlags::empty())?;
+    }
+    Ok(())
+}
+
+/// Unlinks what it visits; directories once their subtree is gone.
+struct Remover;
+
+impl Visitor for Remover {
+    fn visit(&mut self, entry: &Entry<'_>) -> io::Result<Visit> {
+        if entry.kind != Kind::Directory {
+            rustix::fs::unlinkat(entry.dir, OsStr::from_bytes(entry.name), AtFlags::empty())?;
+        }
+        Ok(Visit::Continue)
+    }
+
+    fn leave(&mut self, entry: &Entry<'_>) -> io::Result<Visit> {
+        rustix::fs::unlinkat(entry.dir, OsStr::from_bytes(entry.name), AtFlags::REMOVEDIR)?;
+        Ok(Visit::Continue)
+    }
+}
+
+/// Moves `source` to `destination` (into it, when it is an existing directory, like
+/// `shutil.move`), creating the destination's parents. Returns the final destination.
+pub async fn move_path(
+    base: &BaseDir,
+    source: CallerPath,
+    destination: CallerPath,
+) -> Result<CallerPath, FsError> {
+    refuse_base(base, &source)?;
+    let base = base.clone();
+    let shown = source.display();
+    blocking(move || {
+        let beneath = base.open()?;
+        let src_parent = beneath.open_parent(&source, "Source")?;
+        let src_name = source.file_name().unwrap_or_default().to_os_string();
+        if resolve::lstat_child(src_parent.as_fd(), src_name.as_bytes()).is_err() {
+            return Err(FsError::NotFound(format!(
+                "Source not found: {}",
+                source.display()
+            )));
+        }
+        let mut destination = destination;
+        if let Ok(st) = beneath
+            .open(
+                &destination.rel,
+                OFlags::PATH | OFlags::DIRECTORY,
+                Mode::empty(),
+            )
+            .and_then(|fd| Ok(rustix::fs::fstat(&fd)?))
+        {
+            if resolve::kind_of(&st) == Kind::Directory {
+                destination = destination.join(&src_name);
+            }
+        }
+        let dst_parent = beneath
+            .create_dirs(destination.parent_rel())
+            .map_err(|e| base.open_error(e, &destination))?;
+        let Some(dst_name) = destination.file_name().map(OsStr::to_os_string) else {
+            return Err(FsError::Invalid(
+                "destination: must name a path beneath the base directory".into(),
+            ));
+        };
+        rustix::fs::renameat(
+            &src_parent,
+            src_name.as_os_str(),
+            &dst_parent,
+            dst_name.as_os_str(),
+        )
+        .map_err(|e| FsError::io(e.into(), destination.display()))?;
+        Ok(destination)
+    })
+    .await
+    .map_err(|e| FsError::io(e, shown))?
+}
+
+/// One `/files/search` hit.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct Found {
+    pub name: String,
+    pub path: String,
+}
+
+/// What `/files/search` found.
+#[derive(Debug, Default)]
+pub struct Search {
+    pub results: Vec<Found>,
+    pub timed_out: bool,
+}
+
+/// Finds files whose name matches the fnmatch `pattern`, walking like `os.walk`.
+pub async fn search(
+    base: &BaseDir,
+    root: CallerPath,
+    pattern: String,
+    max_depth: usize,
+    max_results: usize,
+    time_limit: Duration,
+) -> Result<Search, FsError> {
+    let base = base.clone();
+    let shown = root.display();
+    blocking(move || {
+        let beneath = base.open()?;
+        let dir = beneath.open_dir(&root, OFlags::RDONLY)?;
+        let mut finder = Finder {
+            pattern: pattern.as_bytes(),
+            shown: root.shown.clone(),
+            max_results,
+            deadline: Instant::now() + time_limit,
+            found: Search::default(),
+        };
+        if max_results > 0 {
+            let rules = Rules {
+                max_depth: max_depth.min(walk::MAX_TREE_DEPTH),
+                order: Order::FilesFirst,
+            };
+            walk::walk(dir.as_fd(), rules, &mut finder).map_err(|e| pool_error(e, &root))?;
+        }
+        Ok(finder.found)
+    })
+    .await
+    .map_err(|e| FsError::io(e, shown))?
+}
+
+struct Finder<'p> {
+    pattern: &'p [u8],
+    shown: PathBuf,
+    max_results: usize,
+    deadline: Instant,
+    found: Search,
+}
+
+impl Visitor for Finder<'_> {
+    fn visit(&mut self, entry: &Entry<'_>) -> io::Result<Visit> {
+        if Instant::now() > self.deadline {
+            self.found.timed_out = true;
+            return Ok(Visit::Stop);
+        }
+        // os.walk classifies with is_dir(), which follows symlinks; getdents already
+        // knows the type of everything else, so only links cost a stat.
+        let is_dir = match entry.kind {
+            Kind::Directory => true,
+            Kind::Symlink => {
+                rustix::fs::statat(entry.dir, OsStr::from_bytes(entry.name), AtFlags::empty())
+                    .is_ok_and(|st| resolve::kind_of(&st) == Kind::Directory)
+            }
+            _ => false,
+        };
+        if is_dir || !fnmatch(self.pattern, entry.name) {
+            return Ok(Visit::Continue);
+        }
+        self.found.results.push(Found {
+            name: String::from_utf8_lossy(entry.name).into_owned(),
+            path: self.shown.join(entry.rel).to_string_lossy().into_owned(),
+        });
+        Ok(if self.found.results.len() >= self.max_results {
+            Visit::Stop
+        } else {
+            Visit::Continue
+        })
+    }
+
+    /// Unreadable directories are passed over, as `os.walk` does by default.
+    fn unreadable(&mut self, _rel: &str, _error: io::Error) -> io::Result<()> {
+        Ok(())
+    }
+}

@@ -1,0 +1,236 @@
+//! The one directory-tree walk every file route uses (list, search, archive, watch,
+//! delete), with its rules stated once:
+//!
+//! - Descriptors only: each directory is opened relative to its already-open parent with
+//!   `O_NOFOLLOW`, so the walk never leaves the subtree it started in, whatever is
+//!   renamed or swapped meanwhile. Symlinks are reported, never entered.
+//! - Entries come sorted by name; `.` and `..` are skipped.
+//! - Depth: `Rules::max_depth` levels below the root are entered (the request's limit);
+//!   beyond [`MAX_TREE_DEPTH`] the walk refuses to go on (a `too_deep` error offered to
+//!   the visitor), so a hostile tree cannot exhaust a thread's stack or descriptors.
+//! - Order: [`Order::Interleaved`] visits an entry and then its subtree (list, archive,
+//!   watch); [`Order::FilesFirst`] visits all of a directory's entries before entering
+//!   any subdirectory, as Python's `os.walk` does (search); `leave` is called after a
+//!   directory's subtree in both (delete removes the emptied directory there).
+//! - Failures to read a directory go to [`Visitor::unreadable`], which decides whether
+//!   the walk skips that directory or stops with the error.
+//!
+//! Blocking: runs on the blocking pool.
+
+use std::io;
+use std::os::fd::{AsFd, BorrowedFd};
+
+use super::resolve::{self, Kind};
+
+/// Deepest directory nesting a walk descends.
+pub const MAX_TREE_DEPTH: usize = 256;
+
+/// The error a walk offers when a tree is deeper than [`MAX_TREE_DEPTH`].
+pub fn too_deep() -> io::Error {
+    io::Error::other(format!(
+        "directory tree is deeper than {MAX_TREE_DEPTH} levels"
+    ))
+}
+
+/// The order of visits within a directory.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Order {
+    Interleaved,
+    FilesFirst,
+}
+
+/// How far and in which order to walk.
+#[derive(Clone, Copy, Debug)]
+pub struct Rules {
+    /// Levels below the root to enter: 0 visits the root's entries only.
+    pub max_depth: usize,
+    pub order: Order,
+}
+
+/// One directory entry as the walk sees it.
+pub struct Entry<'a> {
+    /// The open directory holding the entry.
+    pub dir: BorrowedFd<'a>,
+    pub name: &'a [u8],
+    /// The path from the walk's root, `/`-separated (lossy UTF-8).
+    pub rel: &'a str,
+    /// 0 for the root's own entries.
+    pub depth: usize,
+    /// The type without following a symlink.
+    pub kind: Kind,
+}
+
+impl Entry<'_> {
+    /// `lstat` of the entry.
+    pub fn lstat(&self) -> io::Result<rustix::fs::Stat> {
+        resolve::lstat_child(self.dir, self.name)
+    }
+}
+
+/// What to do after a visit.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Visit {
+    /// Go on (and enter the entry if it is a directory within the depth limit).
+    Continue,
+    /// Go on, but do not enter this directory.
+    Skip,
+    /// End the whole walk.
+    Stop,
+}
+
+/// Receives a walk's entries.
+pub trait Visitor {
+    fn visit(&mut self, entry: &Entry<'_>) -> io::Result<Visit>;
+
+    /// A directory was opened to be entered (the root included, with `rel` empty).
+    fn entered(&mut self, _rel: &str, _dir: BorrowedFd<'_>) {}
+
+    /// A directory's subtree is done.
+    fn leave(&mut self, _entry: &Entry<'_>) -> io::Result<Visit> {
+        Ok(Visit::Continue)
+    }
+
+    /// A directory could not be listed or entered (`rel` empty for the root). `Ok`
+    /// skips it; `Err` ends the walk with that error.
+    fn unreadable(&mut self, _rel: &str, error: io::Error) -> io::Result<()> {
+        Err(error)
+    }
+}
+
+/// Walks the tree below the open directory `root`. Returns false when a visitor
+/// stopped the walk.
+pub fn walk(root: BorrowedFd<'_>, rules: Rules, visitor: &mut dyn Visitor) -> io::Result<bool> {
+    visitor.entered("", root);
+    walk_dir(root, "", 0, rules, visitor)
+}
+
+fn walk_dir(
+    dir: BorrowedFd<'_>,
+    prefix: &str,
+    depth: usize,
+    rules: Rules,
+    visitor: &mut dyn Visitor,
+) -> io::Result<bool> {
+    let entries = match resolve::read_dir_typed(dir) {
+        Ok(entries) => entries,
+        Err(e) => {
+            visitor.unreadable(prefix, e)?;
+            return Ok(true);
+        }
+    };
+    let mut pending = Vec::new();
+    for (name, kind) in &entries {
+        let kind = match kind {
+            Some(kind) => *kind,
+            // The file system did not say: ask.
+            None => match resolve::lstat_child(dir, name) {
+                Ok(stat) => resolve::kind_of(&stat),
+                Err(_) => continue,
+            },
+        };
+        let rel = join(prefix, name);
+        let entry = Entry {
+            dir,
+            name,
+            rel: &rel,
+            depth,
+            kind,
+        };
+        let visit = visitor.visit(&entry)?;
+        if visit == Visit::Stop {
+            return Ok(false);
+        }
+        if visit == Visit::Skip || kind != Kind::Directory || depth >= rules.max_depth {
+            continue;
+        }
+        match rules.order {
+            Order::Interleaved => {
+                if !descend(&entry, rules, visitor)? {
+                    return Ok(false);
+                }
+            }
+            Order::FilesFirst => pending.push((name, rel)),
+        }
+    }
+    for (name, rel) in pending {
+        let entry = Entry {
+            dir,
+            name,
+            rel: &rel,
+            depth,
+            kind: Kind::Directory,
+        };
+        if !descend(&entry, rules, visitor)? {
+            return Ok(false);
+        }
+    }
+    Ok(true)
+}
+
+fn descend(entry: &Entry<'_>, rules: Rules, visitor: &mut dyn Visitor) -> io::Result<bool> {
+    if entry.depth + 1 >= MAX_TREE_DEPTH {
+        visitor.unreadable(entry.rel, too_deep())?;
+        return Ok(true);
+    }
+    let child = match resolve::open_child_dir(entry.dir, entry.name) {
+        Ok(child) => child,
+        Err(e) => {
+            visitor.unreadable(entry.rel, e)?;
+            return Ok(true);
+        }
+    };
+    visitor.entered(entry.rel, child.as_fd());
+    if !walk_dir(child.as_fd(), entry.rel, entry.depth + 1, rules, visitor)? {
+        return Ok(false);
+    }
+    drop(child);
+    Ok(visitor.leave(entry)? != Visit::Stop)
+}
+
+fn join(prefix: &str, name: &[u8]) -> String {
+    let name = String::from_utf8_lossy(name);
+    if prefix.is_empty() {
+        name.into_owned()
+    } else {
+        format!("{prefix}/{name}")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    struct Names(Vec<String>);
+    impl Visitor for Names {
+        fn visit(&mut self, entry: &Entry<'_>) -> io::Result<Visit> {
+            self.0.push(entry.rel.to_string());
+            Ok(Visit::Continue)
+        }
+    }
+
+    #[test]
+    fn orders_and_depth() {
+        let dir = std::env::temp_dir().join(format!("abx-walk-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(dir.join("a/deep/deeper")).unwrap();
+        std::fs::write(dir.join("a/f"), b"").unwrap();
+        std::fs::write(dir.join("b"), b"").unwrap();
+        std::os::unix::fs::symlink(&dir, dir.join("loop")).unwrap();
+        let root = std::fs::File::open(&dir).unwrap();
+        let run = |order, max_depth| {
+            let mut names = Names(Vec::new());
+            walk(root.as_fd(), Rules { max_depth, order }, &mut names).unwrap();
+            names.0
+        };
+        assert_eq!(
+            run(Order::Interleaved, 10),
+            ["a", "a/deep", "a/deep/deeper", "a/f", "b", "loop"]
+        );
+        assert_eq!(
+            run(Order::FilesFirst, 10),
+            ["a", "b", "loop", "a/deep", "a/f", "a/deep/deeper"]
+        );
+        assert_eq!(run(Order::Interleaved, 0), ["a", "b", "loop"]);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}

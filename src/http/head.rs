@@ -1,0 +1,216 @@
+//! Request heads: parsed with httparse, then checked for the framing rules that keep a
+//! front proxy and this server from reading one request differently (RFC 9112 §6).
+
+/// Largest request head (request line plus headers) we buffer before answering 431.
+pub const MAX_HEAD_BYTES: usize = 64 * 1024;
+/// Most header lines in one request (Python's http.server allows 100).
+pub const MAX_HEADERS: usize = 100;
+
+/// A request head, copied out of the read buffer so the buffer can move on.
+#[derive(Debug, Clone)]
+pub struct RequestHead {
+    pub method: String,
+    /// The request target as sent (path and query, not decoded).
+    pub target: String,
+    pub http10: bool,
+    /// Header names in lower case, in arrival order; values trimmed.
+    pub headers: Vec<(String, String)>,
+    pub content_length: Option<u64>,
+    pub chunked: bool,
+    pub expect_continue: bool,
+    pub keep_alive: bool,
+}
+
+impl RequestHead {
+    /// Whether a body follows the head.
+    pub fn has_body(&self) -> bool {
+        self.chunked || self.content_length.is_some_and(|n| n > 0)
+    }
+
+    /// The first value of header `name` (lower case).
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers
+            .iter()
+            .find(|(n, _)| n == name)
+            .map(|(_, v)| v.as_str())
+    }
+}
+
+/// A request the engine refuses before any application code sees it; the service words
+/// the answer in its own envelope.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ProtocolError {
+    pub status: u16,
+    pub message: String,
+    /// A machine-readable code where the contract names one (`payload_too_large`).
+    pub code: Option<&'static str>,
+}
+
+impl ProtocolError {
+    pub fn bad_request(message: impl Into<String>) -> ProtocolError {
+        ProtocolError {
+            status: 400,
+            message: message.into(),
+            code: None,
+        }
+    }
+
+    pub fn head_too_large() -> ProtocolError {
+        ProtocolError {
+            status: 431,
+            message: format!(
+                "Request head too large: at most {MAX_HEAD_BYTES} bytes and {MAX_HEADERS} header lines"
+            ),
+            code: None,
+        }
+    }
+
+    pub fn body_too_large(limit: u64) -> ProtocolError {
+        ProtocolError {
+            status: 413,
+            message: format!("Request body too large: the limit is {limit} bytes"),
+            code: Some("payload_too_large"),
+        }
+    }
+}
+
+/// Parses a head from the start of `buf`. `Ok(None)`: incomplete, read more.
+pub fn parse(buf: &[u8]) -> Result<Option<(RequestHead, usize)>, ProtocolError> {
+    let mut headers = [httparse::EMPTY_HEADER; MAX_HEADERS];
+    let mut parsed = httparse::Request::new(&mut headers);
+    match parsed.parse(buf) {
+        Ok(httparse::Status::Complete(len)) if len > MAX_HEAD_BYTES => {
+            Err(ProtocolError::head_too_large())
+        }
+        Ok(httparse::Status::Complete(len)) => Ok(Some((extract(&parsed)?, len))),
+        Ok(httparse::Status::Partial) if buf.len() > MAX_HEAD_BYTES => {
+            Err(ProtocolError::head_too_large())
+        }
+        Ok(httparse::Status::Partial) => Ok(None),
+        Err(httparse::Error::TooManyHeaders) => Err(ProtocolError::head_too_large()),
+        Err(e) => Err(ProtocolError::bad_request(format!(
+            "Malformed request: {e}"
+        ))),
+    }
+}
+
+/// Copies what we need out of httparse's borrowed view and checks the framing headers.
+fn extract(parsed: &httparse::Request<'_, '_>) -> Result<RequestHead, ProtocolError> {
+    let http10 = parsed.version == Some(0);
+    let mut head = RequestHead {
+        method: parsed.method.unwrap_or("").to_string(),
+        target: parsed.path.unwrap_or("").to_string(),
+        http10,
+        headers: Vec::with_capacity(parsed.headers.len()),
+        content_length: None,
+        chunked: false,
+        expect_continue: false,
+        keep_alive: !http10,
+    };
+    let mut transfer_encoding = false;
+    for header in parsed.headers.iter() {
+        let name = header.name.to_ascii_lowercase();
+        let value = String::from_utf8_lossy(header.value).trim().to_string();
+        match name.as_str() {
+            "content-length" => {
+                // Digits only: `+5` or ` 5` parse as numbers but a proxy may read them
+                // differently, which is how requests get smuggled.
+                let len: u64 = Some(value.as_str())
+                    .filter(|v| !v.is_empty() && v.bytes().all(|b| b.is_ascii_digit()))
+                    .and_then(|v| v.parse().ok())
+                    .ok_or_else(|| ProtocolError::bad_request("Invalid Content-Length header"))?;
+                if head.content_length.is_some_and(|seen| seen != len) {
+                    return Err(ProtocolError::bad_request(
+                        "Conflicting Content-Length headers",
+                    ));
+                }
+                head.content_length = Some(len);
+            }
+            "transfer-encoding" => {
+                transfer_encoding = true;
+                // Only plain chunked: we would not undo any other coding.
+                if !value.eq_ignore_ascii_case("chunked") {
+                    return Err(ProtocolError {
+                        status: 501,
+                        message: format!(
+                            "Transfer-Encoding '{value}' is not supported; use chunked"
+                        ),
+                        code: None,
+                    });
+                }
+                head.chunked = true;
+            }
+            "expect" => {
+                if value.eq_ignore_ascii_case("100-continue") {
+                    head.expect_continue = true;
+                } else {
+                    return Err(ProtocolError {
+                        status: 417,
+                        message: format!("Expectation '{value}' cannot be met"),
+                        code: None,
+                    });
+                }
+            }
+            "connection" => {
+                for token in value.split(',').map(str::trim) {
+                    if token.eq_ignore_ascii_case("close") {
+                        head.keep_alive = false;
+                    } else if token.eq_ignore_ascii_case("keep-alive") && http10 {
+                        head.keep_alive = true;
+                    }
+                }
+            }
+            _ => {}
+        }
+        head.headers.push((name, value));
+    }
+    if transfer_encoding && head.content_length.is_some() {
+        // Request smuggling guard (RFC 9112 §6.1): never guess which framing is real.
+        return Err(ProtocolError::bad_request(
+            "Content-Length and Transfer-Encoding together are not allowed",
+        ));
+    }
+    if !head.target.starts_with('/') {
+        return Err(ProtocolError::bad_request(
+            "Request target must be a path starting with /",
+        ));
+    }
+    Ok(head)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn framing_headers() {
+        let (head, len) =
+            parse(b"POST /x HTTP/1.1\r\nContent-Length: 3\r\nConnection: close\r\n\r\nabc")
+                .unwrap()
+                .unwrap();
+        assert_eq!(
+            (head.content_length, head.keep_alive, len),
+            (Some(3), false, 58)
+        );
+        assert!(parse(b"GET /x HTTP/1.1\r\nHost: a\r\n").unwrap().is_none());
+        let refused = |raw: &[u8]| parse(raw).unwrap_err().status;
+        assert_eq!(
+            refused(b"POST /x HTTP/1.1\r\nContent-Length: +3\r\n\r\n"),
+            400
+        );
+        assert_eq!(
+            refused(b"POST /x HTTP/1.1\r\nContent-Length: 3\r\nContent-Length: 4\r\n\r\n"),
+            400
+        );
+        assert_eq!(
+            refused(b"POST /x HTTP/1.1\r\nContent-Length: 3\r\nTransfer-Encoding: chunked\r\n\r\n"),
+            400
+        );
+        assert_eq!(
+            refused(b"POST /x HTTP/1.1\r\nTransfer-Encoding: gzip\r\n\r\n"),
+            501
+        );
+        assert_eq!(refused(b"POST /x HTTP/1.1\r\nExpect: magic\r\n\r\n"), 417);
+        assert_eq!(refused(b"GET x HTTP/1.1\r\n\r\n"), 400);
+    }
+}

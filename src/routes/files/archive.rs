@@ -1,0 +1,79 @@
+//! `POST /files/archive`.
+
+use serde::Deserialize;
+use serde_json::Value;
+
+use super::{confine, fs_error};
+use crate::api::ApiError;
+use crate::app::Call;
+use crate::fs::archive::{self, Format, Limits};
+use crate::http::{Response, JSON_CONTENT_TYPE};
+use crate::runtime::blocking;
+
+pub const MAX_FILES: usize = 10_000;
+pub const MAX_BYTES: u64 = 100 * 1024 * 1024;
+
+#[derive(Deserialize)]
+struct ArchiveBody {
+    #[serde(default)]
+    paths: Option<Value>,
+    #[serde(default)]
+    format: Option<Value>,
+}
+
+pub async fn archive(call: Call) -> Result<Response, ApiError> {
+    let body: ArchiveBody = call.json()?;
+    let not_a_list = || ApiError::bad_request("paths must be a non-empty list of path strings");
+    let inputs: Vec<String> = match body.paths {
+        Some(Value::Array(items)) if !items.is_empty() => items
+            .into_iter()
+            .map(|v| match v {
+                Value::String(s) if !s.is_empty() => Ok(s),
+                _ => Err(not_a_list()),
+            })
+            .collect::<Result<_, _>>()?,
+        _ => return Err(not_a_list()),
+    };
+    let format = match body.format {
+        None | Some(Value::Null) => Format::TarGz,
+        Some(Value::String(name)) => Format::parse(&name).ok_or_else(|| {
+            ApiError::bad_request(format!("Unsupported format: '{name}' (use tar.gz or zip)"))
+        })?,
+        Some(_) => {
+            return Err(ApiError::bad_request(
+                "format must be \"tar.gz\" or \"zip\"",
+            ))
+        }
+    };
+    let callers = inputs
+        .iter()
+        .map(|input| confine(&call, input))
+        .collect::<Result<Vec<_>, _>>()?;
+    let base = call.services().base.clone();
+    let limits = Limits {
+        max_files: MAX_FILES,
+        max_bytes: MAX_BYTES,
+    };
+    let body = blocking(move || -> Result<Vec<u8>, ApiError> {
+        let data = archive::build(&base, &callers, format, limits).map_err(fs_error)?;
+        let encoded_len = base64_simd::STANDARD.encoded_length(data.len());
+        let mut out = Vec::with_capacity(encoded_len + 64);
+        out.extend_from_slice(b"{\"content_base64\":\"");
+        let start = out.len();
+        out.resize(start + encoded_len, 0);
+        let _ =
+            base64_simd::STANDARD.encode(&data, base64_simd::Out::from_slice(&mut out[start..]));
+        out.extend_from_slice(
+            format!(
+                "\",\"format\":\"{}\",\"bytes\":{}}}",
+                format.name(),
+                data.len()
+            )
+            .as_bytes(),
+        );
+        Ok(out)
+    })
+    .await
+    .map_err(|e| ApiError::internal("RuntimeError", e.to_string()))??;
+    Ok(Response::raw(200, JSON_CONTENT_TYPE, body))
+}

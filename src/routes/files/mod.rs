@@ -1,0 +1,212 @@
+//! The file_ops group: the contract's twelve file routes, plus the raw streaming forms of
+//! upload-stream and download-stream (`docs/api.md`). Adapters only: the work is in
+//! `crate::fs`; [`fs_error`] words its failures as the contract does.
+
+mod archive;
+mod search;
+mod transfer;
+mod tree;
+mod watch;
+
+use serde_json::Value;
+
+use crate::api::errno::os_error;
+use crate::api::{ApiError, Group, Method, Param};
+use crate::app::{handler, sink_handler, Call, Endpoint};
+use crate::fs::FsError;
+
+pub fn endpoints() -> Vec<Endpoint> {
+    let path_q = Param::query("path", "string", true);
+    vec![
+        Endpoint::new(
+            Method::Post,
+            "/upload",
+            Group::FileOps,
+            handler(transfer::upload),
+        )
+        .id("upload")
+        .summary("Write a file from base64 content (atomic; parent directories created).")
+        .params(&[
+            Param::body("path", "string", true),
+            Param::body("content_base64", "string", true),
+        ])
+        .whole_json(),
+        Endpoint::new(
+            Method::Get,
+            "/download",
+            Group::FileOps,
+            handler(transfer::download),
+        )
+        .id("download")
+        .summary("Read a file as base64.")
+        .params(std::slice::from_ref(&path_q)),
+        Endpoint::new(
+            Method::Get,
+            "/files/list",
+            Group::FileOps,
+            handler(tree::list),
+        )
+        .id("files_list")
+        .summary("List a directory (recursive to depth 3 with recursive=true).")
+        .params(&[path_q.clone(), Param::query("recursive", "boolean", false)])
+        .limit("max_depth", crate::fs::tree::LIST_MAX_DEPTH),
+        Endpoint::new(
+            Method::Get,
+            "/files/stat",
+            Group::FileOps,
+            handler(tree::stat),
+        )
+        .id("files_stat")
+        .summary("Metadata of a path; exists is false when nothing is there.")
+        .params(std::slice::from_ref(&path_q)),
+        Endpoint::new(
+            Method::Post,
+            "/files/mkdir",
+            Group::FileOps,
+            handler(tree::mkdir),
+        )
+        .id("files_mkdir")
+        .summary("Create a directory and its parents.")
+        .params(&[Param::body("path", "string", true)]),
+        Endpoint::new(
+            Method::Delete,
+            "/files",
+            Group::FileOps,
+            handler(tree::delete),
+        )
+        .id("files_delete")
+        .summary("Delete a file or a directory tree.")
+        .params(std::slice::from_ref(&path_q)),
+        Endpoint::new(
+            Method::Post,
+            "/files/move",
+            Group::FileOps,
+            handler(tree::move_path),
+        )
+        .id("files_move")
+        .summary("Move or rename a file or directory.")
+        .params(&[
+            Param::body("source", "string", true),
+            Param::body("destination", "string", true),
+        ]),
+        Endpoint::new(
+            Method::Post,
+            "/files/search",
+            Group::FileOps,
+            handler(search::search),
+        )
+        .id("files_search")
+        .summary("Find files whose name matches an fnmatch pattern.")
+        .params(&[
+            Param::body("path", "string", false),
+            Param::body("pattern", "string", false),
+            Param::body("max_depth", "integer", false),
+            Param::body("max_results", "integer", false),
+        ])
+        .limit("max_depth", search::DEFAULT_DEPTH)
+        .limit("max_results", search::DEFAULT_RESULTS)
+        .limit("timeout_seconds", search::TIME_LIMIT.as_secs()),
+        Endpoint::new(
+            Method::Post,
+            "/files/upload-stream",
+            Group::FileOps,
+            handler(transfer::upload),
+        )
+        .id("files_upload_stream")
+        .summary("Upload as /upload does, or stream a raw application/octet-stream body to disk.")
+        .params(&[
+            Param::body("path", "string", true),
+            Param::body("content_base64", "string", true),
+            Param::query("path", "string", false),
+        ])
+        .whole_json()
+        .raw_body(sink_handler(transfer::open_raw_upload)),
+        Endpoint::new(
+            Method::Get,
+            "/files/download-stream",
+            Group::FileOps,
+            handler(transfer::download_stream),
+        )
+        .id("files_download_stream")
+        .summary("Download as /download does plus bytes, or raw bytes with Range and ETag.")
+        .params(&[path_q.clone(), Param::query("raw", "boolean", false)]),
+        Endpoint::new(
+            Method::Post,
+            "/files/archive",
+            Group::FileOps,
+            handler(archive::archive),
+        )
+        .id("files_archive")
+        .summary("Pack paths into a tar.gz or zip archive, returned as base64.")
+        .params(&[
+            Param::body("paths", "array", true),
+            Param::body("format", "string", false),
+        ])
+        .limit("max_files", archive::MAX_FILES)
+        .limit("max_bytes", archive::MAX_BYTES)
+        .whole_json(),
+        Endpoint::new(
+            Method::Get,
+            "/files/watch",
+            Group::FileOps,
+            handler(watch::watch),
+        )
+        .id("files_watch")
+        .summary("Server-sent events for changes below a directory.")
+        .streaming(true)
+        .params(&[
+            path_q,
+            Param::query("recursive", "boolean", false),
+            Param::query("interval", "number", false),
+            Param::query("timeout", "number", false),
+        ])
+        .limit("max_entries", crate::fs::watch::MAX_TRACKED),
+    ]
+}
+
+/// Words a file operation's failure as the contract does.
+pub fn fs_error(error: FsError) -> ApiError {
+    let message = error.to_string();
+    match error {
+        FsError::NotAllowed { .. } | FsError::BaseDirectory { .. } => {
+            ApiError::new(403, "PermissionError", message).with_code("path_not_allowed")
+        }
+        FsError::Invalid(_) => ApiError::bad_request(message),
+        FsError::NotFound(_) => ApiError::new(404, "FileNotFoundError", message),
+        FsError::TooManyFiles { .. } => ApiError::bad_request(message),
+        FsError::TooLarge { .. } => {
+            ApiError::new(413, "ValueError", message).with_code("payload_too_large")
+        }
+        FsError::Io { error, path } => os_error(&error, Some(&path)),
+    }
+}
+
+/// The `path` query parameter, required.
+fn query_path(call: &Call) -> Result<String, ApiError> {
+    call.query("path")
+        .map(str::to_string)
+        .ok_or_else(|| ApiError::bad_request("path is required (query parameter ?path=)"))
+}
+
+/// A required string body field.
+fn body_string(value: Option<&Value>, field: &str) -> Result<String, ApiError> {
+    match value {
+        Some(Value::String(s)) if !s.is_empty() => Ok(s.clone()),
+        Some(Value::String(_)) | None | Some(Value::Null) => {
+            Err(ApiError::bad_request(format!("{field} is required")))
+        }
+        Some(_) => Err(ApiError::bad_request(format!("{field} must be a string"))),
+    }
+}
+
+fn truthy(value: Option<&str>) -> bool {
+    matches!(
+        value.map(str::to_ascii_lowercase).as_deref(),
+        Some("1" | "true" | "yes" | "on")
+    )
+}
+
+/// Checks a caller path against the base directory.
+fn confine(call: &Call, input: &str) -> Result<crate::fs::CallerPath, ApiError> {
+    call.services().base.confine(input).map_err(fs_error)
+}

@@ -1,0 +1,373 @@
+//! Upload and download: JSON with base64 content, or raw bytes streamed in constant
+//! memory (`application/octet-stream` uploads; `raw=true` downloads with Range and ETag).
+
+use std::borrow::Cow;
+use std::future::Future;
+use std::pin::Pin;
+
+use serde::Deserialize;
+use serde_json::json;
+
+use super::{confine, fs_error, query_path, truthy};
+use crate::api::ApiError;
+use crate::app::endpoint::{is_blank, parse_json, HandlerFuture};
+use crate::app::{Call, RawSink};
+use crate::fs::read::{open_file, Opened};
+use crate::fs::write::{write_atomic, Upload};
+use crate::http::{LocalFuture, Response, JSON_CONTENT_TYPE};
+use crate::runtime::{blocking, AsyncFile, FileStream};
+
+/// Bodies and payloads above this are parsed, decoded and encoded on the blocking pool,
+/// so one large transfer does not stall the other connections of its worker.
+const OFFLOAD_BYTES: usize = 256 * 1024;
+
+fn pool_failed(error: std::io::Error) -> ApiError {
+    ApiError::internal("RuntimeError", error.to_string())
+}
+
+#[derive(Deserialize)]
+struct UploadBody<'a> {
+    #[serde(borrow, default)]
+    path: Option<Cow<'a, str>>,
+    #[serde(borrow, default)]
+    content_base64: Option<Cow<'a, str>>,
+}
+
+fn parse_upload(body: &[u8], limit: u64) -> Result<(String, Vec<u8>), ApiError> {
+    let body: &[u8] = if is_blank(body) { b"{}" } else { body };
+    let parsed: UploadBody = parse_json(body)?;
+    let path = parsed
+        .path
+        .filter(|p| !p.is_empty())
+        .ok_or_else(|| ApiError::bad_request("path is required"))?;
+    let content = parsed
+        .content_base64
+        .ok_or_else(|| ApiError::bad_request("content_base64 is required"))?;
+    Ok((path.into_owned(), decode_base64(&content, limit)?))
+}
+
+/// Decodes standard base64; if strict decoding fails, retries without ASCII whitespace
+/// (line-wrapped output of `base64`), as Python's `b64decode` tolerates.
+fn decode_base64(text: &str, limit: u64) -> Result<Vec<u8>, ApiError> {
+    // Decoded size is at most 3/4 of the text; refuse before allocating when clearly over.
+    if (text.len() as u64 / 4).saturating_mul(3) > limit + 3 {
+        return Err(upload_too_large(limit));
+    }
+    let decoded = match base64_simd::STANDARD.decode_to_vec(text.as_bytes()) {
+        Ok(data) => data,
+        Err(_) => {
+            let compact: Vec<u8> = text.bytes().filter(|b| !b.is_ascii_whitespace()).collect();
+            base64_simd::STANDARD
+                .decode_to_vec(&compact)
+                .map_err(|_| ApiError::bad_request("content_base64 is not valid standard base64"))?
+        }
+    };
+    if decoded.len() as u64 > limit {
+        return Err(upload_too_large(limit));
+    }
+    Ok(decoded)
+}
+
+fn upload_too_large(limit: u64) -> ApiError {
+    ApiError::new(
+        413,
+        "ValueError",
+        format!("Upload too large: the limit is {limit} bytes (ABX_MAX_UPLOAD_SIZE)"),
+    )
+    .with_code("payload_too_large")
+}
+
+/// `POST /upload` and the JSON form of `/files/upload-stream`.
+pub async fn upload(mut call: Call) -> Result<Response, ApiError> {
+    let limit = call.services().max_upload_size;
+    let body = call.take_body();
+    let (input, data) = if body.len() > OFFLOAD_BYTES {
+        blocking(move || parse_upload(&body, limit))
+            .await
+            .map_err(pool_failed)??
+    } else {
+        parse_upload(&body, limit)?
+    };
+    let caller = confine(&call, &input)?;
+    let services = call.services();
+    let (bytes, shown) = write_atomic(&services.base, caller, data, services.driver)
+        .await
+        .map_err(fs_error)?;
+    Ok(Response::ok(&json!({"path": shown, "bytes": bytes})))
+}
+
+/// The raw form of `/files/upload-stream`: opens the temporary file the body streams
+/// into, before the body is read.
+pub async fn open_raw_upload(call: Call) -> Result<Box<dyn RawSink>, ApiError> {
+    let input = query_path(&call)?;
+    let caller = confine(&call, &input)?;
+    let services = call.services();
+    let upload = Upload::open(&services.base, caller, services.driver)
+        .await
+        .map_err(fs_error)?;
+    Ok(Box::new(RawUpload(upload)))
+}
+
+struct RawUpload(Upload);
+
+impl RawSink for RawUpload {
+    fn write(&mut self, piece: Vec<u8>) -> LocalFuture<'_, Result<Vec<u8>, ApiError>> {
+        Box::pin(async move { self.0.write(piece).await.map_err(fs_error) })
+    }
+
+    fn finish(self: Box<Self>) -> HandlerFuture<Response> {
+        Box::pin(async move {
+            let (bytes, shown) = self.0.commit().await.map_err(fs_error)?;
+            Ok(Response::ok(&json!({"path": shown, "bytes": bytes})))
+        })
+    }
+
+    fn abort(self: Box<Self>) -> Pin<Box<dyn Future<Output = ()>>> {
+        Box::pin(self.0.abort())
+    }
+}
+
+/// Builds `{"path": ..., "content_base64": ..., ["bytes": n]}` with the base64 written
+/// straight into the response buffer (no intermediate string, no JSON escaping pass).
+fn download_body(shown: &str, data: &[u8], with_bytes: bool) -> Vec<u8> {
+    let encoded_len = base64_simd::STANDARD.encoded_length(data.len());
+    let mut out = Vec::with_capacity(encoded_len + shown.len() + 64);
+    out.extend_from_slice(b"{\"path\":");
+    // A string always serialises.
+    let _ = serde_json::to_writer(&mut out, shown);
+    out.extend_from_slice(b",\"content_base64\":\"");
+    let start = out.len();
+    out.resize(start + encoded_len, 0);
+    let written = base64_simd::STANDARD
+        .encode(data, base64_simd::Out::from_slice(&mut out[start..]))
+        .len();
+    debug_assert_eq!(written, encoded_len);
+    out.push(b'"');
+    if with_bytes {
+        out.extend_from_slice(b",\"bytes\":");
+        out.extend_from_slice(itoa::Buffer::new().format(data.len()).as_bytes());
+    }
+    out.push(b'}');
+    out
+}
+
+fn file_too_large(size: String, limit: u64) -> ApiError {
+    ApiError::new(
+        413,
+        "ValueError",
+        format!("File too large: {size} bytes (limit {limit})"),
+    )
+    .with_code("payload_too_large")
+}
+
+async fn download_json(call: &Call, with_bytes: bool) -> Result<Response, ApiError> {
+    let input = query_path(call)?;
+    let services = call.services();
+    let limit = services.max_upload_size;
+    let caller = confine(call, &input)?;
+    let opened: Opened = open_file(&services.base, &caller, true)
+        .await
+        .map_err(fs_error)?;
+    let shown = caller.display();
+    if let Some(data) = opened.small.filter(|d| d.len() as u64 <= limit) {
+        return Ok(Response::raw(
+            200,
+            JSON_CONTENT_TYPE,
+            download_body(&shown, &data, with_bytes),
+        ));
+    }
+    let size = opened.stat.st_size as u64;
+    if size > limit {
+        return Err(file_too_large(size.to_string(), limit));
+    }
+    let io = |e: std::io::Error| fs_error(crate::fs::FsError::io(e, shown.clone()));
+    let file = AsyncFile::new(opened.fd, services.driver).map_err(io)?;
+    // One byte more than the stat size tells us if the file grew meanwhile.
+    let (result, data) = file
+        .read_full_at(Vec::with_capacity(size as usize + 1), 0)
+        .await;
+    result.map_err(io)?;
+    if data.len() as u64 > limit {
+        return Err(file_too_large(format!("over {limit}"), limit));
+    }
+    let body = if data.len() > OFFLOAD_BYTES {
+        blocking(move || download_body(&shown, &data, with_bytes))
+            .await
+            .map_err(pool_failed)?
+    } else {
+        download_body(&shown, &data, with_bytes)
+    };
+    Ok(Response::raw(200, JSON_CONTENT_TYPE, body))
+}
+
+/// `GET /download`.
+pub async fn download(call: Call) -> Result<Response, ApiError> {
+    download_json(&call, false).await
+}
+
+/// `GET /files/download-stream`: JSON plus `bytes`, or raw bytes with Range and ETag.
+pub async fn download_stream(call: Call) -> Result<Response, ApiError> {
+    let wants_raw = truthy(call.query("raw"))
+        || call.header("accept").is_some_and(|a| {
+            a.split(',').any(|t| {
+                t.split(';')
+                    .next()
+                    .unwrap_or("")
+                    .trim()
+                    .eq_ignore_ascii_case("application/octet-stream")
+            })
+        });
+    if !wants_raw {
+        return download_json(&call, true).await;
+    }
+    let input = query_path(&call)?;
+    let services = call.services();
+    let caller = confine(&call, &input)?;
+    let opened = open_file(&services.base, &caller, false)
+        .await
+        .map_err(fs_error)?;
+    let shown = caller.display();
+    let size = opened.stat.st_size as u64;
+    let etag = format!(
+        "\"{:x}-{:x}-{:x}.{:x}\"",
+        opened.stat.st_ino, size, opened.stat.st_mtime, opened.stat.st_mtime_nsec
+    );
+    if let Some(tags) = call.header("if-none-match") {
+        if tags.split(',').any(|t| {
+            let t = t.trim();
+            t == "*" || t.trim_start_matches("W/") == etag
+        }) {
+            return Ok(
+                Response::raw(304, "application/octet-stream", Vec::new()).header("ETag", etag)
+            );
+        }
+    }
+    let (status, offset, len) = match call.header("range") {
+        None => (200, 0, size),
+        Some(range) => match parse_range(range, size) {
+            RangeAnswer::Whole => (200, 0, size),
+            RangeAnswer::Part(start, end) => (206, start, end - start + 1),
+            RangeAnswer::Unsatisfiable => {
+                return Err(ApiError::new(
+                    416,
+                    "ValueError",
+                    format!("Range '{range}' is outside the file ({size} bytes)"),
+                )
+                .with_header("Content-Range", format!("bytes */{size}")));
+            }
+        },
+    };
+    let file = AsyncFile::new(opened.fd, services.driver)
+        .map_err(|e| fs_error(crate::fs::FsError::io(e, shown)))?;
+    let stream = FileStream::new(file, offset, len);
+    let mut response = Response::stream(status, "application/octet-stream", Box::new(stream))
+        .header("ETag", etag)
+        .header("Accept-Ranges", "bytes");
+    if status == 206 {
+        response = response.header(
+            "Content-Range",
+            format!("bytes {}-{}/{size}", offset, offset + len - 1),
+        );
+    }
+    Ok(response)
+}
+
+enum RangeAnswer {
+    Whole,
+    Part(u64, u64),
+    Unsatisfiable,
+}
+
+/// One `bytes=` range (RFC 9110 §14.1.2). Several ranges, or a header we cannot read,
+/// are answered with the whole file, which the RFC allows.
+fn parse_range(header: &str, size: u64) -> RangeAnswer {
+    let Some(spec) = header.trim().strip_prefix("bytes=") else {
+        return RangeAnswer::Whole;
+    };
+    if spec.contains(',') {
+        return RangeAnswer::Whole;
+    }
+    let Some((first, last)) = spec.trim().split_once('-') else {
+        return RangeAnswer::Whole;
+    };
+    let (first, last) = (first.trim(), last.trim());
+    if first.is_empty() {
+        let Ok(suffix) = last.parse::<u64>() else {
+            return RangeAnswer::Whole;
+        };
+        if suffix == 0 || size == 0 {
+            return RangeAnswer::Unsatisfiable;
+        }
+        return RangeAnswer::Part(size.saturating_sub(suffix), size - 1);
+    }
+    let Ok(start) = first.parse::<u64>() else {
+        return RangeAnswer::Whole;
+    };
+    if start >= size {
+        return RangeAnswer::Unsatisfiable;
+    }
+    let end = if last.is_empty() {
+        size - 1
+    } else {
+        match last.parse::<u64>() {
+            Ok(end) if end >= start => end.min(size - 1),
+            _ => return RangeAnswer::Whole,
+        }
+    };
+    RangeAnswer::Part(start, end)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ranges() {
+        assert!(matches!(
+            parse_range("bytes=0-99", 1000),
+            RangeAnswer::Part(0, 99)
+        ));
+        assert!(matches!(
+            parse_range("bytes=900-", 1000),
+            RangeAnswer::Part(900, 999)
+        ));
+        assert!(matches!(
+            parse_range("bytes=-100", 1000),
+            RangeAnswer::Part(900, 999)
+        ));
+        assert!(matches!(
+            parse_range("bytes=990-5000", 1000),
+            RangeAnswer::Part(990, 999)
+        ));
+        assert!(matches!(
+            parse_range("bytes=1000-", 1000),
+            RangeAnswer::Unsatisfiable
+        ));
+        assert!(matches!(
+            parse_range("bytes=0-1,5-6", 1000),
+            RangeAnswer::Whole
+        ));
+        assert!(matches!(parse_range("items=0-1", 1000), RangeAnswer::Whole));
+        assert!(matches!(parse_range("bytes=5-1", 1000), RangeAnswer::Whole));
+    }
+
+    #[test]
+    fn base64_tolerates_wrapping_and_enforces_the_limit() {
+        assert_eq!(decode_base64("aGVs\nbG8=", 100).unwrap(), b"hello");
+        assert_eq!(decode_base64("aGVsbG8=", 100).unwrap(), b"hello");
+        assert_eq!(
+            decode_base64("aGVsbG8=", 4).unwrap_err().code,
+            Some("payload_too_large")
+        );
+        assert_eq!(decode_base64("not base64!", 100).unwrap_err().status, 400);
+    }
+
+    #[test]
+    fn download_body_is_valid_json() {
+        let body = download_body("/home/user/a \"b\".bin", &[0, 1, 2, 255], true);
+        let v: serde_json::Value = serde_json::from_slice(&body).unwrap();
+        assert_eq!(v["content_base64"], "AAEC/w==");
+        assert_eq!(v["bytes"], 4);
+        assert_eq!(v["path"], "/home/user/a \"b\".bin");
+    }
+}

@@ -1,0 +1,118 @@
+//! list, stat, mkdir, delete, move.
+
+use serde_json::{json, Value};
+
+use super::{body_string, confine, fs_error, query_path, truthy};
+use crate::api::ApiError;
+use crate::app::Call;
+use crate::fs::resolve::{self, Kind};
+use crate::fs::{tree, CallerPath};
+use crate::http::{Response, JSON_CONTENT_TYPE};
+use crate::timefmt::iso8601_utc;
+
+/// `GET /files/list`.
+pub async fn list(call: Call) -> Result<Response, ApiError> {
+    let input = query_path(&call)?;
+    let recursive = truthy(call.query("recursive"));
+    let caller = confine(&call, &input)?;
+    let body = tree::list_json(&call.services().base, caller, recursive)
+        .await
+        .map_err(fs_error)?;
+    Ok(Response::raw(200, JSON_CONTENT_TYPE, body))
+}
+
+/// `GET /files/stat`: 200 even when nothing is there.
+pub async fn stat(call: Call) -> Result<Response, ApiError> {
+    let input = query_path(&call)?;
+    let caller = confine(&call, &input)?;
+    let found = tree::stat(&call.services().base, &caller)
+        .await
+        .map_err(fs_error)?;
+    Ok(Response::ok(&stat_document(&caller, found.as_ref())))
+}
+
+fn iso_of(secs: i64, nanos: i64) -> String {
+    iso8601_utc(secs, nanos.clamp(0, 999_999_999) as u32)
+}
+
+/// The contract's `/files/stat` object; `None` when nothing is at the path.
+fn stat_document(caller: &CallerPath, found: Option<&rustix::fs::Stat>) -> Value {
+    let shown = caller.display();
+    let name = caller
+        .shown
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    match found {
+        None => json!({
+            "name": name, "path": shown, "type": "unknown", "size": 0, "permissions": "",
+            "modified": "", "accessed": "", "created": "", "exists": false
+        }),
+        Some(st) => json!({
+            "name": name,
+            "path": shown,
+            "type": match resolve::kind_of(st) { Kind::Directory => "directory", Kind::Symlink => "symlink", _ => "file" },
+            "size": st.st_size,
+            "permissions": format!("{:03o}", st.st_mode & 0o777),
+            "modified": iso_of(st.st_mtime, st.st_mtime_nsec as i64),
+            "accessed": iso_of(st.st_atime, st.st_atime_nsec as i64),
+            "created": iso_of(st.st_ctime, st.st_ctime_nsec as i64),
+            "exists": true,
+        }),
+    }
+}
+
+/// `POST /files/mkdir`.
+pub async fn mkdir(call: Call) -> Result<Response, ApiError> {
+    let body: Value = call.json()?;
+    let input = body_string(body.get("path"), "path")?;
+    let caller = confine(&call, &input)?;
+    let shown = caller.display();
+    tree::mkdir(&call.services().base, caller)
+        .await
+        .map_err(fs_error)?;
+    Ok(Response::ok(&json!({"path": shown, "created": true})))
+}
+
+/// `DELETE /files`.
+pub async fn delete(call: Call) -> Result<Response, ApiError> {
+    let input = query_path(&call)?;
+    let caller = confine(&call, &input)?;
+    let shown = caller.display();
+    tree::delete(&call.services().base, caller)
+        .await
+        .map_err(fs_error)?;
+    Ok(Response::ok(&json!({"path": shown, "deleted": true})))
+}
+
+/// `POST /files/move`.
+pub async fn move_path(call: Call) -> Result<Response, ApiError> {
+    let body: Value = call.json()?;
+    let base = &call.services().base;
+    let mut callers = Vec::new();
+    for field in ["source", "destination"] {
+        let prefix = |e: ApiError| ApiError {
+            message: format!("{field}: {}", e.message),
+            ..e
+        };
+        let input = body_string(body.get(field), "path").map_err(prefix)?;
+        let caller = confine(&call, &input).map_err(prefix)?;
+        // Into the base directory is fine; moving the base itself away is not.
+        if field == "source" {
+            tree::refuse_base(base, &caller)
+                .map_err(fs_error)
+                .map_err(prefix)?;
+        }
+        callers.push(caller);
+    }
+    let (Some(destination), Some(source)) = (callers.pop(), callers.pop()) else {
+        return Err(ApiError::bad_request("source and destination are required"));
+    };
+    let source_shown = source.display();
+    let moved = tree::move_path(base, source, destination)
+        .await
+        .map_err(fs_error)?;
+    Ok(Response::ok(
+        &json!({"source": source_shown, "destination": moved.display()}),
+    ))
+}

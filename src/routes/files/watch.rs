@@ -1,0 +1,161 @@
+//! `GET /files/watch`: server-sent events for changes below a directory. The waiting
+//! happens on the worker's event loop (see `crate::fs::watch`), so open watches hold no
+//! blocking-pool thread.
+
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
+
+use super::{confine, fs_error, query_path, truthy};
+use crate::api::ApiError;
+use crate::app::Call;
+use crate::fs::resolve::Kind;
+use crate::fs::watch::{Change, EntryState, WatchEnd, Watcher, MAX_TRACKED};
+use crate::http::{sse, Response};
+use crate::timefmt::iso8601_utc;
+
+/// A comment line is sent after this much silence, so a vanished client is noticed.
+const HEARTBEAT: Duration = Duration::from_secs(15);
+
+fn seconds_param(
+    call: &Call,
+    name: &str,
+    default: f64,
+    min: f64,
+    max: f64,
+) -> Result<Duration, ApiError> {
+    let value = match call.query(name) {
+        None => default,
+        Some(text) => text
+            .trim()
+            .parse::<f64>()
+            .ok()
+            .filter(|v| v.is_finite() && *v > 0.0)
+            .ok_or_else(|| {
+                ApiError::bad_request(format!("{name} must be a positive number of seconds"))
+            })?,
+    };
+    Ok(Duration::from_secs_f64(value.clamp(min, max)))
+}
+
+fn kind_name(kind: Kind) -> &'static str {
+    match kind {
+        Kind::Directory => "directory",
+        Kind::Symlink => "symlink",
+        _ => "file",
+    }
+}
+
+fn describe(shown: &Path, name: &str, entry: &EntryState) -> Value {
+    json!({
+        "path": shown.join(name).to_string_lossy(),
+        "name": name,
+        "type": kind_name(entry.kind),
+        "size": entry.size,
+        "modified": iso8601_utc(entry.mtime.0, entry.mtime.1),
+    })
+}
+
+fn event(shown: &Path, change: Change) -> (&'static str, Value) {
+    match change {
+        Change::Created(name, entry) => ("created", describe(shown, &name, &entry)),
+        Change::Modified(name, entry) => ("modified", describe(shown, &name, &entry)),
+        Change::Deleted(name, kind) => (
+            "deleted",
+            json!({"path": shown.join(&name).to_string_lossy(), "name": name, "type": kind_name(kind)}),
+        ),
+        Change::Overflow => (
+            "overflow",
+            json!({"path": shown.to_string_lossy(), "tracked": MAX_TRACKED}),
+        ),
+    }
+}
+
+pub async fn watch(call: Call) -> Result<Response, ApiError> {
+    let input = query_path(&call)?;
+    let recursive = truthy(call.query("recursive"));
+    let interval = seconds_param(&call, "interval", 0.5, 0.1, 5.0)?;
+    let timeout = seconds_param(&call, "timeout", 300.0, 0.1, 86_400.0)?;
+    let caller = confine(&call, &input)?;
+    let watcher = Watcher::start(&call.services().base, caller, recursive, interval)
+        .await
+        .map_err(fs_error)?;
+    let (tx, rx) = sse::channel(64);
+    monoio::spawn(stream_changes(watcher, recursive, interval, timeout, tx));
+    Ok(Response::sse(rx))
+}
+
+async fn stream_changes(
+    mut watcher: Watcher,
+    recursive: bool,
+    interval: Duration,
+    timeout: Duration,
+    mut tx: sse::SseSender,
+) {
+    let shown = watcher.caller().shown.clone();
+    let started = Instant::now();
+    let deadline = started + timeout;
+    let ready = json!({
+        "path": shown.to_string_lossy(),
+        "recursive": recursive,
+        "interval": interval.as_secs_f64(),
+        "timeout": timeout.as_secs_f64(),
+        "entries": watcher.tracked(),
+        "truncated": watcher.truncated(),
+        "inotify": watcher.uses_inotify(),
+    });
+    if tx.send("ready", &ready).await.is_err() {
+        return;
+    }
+    let mut last_sent = Instant::now();
+    loop {
+        let now = Instant::now();
+        if now >= deadline || tx.is_closed() {
+            break;
+        }
+        let wait = HEARTBEAT.min(deadline - now);
+        match watcher.next(wait).await {
+            Ok(changes) if changes.is_empty() => {}
+            Ok(changes) => {
+                for change in changes {
+                    let (name, data) = event(&shown, change);
+                    if tx.send(name, &data).await.is_err() {
+                        return;
+                    }
+                }
+                last_sent = Instant::now();
+            }
+            Err(WatchEnd::RootGone) => {
+                let _ = tx
+                    .send(
+                        "deleted",
+                        &json!({"path": shown.to_string_lossy(), "name": "", "type": "directory"}),
+                    )
+                    .await;
+                return;
+            }
+            Err(WatchEnd::Failed(error)) => {
+                let _ = tx
+                    .send(
+                        "error",
+                        &json!({"path": shown.to_string_lossy(), "error": error.to_string()}),
+                    )
+                    .await;
+                return;
+            }
+        }
+        if last_sent.elapsed() >= HEARTBEAT {
+            if tx.send_raw(b": keep-alive\n\n".to_vec()).await.is_err() {
+                return;
+            }
+            last_sent = Instant::now();
+        }
+    }
+    let _ = tx
+        .send(
+            "timeout",
+            &json!({"path": shown.to_string_lossy(), "elapsed": started.elapsed().as_secs_f64()}),
+        )
+        .await;
+}

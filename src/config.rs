@@ -81,28 +81,180 @@ impl Default for Config {
     }
 }
 
-const USAGE: &str = "\
-usage: agent-sandbox [--host ADDR] [--port N] [--pty-port N] [--workers N]
-                     [--base-dir DIR] [--io-driver auto|uring|epoll]
-                     [--idle-timeout SECS] [--read-timeout SECS]
+/// One setting: its flag (if it has one), its variable, the default as the README and
+/// `--help` state it, and how a value is applied. Every setting is declared here once;
+/// `--help` is generated from this table and a unit test checks the README's table
+/// against it.
+struct Setting {
+    flag: Option<&'static str>,
+    var: &'static str,
+    default: &'static str,
+    apply: fn(&mut Config, &str, &str) -> Result<(), String>,
+}
 
-Every flag has an environment variable (flag beats env beats default):
-  --host          ABX_SERVER_HOST          0.0.0.0
-  --port          ABX_SERVER_PORT          9000
-  --pty-port      ABX_PTY_PORT             9001
-  --workers       ABX_SERVER_WORKERS       available cores
-  --base-dir      ABX_SERVER_BASE_DIR      /home/user
-  --io-driver     ABX_IO_DRIVER            auto
-  --idle-timeout  ABX_HTTP_IDLE_TIMEOUT    75
-  --read-timeout  ABX_HTTP_READ_TIMEOUT    30
-Environment only:
-  ABX_SERVER_TOKEN, ABX_SERVER_ENABLED_GROUPS, ABX_MAX_UPLOAD_SIZE, ABX_SERVER_POLICY,
-  ABX_BLOCKING_THREADS";
+const SETTINGS: &[Setting] = &[
+    Setting {
+        flag: Some("host"),
+        var: "ABX_SERVER_HOST",
+        default: "`0.0.0.0`",
+        apply: |c, src, v| {
+            c.host = v
+                .parse()
+                .map_err(|_| format!("{src}: '{v}' is not an IP address"))?;
+            Ok(())
+        },
+    },
+    Setting {
+        flag: Some("port"),
+        var: "ABX_SERVER_PORT",
+        default: "`9000`",
+        apply: |c, src, v| {
+            c.port = parse_port(src, v)?;
+            Ok(())
+        },
+    },
+    Setting {
+        flag: Some("pty-port"),
+        var: "ABX_PTY_PORT",
+        default: "`9001`",
+        apply: |c, src, v| {
+            c.pty_port = parse_port(src, v)?;
+            Ok(())
+        },
+    },
+    Setting {
+        flag: Some("workers"),
+        var: "ABX_SERVER_WORKERS",
+        default: "available cores",
+        apply: |c, src, v| {
+            c.workers = match v.parse::<usize>() {
+                Ok(n) if (1..=1024).contains(&n) => n,
+                _ => return Err(format!("{src}: '{v}' is not a worker count from 1 to 1024")),
+            };
+            Ok(())
+        },
+    },
+    Setting {
+        flag: Some("base-dir"),
+        var: "ABX_SERVER_BASE_DIR",
+        default: "`/home/user`",
+        apply: |c, _, v| {
+            c.base_dir = PathBuf::from(v);
+            Ok(())
+        },
+    },
+    Setting {
+        flag: Some("io-driver"),
+        var: "ABX_IO_DRIVER",
+        default: "`auto`",
+        apply: |c, src, v| {
+            c.io_driver = IoDriverChoice::parse(&v.to_ascii_lowercase())
+                .ok_or_else(|| format!("{src}: '{v}' is not one of auto, uring, epoll"))?;
+            Ok(())
+        },
+    },
+    Setting {
+        flag: Some("idle-timeout"),
+        var: "ABX_HTTP_IDLE_TIMEOUT",
+        default: "`75` seconds",
+        apply: |c, src, v| {
+            c.idle_timeout = parse_seconds(src, v)?;
+            Ok(())
+        },
+    },
+    Setting {
+        flag: Some("read-timeout"),
+        var: "ABX_HTTP_READ_TIMEOUT",
+        default: "`30` seconds",
+        apply: |c, src, v| {
+            c.read_timeout = parse_seconds(src, v)?;
+            Ok(())
+        },
+    },
+    Setting {
+        flag: None,
+        var: "ABX_SERVER_TOKEN",
+        default: "unset: local mode",
+        apply: |c, _, v| {
+            c.token = Some(v.to_string());
+            Ok(())
+        },
+    },
+    Setting {
+        flag: None,
+        var: "ABX_SERVER_ENABLED_GROUPS",
+        default: "opt-in groups to enable",
+        apply: |c, src, list| {
+            for name in list.split(',').map(str::trim).filter(|n| !n.is_empty()) {
+                let group = Group::parse(name).ok_or_else(|| {
+                    format!(
+                        "{src}: unknown group '{name}' (known: {})",
+                        Group::ALL.map(Group::name).join(", ")
+                    )
+                })?;
+                if !c.enabled_groups.contains(&group) {
+                    c.enabled_groups.push(group);
+                }
+            }
+            Ok(())
+        },
+    },
+    Setting {
+        flag: None,
+        var: "ABX_MAX_UPLOAD_SIZE",
+        default: "`104857600` (100 MiB)",
+        apply: |c, src, v| {
+            c.max_upload_size = v
+                .parse::<u64>()
+                .map_err(|_| format!("{src}: '{v}' is not a byte count (a whole number)"))?;
+            Ok(())
+        },
+    },
+    Setting {
+        flag: None,
+        var: "ABX_SERVER_POLICY",
+        default: "path of a policy document",
+        apply: |c, _, v| {
+            c.policy_path = Some(PathBuf::from(v));
+            Ok(())
+        },
+    },
+    Setting {
+        flag: None,
+        var: "ABX_BLOCKING_THREADS",
+        default: "`64`",
+        apply: |c, src, v| {
+            c.blocking_threads = match v.parse::<usize>() {
+                Ok(n) if (1..=4096).contains(&n) => n,
+                _ => return Err(format!("{src}: '{v}' is not a thread count from 1 to 4096")),
+            };
+            Ok(())
+        },
+    },
+];
+
+/// `--help`, generated from [`SETTINGS`].
+fn usage() -> String {
+    let mut text = String::from(
+        "usage: agent-sandbox [--FLAG VALUE | --FLAG=VALUE]...\n\n\
+         Every setting, with its flag (flag beats environment beats default):\n",
+    );
+    for setting in SETTINGS {
+        let flag = setting.flag.map(|f| format!("--{f}")).unwrap_or_default();
+        text.push_str(&format!(
+            "  {flag:<16}{:<28}{}\n",
+            setting.var,
+            setting.default.replace('`', "")
+        ));
+    }
+    text.pop();
+    text
+}
 
 /// What parsing the command line produced.
 pub enum Parsed {
     Run(Box<Config>),
-    Help(&'static str),
+    Help(String),
     Version,
 }
 
@@ -117,7 +269,7 @@ impl Config {
         let mut args = args.into_iter();
         while let Some(arg) = args.next() {
             match arg.as_str() {
-                "-h" | "--help" => return Ok(Parsed::Help(USAGE)),
+                "-h" | "--help" => return Ok(Parsed::Help(usage())),
                 "-V" | "--version" => return Ok(Parsed::Version),
                 _ => {}
             }
@@ -133,96 +285,33 @@ impl Config {
                     (name.to_string(), value)
                 }
             };
-            flags.push((name, value));
-        }
-        let known = [
-            ("host", "ABX_SERVER_HOST"),
-            ("port", "ABX_SERVER_PORT"),
-            ("pty-port", "ABX_PTY_PORT"),
-            ("workers", "ABX_SERVER_WORKERS"),
-            ("base-dir", "ABX_SERVER_BASE_DIR"),
-            ("io-driver", "ABX_IO_DRIVER"),
-            ("idle-timeout", "ABX_HTTP_IDLE_TIMEOUT"),
-            ("read-timeout", "ABX_HTTP_READ_TIMEOUT"),
-        ];
-        for (name, _) in &flags {
-            if !known.iter().any(|(k, _)| k == name) {
+            if !SETTINGS.iter().any(|s| s.flag == Some(name.as_str())) {
                 return Err(format!("unknown flag --{name} (see --help)"));
             }
+            flags.push((name, value));
         }
-        // Flag beats environment; an empty environment value counts as unset.
-        let setting = |flag: &str, var: &str| -> Option<(String, String)> {
-            if let Some((_, v)) = flags.iter().rev().find(|(n, _)| n == flag) {
-                return Some((format!("--{flag}"), v.clone()));
-            }
-            env(var)
-                .filter(|v| !v.trim().is_empty())
-                .map(|v| (var.to_string(), v.trim().to_string()))
-        };
-
         let mut config = Config::default();
-        if let Some((src, v)) = setting("host", "ABX_SERVER_HOST") {
-            config.host = v
-                .parse()
-                .map_err(|_| format!("{src}: '{v}' is not an IP address"))?;
-        }
-        if let Some((src, v)) = setting("port", "ABX_SERVER_PORT") {
-            config.port = parse_port(&src, &v)?;
-        }
-        if let Some((src, v)) = setting("pty-port", "ABX_PTY_PORT") {
-            config.pty_port = parse_port(&src, &v)?;
-        }
-        if let Some((src, v)) = setting("workers", "ABX_SERVER_WORKERS") {
-            config.workers = match v.parse::<usize>() {
-                Ok(n) if (1..=1024).contains(&n) => n,
-                _ => return Err(format!("{src}: '{v}' is not a worker count from 1 to 1024")),
-            };
-        }
-        if let Some((_, v)) = setting("base-dir", "ABX_SERVER_BASE_DIR") {
-            config.base_dir = PathBuf::from(v);
-        }
-        if let Some((src, v)) = setting("io-driver", "ABX_IO_DRIVER") {
-            config.io_driver = IoDriverChoice::parse(&v.to_ascii_lowercase())
-                .ok_or_else(|| format!("{src}: '{v}' is not one of auto, uring, epoll"))?;
-        }
-        if let Some((src, v)) = setting("idle-timeout", "ABX_HTTP_IDLE_TIMEOUT") {
-            config.idle_timeout = parse_seconds(&src, &v)?;
-        }
-        if let Some((src, v)) = setting("read-timeout", "ABX_HTTP_READ_TIMEOUT") {
-            config.read_timeout = parse_seconds(&src, &v)?;
-        }
-        // Read exactly once: a later change of the variable does not change the server.
-        config.token = env("ABX_SERVER_TOKEN").filter(|t| !t.is_empty());
-        if let Some(list) = env("ABX_SERVER_ENABLED_GROUPS") {
-            for name in list.split(',').map(str::trim).filter(|n| !n.is_empty()) {
-                let group = Group::parse(name).ok_or_else(|| {
-                    format!(
-                        "ABX_SERVER_ENABLED_GROUPS: unknown group '{name}' (known: {})",
-                        Group::ALL.map(Group::name).join(", ")
-                    )
-                })?;
-                if !config.enabled_groups.contains(&group) {
-                    config.enabled_groups.push(group);
-                }
+        for setting in SETTINGS {
+            // Flag beats environment; an empty environment value counts as unset (for
+            // the token too: an empty ABX_SERVER_TOKEN is local mode). Variables are
+            // read exactly once, so a later change does not change the server.
+            let from_flag = setting
+                .flag
+                .and_then(|f| flags.iter().rev().find(|(n, _)| n == f))
+                .map(|(n, v)| (format!("--{n}"), v.clone()));
+            let value = from_flag.or_else(|| {
+                env(setting.var)
+                    .filter(|v| !v.trim().is_empty())
+                    .map(|v| (setting.var.to_string(), v))
+            });
+            if let Some((source, value)) = value {
+                let value = if setting.var == "ABX_SERVER_TOKEN" {
+                    value
+                } else {
+                    value.trim().to_string()
+                };
+                (setting.apply)(&mut config, &source, &value)?;
             }
-        }
-        if let Some(v) = env("ABX_MAX_UPLOAD_SIZE").filter(|v| !v.trim().is_empty()) {
-            config.max_upload_size = v.trim().parse::<u64>().map_err(|_| {
-                format!("ABX_MAX_UPLOAD_SIZE: '{v}' is not a byte count (a whole number)")
-            })?;
-        }
-        if let Some(v) = env("ABX_SERVER_POLICY").filter(|v| !v.trim().is_empty()) {
-            config.policy_path = Some(PathBuf::from(v.trim()));
-        }
-        if let Some(v) = env("ABX_BLOCKING_THREADS").filter(|v| !v.trim().is_empty()) {
-            config.blocking_threads = match v.trim().parse::<usize>() {
-                Ok(n) if (1..=4096).contains(&n) => n,
-                _ => {
-                    return Err(format!(
-                        "ABX_BLOCKING_THREADS: '{v}' is not a thread count from 1 to 4096"
-                    ))
-                }
-            };
         }
         Ok(Parsed::Run(Box::new(config)))
     }
@@ -302,6 +391,31 @@ mod tests {
             .is_none());
         let c = parse(&[], &[("ABX_SERVER_TOKEN", "s3cret")]).unwrap();
         assert_eq!(c.token.as_deref(), Some("s3cret"));
+    }
+
+    #[test]
+    fn readme_table_matches_the_settings() {
+        let readme = include_str!("../README.md");
+        for setting in SETTINGS {
+            let row = readme
+                .lines()
+                .find(|l| l.starts_with('|') && l.contains(&format!("`{}`", setting.var)))
+                .unwrap_or_else(|| panic!("README has no row for {}", setting.var));
+            let cells: Vec<&str> = row.split('|').map(str::trim).collect();
+            let flag = setting.flag.map(|f| format!("`--{f}`")).unwrap_or_default();
+            assert_eq!(cells[1], flag, "README flag of {}", setting.var);
+            assert!(
+                cells[3].starts_with(setting.default),
+                "README default of {} is '{}', the table says '{}'",
+                setting.var,
+                cells[3],
+                setting.default
+            );
+        }
+        let help = usage();
+        for setting in SETTINGS {
+            assert!(help.contains(setting.var), "--help lacks {}", setting.var);
+        }
     }
 
     #[test]

@@ -18,14 +18,14 @@ fn main() -> ExitCode {
             return ExitCode::SUCCESS;
         }
         Err(message) => {
-            eprintln!("agent-sandbox: {message}");
+            agent_sandbox::log::line(format_args!("{message}"));
             return ExitCode::from(2);
         }
     };
     match Server::new(config).run() {
         Ok(()) => ExitCode::SUCCESS,
         Err(message) => {
-            eprintln!("agent-sandbox: {message}");
+            agent_sandbox::log::line(format_args!("{message}"));
             ExitCode::from(2)
         }
     }

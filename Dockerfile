@@ -22,7 +22,11 @@ COPY --from=build /src/target/x86_64-unknown-linux-musl/release/agent-sandbox /u
 USER user
 WORKDIR /home/user
 ENV ABX_SERVER_BASE_DIR=/home/user
-EXPOSE 9000 9001
+# 9001 (the PTY WebSocket) joins when the terminal group is built.
+EXPOSE 9000
+# The binary probes itself: the image needs no curl.
+HEALTHCHECK --interval=10s --timeout=5s --start-period=5s --retries=3 \
+  CMD ["/usr/local/bin/agent-sandbox", "--health-check"]
 # Docker's default seccomp profile refuses io_uring; the server then falls back to epoll
 # and says so. Run with --security-opt seccomp=<profile allowing io_uring> to keep it.
 ENTRYPOINT ["/usr/local/bin/agent-sandbox"]

@@ -138,8 +138,8 @@ const SETTINGS: &[Setting] = &[
         flag: Some("base-dir"),
         var: "ABX_SERVER_BASE_DIR",
         default: "`/home/user`",
-        apply: |c, _, v| {
-            c.base_dir = PathBuf::from(v);
+        apply: |c, src, v| {
+            c.base_dir = absolute_dir(src, v)?;
             Ok(())
         },
     },
@@ -236,7 +236,8 @@ const SETTINGS: &[Setting] = &[
 /// `--help`, generated from [`SETTINGS`].
 fn usage() -> String {
     let mut text = String::from(
-        "usage: agent-sandbox [--FLAG VALUE | --FLAG=VALUE]...\n\n\
+        "usage: agent-sandbox [--FLAG VALUE | --FLAG=VALUE]...\n\
+         \x20      agent-sandbox --health-check   (exit 0 when the configured server answers /health)\n\n\
          Every setting, with its flag (flag beats environment beats default):\n",
     );
     for setting in SETTINGS {
@@ -254,6 +255,8 @@ fn usage() -> String {
 /// What parsing the command line produced.
 pub enum Parsed {
     Run(Box<Config>),
+    /// `--health-check`: probe the server this configuration describes and exit.
+    HealthCheck(Box<Config>),
     Help(String),
     Version,
 }
@@ -266,11 +269,16 @@ impl Config {
         env: impl Fn(&str) -> Option<String>,
     ) -> Result<Parsed, String> {
         let mut flags: Vec<(String, String)> = Vec::new();
+        let mut health_check = false;
         let mut args = args.into_iter();
         while let Some(arg) = args.next() {
             match arg.as_str() {
                 "-h" | "--help" => return Ok(Parsed::Help(usage())),
                 "-V" | "--version" => return Ok(Parsed::Version),
+                "--health-check" => {
+                    health_check = true;
+                    continue;
+                }
                 _ => {}
             }
             let Some(name) = arg.strip_prefix("--") else {
@@ -313,8 +321,38 @@ impl Config {
                 (setting.apply)(&mut config, &source, &value)?;
             }
         }
+        if health_check {
+            return Ok(Parsed::HealthCheck(Box::new(config)));
+        }
         Ok(Parsed::Run(Box::new(config)))
     }
+}
+
+/// The base directory as an absolute, lexically normalised path (`.` and `..` resolved
+/// against the working directory, as Python's `os.path.abspath` does), so a relative
+/// `--base-dir` means the same directory for every request. Symlinks are kept as
+/// spelled: caller paths are compared with the base as configured.
+fn absolute_dir(source: &str, value: &str) -> Result<PathBuf, String> {
+    use std::path::Component;
+    if value.is_empty() {
+        return Err(format!("{source}: must name a directory, not be empty"));
+    }
+    let joined = std::env::current_dir()
+        .map_err(|e| {
+            format!("{source}: '{value}' is relative and the working directory is unknown ({e})")
+        })?
+        .join(value);
+    let mut normal = PathBuf::from("/");
+    for component in joined.components() {
+        match component {
+            Component::ParentDir => {
+                normal.pop();
+            }
+            Component::Normal(part) => normal.push(part),
+            Component::RootDir | Component::CurDir | Component::Prefix(_) => {}
+        }
+    }
+    Ok(normal)
 }
 
 fn parse_port(source: &str, value: &str) -> Result<u16, String> {
@@ -381,6 +419,18 @@ mod tests {
         assert!(err.contains("nope"), "{err}");
         assert!(parse(&["--frobnicate", "1"], &[]).is_err());
         assert!(parse(&["--workers", "0"], &[]).is_err());
+    }
+
+    #[test]
+    fn base_dir_is_absolute_and_never_empty() {
+        let c = parse(&["--base-dir", "."], &[]).unwrap();
+        assert!(c.base_dir.is_absolute());
+        assert_eq!(c.base_dir, std::env::current_dir().unwrap());
+        let c = parse(&["--base-dir", "/a/./b/../c/"], &[]).unwrap();
+        assert_eq!(c.base_dir, PathBuf::from("/a/c"));
+        assert!(parse(&["--base-dir", ""], &[]).is_err());
+        let c = parse(&["--base-dir", "no/such/dir"], &[]).unwrap();
+        assert!(c.base_dir.is_absolute() && c.base_dir.ends_with("no/such/dir"));
     }
 
     #[test]

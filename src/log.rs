@@ -12,6 +12,16 @@ pub fn line(message: std::fmt::Arguments<'_>) {
     let _ = std::io::stderr().lock().write_all(&text);
 }
 
+/// Writes one line to stdout, ignoring any failure (a closed pipe must not stop the
+/// server from starting).
+pub fn stdout_line(message: std::fmt::Arguments<'_>) {
+    let mut text = Vec::with_capacity(128);
+    let _ = writeln!(text, "{message}");
+    let mut out = std::io::stdout().lock();
+    let _ = out.write_all(&text);
+    let _ = out.flush();
+}
+
 /// `log!("...", args)`: [`line`] with `format!` syntax.
 #[macro_export]
 macro_rules! log {

@@ -62,6 +62,8 @@ impl Server {
         let mut endpoints = builtin_endpoints();
         endpoints.extend(self.custom);
         let state = Arc::new(AppState::build(self.config, endpoints, driver)?);
+        check_kernel()?;
+        check_base_dir(state.services.base.path())?;
         let config = &state.config;
         let addr = SocketAddr::new(config.host, config.port);
         let (listeners, bound) = runtime::bind_all(addr, config.workers)
@@ -72,16 +74,17 @@ impl Server {
         for warning in &state.catalog.warnings {
             crate::log!("warning: {warning}");
         }
-        println!(
-            "agent-sandbox {} address={} workers={} io_driver={} groups={} auth={}",
+        crate::log::stdout_line(format_args!(
+            "agent-sandbox {} address={} workers={} io_driver={} groups={} auth={} base_dir={}",
             env!("CARGO_PKG_VERSION"),
             bound,
             config.workers,
             driver.name(),
             state.catalog.enabled_groups_line(),
             state.catalog.auth.mode(),
-        );
-        println!("listening on {bound}");
+            state.services.base.path().display(),
+        ));
+        crate::log::stdout_line(format_args!("listening on {bound}"));
         let shutdown = Arc::new(Shutdown::default());
         let pool = BlockingPool::new(config.blocking_threads);
         // Slot 0 of every worker is the API port; the PTY port joins as slot 1 when the
@@ -108,6 +111,48 @@ impl Server {
             let _ = worker.join();
         }
         Ok(())
+    }
+}
+
+/// Refuses to start where every file route would fail: `openat2` (Linux 5.6) missing,
+/// or refused by a seccomp profile, is said once here instead of as a 500 per request.
+fn check_kernel() -> Result<(), String> {
+    use rustix::fs::{Mode, OFlags, ResolveFlags};
+    match rustix::fs::openat2(
+        rustix::fs::CWD,
+        "/",
+        OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC,
+        Mode::empty(),
+        ResolveFlags::BENEATH,
+    ) {
+        Ok(_) => Ok(()),
+        Err(e @ (rustix::io::Errno::NOSYS | rustix::io::Errno::PERM)) => Err(format!(
+            "openat2 is not available ({e}): file routes confine paths with it; run on Linux 5.6 or later with a seccomp profile that allows openat2"
+        )),
+        // Any other answer means the call exists.
+        Err(_) => Ok(()),
+    }
+}
+
+/// A base directory that exists must be a directory the server can read; a missing one
+/// is only a warning (writes create it, as the Python server does).
+fn check_base_dir(path: &std::path::Path) -> Result<(), String> {
+    match std::fs::metadata(path) {
+        Ok(meta) if !meta.is_dir() => Err(format!(
+            "base directory {} is not a directory; set --base-dir or ABX_SERVER_BASE_DIR to a directory",
+            path.display()
+        )),
+        Ok(_) => std::fs::read_dir(path).map(drop).map_err(|e| {
+            format!(
+                "base directory {} cannot be read ({e}); fix its permissions or choose another with --base-dir",
+                path.display()
+            )
+        }),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        Err(e) => Err(format!(
+            "base directory {} cannot be reached ({e})",
+            path.display()
+        )),
     }
 }
 

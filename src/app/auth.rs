@@ -99,6 +99,7 @@ impl Auth {
         }
         let mut access_token: Option<&str> = None;
         let mut bearer: Option<&str> = None;
+        let mut authorization: Option<&str> = None;
         for (name, value) in headers {
             if name == "x-access-token" {
                 match access_token {
@@ -113,6 +114,17 @@ impl Auth {
                     _ => access_token = Some(value),
                 }
             } else if name == "authorization" {
+                match authorization {
+                    Some(seen) if seen != value => {
+                        return Err(ApiError::new(
+                            400,
+                            "AuthError",
+                            "Two different Authorization headers in one request; send one",
+                        )
+                        .with_code("ambiguous_credentials"));
+                    }
+                    _ => authorization = Some(value),
+                }
                 // Compare bytes: the header may hold any byte, and slicing a str at 7
                 // could cut a multi-byte character.
                 let value = value.trim();
@@ -201,6 +213,16 @@ mod tests {
             )
             .unwrap_err();
         assert_eq!((err.status, err.code), (400, Some("ambiguous_credentials")));
+        let two_bearers = h(&[
+            ("authorization", "Bearer a"),
+            ("authorization", "Bearer s3cret"),
+        ]);
+        assert_eq!(
+            auth.authenticate(&two_bearers, None, true)
+                .unwrap_err()
+                .code,
+            Some("ambiguous_credentials")
+        );
         let same_twice = h(&[("x-access-token", "s3cret"), ("x-access-token", "s3cret")]);
         assert!(auth.authenticate(&same_twice, None, true).is_ok());
     }

@@ -4,7 +4,6 @@
 //! with a head (`plan`) and hands it the body it asked for (`respond`). Every
 //! [`ApiError`] becomes bytes in exactly one place, [`render`].
 
-use std::any::Any;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
@@ -19,7 +18,7 @@ use crate::http::conn::{describe_panic, CatchPanic};
 use crate::http::{
     BodySink, LocalFuture, Plan, ProtocolError, RequestHead, Response, Service, Timeouts,
 };
-use crate::runtime::shutdown::{InFlight, Shutdown};
+use crate::runtime::shutdown::{Drained, InFlight, Shutdown};
 
 /// The HTTP API as one worker serves it.
 pub struct ApiService {
@@ -63,6 +62,10 @@ impl ApiService {
             .with_header("Allow", "GET, POST, DELETE");
             return Err(render(error, ErrorStyle::Contract).closing());
         };
+        if !head.target.starts_with('/') {
+            let error = ApiError::bad_request("Request target must be a path starting with /");
+            return Err(render(error, ErrorStyle::Contract).closing());
+        }
         let (path, query) = split_target(&head.target);
         let found = match (self.listener, catalog.router.lookup(method, &path)) {
             (Listener::Api, Some(found)) => found,
@@ -75,6 +78,13 @@ impl ApiService {
         };
         let endpoint = &catalog.endpoints[found.index];
         let style = endpoint.spec.errors;
+        // A body over the limit is refused from its header alone, before anything else
+        // (credentials, policy, a sink) is looked at: it is never read.
+        let limit = self.body_limit(found.index, method, head);
+        if head.content_length.is_some_and(|n| n > limit) {
+            let refusal = self.refuse(ProtocolError::body_too_large(limit)).closing();
+            return Err(self.decorate(found.index, refusal));
+        }
         // authenticate
         let identity = catalog
             .auth
@@ -106,6 +116,28 @@ impl ApiService {
             path_params: found.params,
             identity,
         })
+    }
+
+    /// Whether this request streams a raw `application/octet-stream` body into a sink.
+    fn is_raw(&self, index: usize, method: Method, head: &RequestHead) -> bool {
+        self.state.catalog.endpoints[index].spec.body == BodyMode::RawOrWholeJson
+            && method == Method::Post
+            && head.header("content-type").is_some_and(|v| {
+                v.split(';')
+                    .next()
+                    .unwrap_or("")
+                    .trim()
+                    .eq_ignore_ascii_case("application/octet-stream")
+            })
+    }
+
+    /// The most body bytes this request may send.
+    fn body_limit(&self, index: usize, method: Method, head: &RequestHead) -> u64 {
+        if self.is_raw(index, method, head) {
+            self.state.services.max_upload_size
+        } else {
+            MAX_JSON_BODY as u64
+        }
     }
 
     fn call(&self, accepted: Accepted, head: RequestHead, body: Vec<u8>) -> Call {
@@ -162,7 +194,18 @@ impl Service for ApiService {
         self.shutdown.request_started()
     }
 
-    async fn plan(&self, head: &mut RequestHead) -> Plan<Accepted> {
+    fn drained(&self) -> impl std::future::Future<Output = ()> {
+        Drained::new()
+    }
+
+    fn farewell(&self) -> Option<Vec<u8>> {
+        Some(crate::http::sse::format_event(
+            "shutdown",
+            &serde_json::json!({"reason": "the server is stopping"}),
+        ))
+    }
+
+    async fn plan(&self, head: &RequestHead) -> Plan<Accepted> {
         let accepted = match self.admit(head) {
             Ok(accepted) => accepted,
             Err(refusal) => return Plan::Answer(refusal),
@@ -170,43 +213,36 @@ impl Service for ApiService {
         // body plan
         let index = accepted.index;
         let endpoint = &self.state.catalog.endpoints[index];
-        let raw = endpoint.spec.body == BodyMode::RawOrWholeJson
-            && accepted.method == Method::Post
-            && head.header("content-type").is_some_and(|v| {
-                v.split(';')
-                    .next()
-                    .unwrap_or("")
-                    .trim()
-                    .eq_ignore_ascii_case("application/octet-stream")
-            });
-        let Serve::HandlerOrSink { raw: open_sink, .. } = &endpoint.serve else {
-            return Plan::Read {
-                limit: MAX_JSON_BODY as u64,
-                call: accepted,
-            };
+        let limit = self.body_limit(index, accepted.method, head);
+        let open_sink = match &endpoint.serve {
+            Serve::HandlerOrSink { raw, .. } if self.is_raw(index, accepted.method, head) => raw,
+            _ => {
+                return Plan::Read {
+                    limit,
+                    call: accepted,
+                }
+            }
         };
-        if !raw {
-            return Plan::Read {
-                limit: MAX_JSON_BODY as u64,
-                call: accepted,
-            };
-        }
         // invoke (the sink opens before the body is read; it answers when it is done)
         let style = endpoint.spec.errors;
         let id = endpoint.spec.id.clone();
         let open_sink = open_sink.clone();
         let call = self.call(accepted, head.clone(), Vec::new());
+        // A raw body the handler refuses is still on the wire; the connection closes
+        // rather than read it.
         match guarded(move || open_sink(call)).await {
             Ok(Ok(sink)) => Plan::Stream {
-                limit: self.state.services.max_upload_size,
+                limit,
                 sink: Box::new(SinkAnswers { sink, style, id }),
             },
-            Ok(Err(error)) => {
-                Plan::Answer(self.decorate(index, render(with_endpoint(error, &id), style)))
-            }
-            Err(message) => {
-                Plan::Answer(self.decorate(index, render(panicked(&id, &message), style)))
-            }
+            Ok(Err(error)) => Plan::Answer(
+                self.decorate(index, render(with_endpoint(error, &id), style))
+                    .closing(),
+            ),
+            Err(message) => Plan::Answer(
+                self.decorate(index, render(panicked(&id, &message), style))
+                    .closing(),
+            ),
         }
     }
 
@@ -283,13 +319,11 @@ where
 {
     let future = match std::panic::catch_unwind(std::panic::AssertUnwindSafe(start)) {
         Ok(future) => future,
-        Err(panic) => return Err(describe(&*panic)),
+        Err(panic) => return Err(describe_panic(&*panic)),
     };
-    CatchPanic(future).await.map_err(|panic| describe(&*panic))
-}
-
-fn describe(panic: &(dyn Any + Send)) -> String {
-    describe_panic(panic)
+    CatchPanic(future)
+        .await
+        .map_err(|panic| describe_panic(&*panic))
 }
 
 /// Renders a raw sink's errors for the engine.

@@ -45,15 +45,15 @@ fn parse_query(raw_query: &str) -> Result<Vec<(String, String)>, ApiError> {
 /// `+` is a space in a query string (`unquote_plus`).
 fn decode_query_part(part: &str) -> String {
     if part.contains('+') {
-        percent_decode(&part.replace('+', " "), false)
+        percent_decode(&part.replace('+', " "))
     } else {
-        percent_decode(part, false)
+        percent_decode(part)
     }
 }
 
 /// Percent-decodes `input`. Invalid escapes stay as they are and invalid UTF-8 becomes
 /// U+FFFD, as Python's `unquote` does.
-pub fn percent_decode(input: &str, _reserved: bool) -> String {
+pub fn percent_decode(input: &str) -> String {
     percent_encoding::percent_decode_str(input)
         .decode_utf8_lossy()
         .into_owned()
@@ -107,10 +107,10 @@ mod tests {
 
     #[test]
     fn bad_escapes_survive() {
-        assert_eq!(percent_decode("100%", false), "100%");
-        assert_eq!(percent_decode("%zz%4", false), "%zz%4");
-        assert_eq!(percent_decode("%41", false), "A");
-        assert_eq!(percent_decode("%2B+", false), "++");
+        assert_eq!(percent_decode("100%"), "100%");
+        assert_eq!(percent_decode("%zz%4"), "%zz%4");
+        assert_eq!(percent_decode("%41"), "A");
+        assert_eq!(percent_decode("%2B+"), "++");
     }
 
     #[test]

@@ -97,9 +97,7 @@ impl Router {
                     Segment::Literal(lit) if lit == part => {}
                     Segment::Literal(_) => continue 'patterns,
                     Segment::Param(_) if part.is_empty() => continue 'patterns,
-                    Segment::Param(name) => {
-                        params.push((name.clone(), percent_decode(part, false)))
-                    }
+                    Segment::Param(name) => params.push((name.clone(), percent_decode(part))),
                 }
             }
             if parts.next().is_none() {

@@ -63,13 +63,15 @@ struct Member {
 /// Builds the archive of `inputs` (checked caller paths) and returns its bytes. Blocking.
 pub fn build(
     base: &BaseDir,
-    inputs: &[CallerPath],
+    inputs: &[String],
     format: Format,
     limits: Limits,
 ) -> Result<Vec<u8>, FsError> {
     let beneath = base.open()?;
     let mut members = Vec::new();
-    for caller in inputs {
+    for input in inputs {
+        // Each input is checked and looked up in order: the first bad one decides.
+        let caller = &base.confine(input)?;
         let stat = beneath
             .lstat(&caller.rel)
             .map_err(|e| base.open_error(e, caller))?
@@ -212,7 +214,7 @@ impl Visitor for Collector<'_, '_> {
     fn visit(&mut self, entry: &Entry<'_>) -> std::io::Result<Visit> {
         let stat = entry.lstat()?;
         let member_name = format!("{}/{}", self.top_name, entry.rel);
-        let rel = self.top.rel.join(entry.rel);
+        let rel = self.top.rel.join(entry.rel_path);
         if entry.kind == Kind::Directory {
             self.members.push(Member {
                 name: format!("{member_name}/"),
@@ -263,22 +265,33 @@ impl std::fmt::Display for CapReached {
 impl std::error::Error for CapReached {}
 
 /// Opens a file member beneath the base, confined like any caller path, at the moment
-/// it is written.
-fn open_member(beneath: &Beneath<'_>, rel: &Path) -> Result<std::fs::File, FsError> {
-    beneath
-        .open(
-            rel,
-            // O_NONBLOCK: a FIFO swapped in must not make the open wait for a writer.
-            OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::NONBLOCK,
-            Mode::empty(),
-        )
-        .map(std::fs::File::from)
-        .map_err(|e| match e {
-            OpenError::Escape => beneath
-                .base()
-                .not_allowed(&beneath.base().path().join(rel).to_string_lossy()),
-            OpenError::Io(e) => FsError::io(e, beneath.base().path().join(rel).to_string_lossy()),
-        })
+/// it is written. `None`: the file is gone, or was replaced by a symlink, since the walk
+/// found it; the archive reflects the tree as it is written and leaves it out.
+fn open_member(beneath: &Beneath<'_>, rel: &Path) -> Result<Option<std::fs::File>, FsError> {
+    let shown = || {
+        beneath
+            .base()
+            .path()
+            .join(rel)
+            .to_string_lossy()
+            .into_owned()
+    };
+    match beneath.open(
+        rel,
+        // O_NONBLOCK: a FIFO swapped in must not make the open wait for a writer.
+        OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::NONBLOCK,
+        Mode::empty(),
+    ) {
+        Ok(fd) => Ok(Some(std::fs::File::from(fd))),
+        Err(e) if e.is_missing() => Ok(None),
+        Err(OpenError::Io(e))
+            if e.raw_os_error() == Some(rustix::io::Errno::LOOP.raw_os_error()) =>
+        {
+            Ok(None)
+        }
+        Err(OpenError::Escape) => Err(beneath.base().not_allowed(&shown())),
+        Err(OpenError::Io(e)) => Err(FsError::io(e, shown())),
+    }
 }
 
 /// A writer that refuses to grow past the byte limit, so an oversized archive stops
@@ -335,7 +348,9 @@ fn write_tar_gz(
                 .map_err(fail)?;
             }
             Content::File(rel) => {
-                let mut file = open_member(beneath, &rel)?;
+                let Some(mut file) = open_member(beneath, &rel)? else {
+                    continue;
+                };
                 let size = file.metadata().map_err(fail)?.len();
                 header.set_entry_type(tar::EntryType::Regular);
                 header.set_size(size);
@@ -372,7 +387,9 @@ fn write_zip(
                 .add_symlink(&member.name, &target, member.mtime)
                 .map_err(fail)?,
             Content::File(rel) => {
-                let file = open_member(beneath, &rel)?;
+                let Some(file) = open_member(beneath, &rel)? else {
+                    continue;
+                };
                 zip.add_file(&member.name, member.mode, member.mtime, file)
                     .map_err(fail)?;
             }

@@ -9,7 +9,7 @@
 //! (or recreated) after the server started is picked up.
 
 use std::ffi::OsStr;
-use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::os::fd::{AsFd, OwnedFd};
 use std::path::{Component, Path, PathBuf};
 
 use rustix::fs::{Mode, OFlags};
@@ -111,18 +111,34 @@ impl BaseDir {
         }
     }
 
-    /// Opens the base for a blocking operation. Blocking.
+    /// Opens the base for a blocking operation. A base directory that does not exist is
+    /// `NotFound`: nothing beneath it exists either. Blocking.
     pub fn open(&self) -> Result<Beneath<'_>, FsError> {
-        let fd = resolve::open_base(&self.path)
-            .map_err(|e| FsError::io(e, self.path.to_string_lossy()))?;
-        Ok(Beneath { base: self, fd })
+        match resolve::open_base(&self.path) {
+            Ok(fd) => Ok(Beneath { base: self, fd }),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Err(FsError::NotFound(format!(
+                "Directory not found: {} (the base directory does not exist)",
+                self.path.display()
+            ))),
+            Err(e) => Err(FsError::io(e, self.path.to_string_lossy())),
+        }
+    }
+
+    /// Like [`BaseDir::open`], but creates a missing base directory first, as writes do
+    /// in the Python reference (`os.makedirs` of the target's parents). Blocking.
+    pub fn open_creating(&self) -> Result<Beneath<'_>, FsError> {
+        if let Err(e) = std::fs::create_dir_all(&self.path) {
+            return Err(FsError::io(e, self.path.to_string_lossy()));
+        }
+        self.open()
     }
 
     /// Turns a resolution failure into the caller-facing error.
     pub fn open_error(&self, error: OpenError, caller: &CallerPath) -> FsError {
         match error {
             OpenError::Escape => self.not_allowed(&caller.input),
-            OpenError::Io(e) => FsError::io(e, caller.display()),
+            // Python names the path as the caller spelled it.
+            OpenError::Io(e) => FsError::io(e, caller.input.clone()),
         }
     }
 }
@@ -136,10 +152,6 @@ pub struct Beneath<'a> {
 impl Beneath<'_> {
     pub fn base(&self) -> &BaseDir {
         self.base
-    }
-
-    pub fn fd(&self) -> BorrowedFd<'_> {
-        self.fd.as_fd()
     }
 
     /// Opens `rel` beneath the base (`resolve::open_beneath`).

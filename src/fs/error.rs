@@ -22,6 +22,9 @@ pub enum FsError {
     TooLarge { limit: u64 },
     /// The operating system refused; `path` is what it concerned.
     Io { error: io::Error, path: String },
+    /// An operating-system condition worded the way Python words it (`Is a directory:
+    /// '<path>'`), with the errno that names its exception type.
+    Os { errno: i32, message: String },
 }
 
 impl FsError {
@@ -53,6 +56,7 @@ impl std::fmt::Display for FsError {
             }
             FsError::TooLarge { limit } => write!(f, "Archive too large: over {limit} bytes"),
             FsError::Io { error, path } => write!(f, "{error}: '{path}'"),
+            FsError::Os { message, .. } => f.write_str(message),
         }
     }
 }

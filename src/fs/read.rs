@@ -8,7 +8,7 @@ use rustix::fs::{Mode, OFlags};
 
 use super::base::{BaseDir, CallerPath};
 use super::error::FsError;
-use super::resolve::{self, Kind, OpenError};
+use super::resolve::{self, Kind};
 use crate::runtime::{blocking, AsyncFile};
 
 /// Files up to this size are read in the same step that opens them: one hand-off to the
@@ -65,10 +65,8 @@ pub async fn open_file(
         let beneath = base.open()?;
         let fd = match beneath.open(&caller.rel, flags, Mode::empty()) {
             Ok(fd) => fd,
-            Err(e) if e.is_not_found() => return Err(missing(&caller)),
-            Err(e @ OpenError::Escape) | Err(e @ OpenError::Io(_)) => {
-                return Err(base.open_error(e, &caller))
-            }
+            Err(e) if e.is_missing() => return Err(missing(&caller)),
+            Err(e) => return Err(base.open_error(e, &caller)),
         };
         let io = |e: std::io::Error| FsError::io(e, caller.display());
         let stat = rustix::fs::fstat(&fd).map_err(|e| io(e.into()))?;

@@ -109,7 +109,7 @@ pub async fn stat(
         Ok(Some(fd)) => {
             return rustix::fs::fstat(&fd)
                 .map(Some)
-                .map_err(|e| FsError::io(e.into(), caller.display()));
+                .map_err(|e| FsError::io(e.into(), caller.input.clone()));
         }
         // A cached negative entry is as definite as a positive one.
         Err(e) if e.is_missing() => return Ok(None),
@@ -120,7 +120,12 @@ pub async fn stat(
     let caller = caller.clone();
     let shown = caller.display();
     blocking(move || {
-        let beneath = base.open()?;
+        let beneath = match base.open() {
+            Ok(beneath) => beneath,
+            // No base directory: nothing is there.
+            Err(FsError::NotFound(_)) => return Ok(None),
+            Err(e) => return Err(e),
+        };
         match beneath.lstat(&caller.rel) {
             Ok(found) => Ok(found),
             // A parent that is missing or not a directory: nothing is there.
@@ -137,7 +142,7 @@ pub async fn mkdir(base: &BaseDir, caller: CallerPath) -> Result<(), FsError> {
     let base = base.clone();
     let shown = caller.display();
     blocking(move || {
-        let beneath = base.open()?;
+        let beneath = base.open_creating()?;
         beneath
             .create_dirs(&caller.rel)
             .map(drop)

@@ -19,6 +19,7 @@
 
 use std::io;
 use std::os::fd::{AsFd, BorrowedFd};
+use std::os::unix::ffi::OsStrExt;
 
 use super::resolve::{self, Kind};
 
@@ -27,10 +28,24 @@ pub const MAX_TREE_DEPTH: usize = 256;
 
 /// The error a walk offers when a tree is deeper than [`MAX_TREE_DEPTH`].
 pub fn too_deep() -> io::Error {
-    io::Error::other(format!(
-        "directory tree is deeper than {MAX_TREE_DEPTH} levels"
-    ))
+    io::Error::other(TooDeep)
 }
+
+/// Whether `error` is the walk's [`too_deep`] refusal.
+pub fn is_too_deep(error: &io::Error) -> bool {
+    error.get_ref().is_some_and(|inner| inner.is::<TooDeep>())
+}
+
+#[derive(Debug)]
+struct TooDeep;
+
+impl std::fmt::Display for TooDeep {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "directory tree is deeper than {MAX_TREE_DEPTH} levels")
+    }
+}
+
+impl std::error::Error for TooDeep {}
 
 /// The order of visits within a directory.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -52,10 +67,10 @@ pub struct Entry<'a> {
     /// The open directory holding the entry.
     pub dir: BorrowedFd<'a>,
     pub name: &'a [u8],
-    /// The path from the walk's root, `/`-separated (lossy UTF-8).
+    /// The path from the walk's root, `/`-separated (lossy UTF-8), for display.
     pub rel: &'a str,
-    /// 0 for the root's own entries.
-    pub depth: usize,
+    /// The same path as the bytes on disk, for opening it again.
+    pub rel_path: &'a std::path::Path,
     /// The type without following a symlink.
     pub kind: Kind,
 }
@@ -101,12 +116,49 @@ pub trait Visitor {
 /// stopped the walk.
 pub fn walk(root: BorrowedFd<'_>, rules: Rules, visitor: &mut dyn Visitor) -> io::Result<bool> {
     visitor.entered("", root);
-    walk_dir(root, "", 0, rules, visitor)
+    // One pair of path buffers for the whole walk (display text and raw bytes): each
+    // entry's path is the buffer with its name appended, truncated again afterwards, so
+    // a walk of a large tree does not allocate per entry.
+    let mut path = Paths::default();
+    walk_dir(root, &mut path, 0, rules, visitor)
+}
+
+#[derive(Default)]
+struct Paths {
+    text: String,
+    raw: Vec<u8>,
+}
+
+impl Paths {
+    fn mark(&self) -> (usize, usize) {
+        (self.text.len(), self.raw.len())
+    }
+
+    /// Sets the buffers to the parent at `mark` plus `/name` (no slash at the root).
+    fn set(&mut self, mark: (usize, usize), name: &[u8]) {
+        self.text.truncate(mark.0);
+        self.raw.truncate(mark.1);
+        if mark.1 > 0 {
+            self.text.push('/');
+            self.raw.push(b'/');
+        }
+        self.text.push_str(&String::from_utf8_lossy(name));
+        self.raw.extend_from_slice(name);
+    }
+
+    fn reset(&mut self, mark: (usize, usize)) {
+        self.text.truncate(mark.0);
+        self.raw.truncate(mark.1);
+    }
+
+    fn raw_path(&self) -> &std::path::Path {
+        std::path::Path::new(std::ffi::OsStr::from_bytes(&self.raw))
+    }
 }
 
 fn walk_dir(
     dir: BorrowedFd<'_>,
-    prefix: &str,
+    path: &mut Paths,
     depth: usize,
     rules: Rules,
     visitor: &mut dyn Visitor,
@@ -114,10 +166,11 @@ fn walk_dir(
     let entries = match resolve::read_dir_typed(dir) {
         Ok(entries) => entries,
         Err(e) => {
-            visitor.unreadable(prefix, e)?;
+            visitor.unreadable(&path.text, e)?;
             return Ok(true);
         }
     };
+    let mark = path.mark();
     let mut pending = Vec::new();
     for (name, kind) in &entries {
         let kind = match kind {
@@ -128,12 +181,12 @@ fn walk_dir(
                 Err(_) => continue,
             },
         };
-        let rel = join(prefix, name);
+        path.set(mark, name);
         let entry = Entry {
             dir,
             name,
-            rel: &rel,
-            depth,
+            rel: &path.text,
+            rel_path: path.raw_path(),
             kind,
         };
         let visit = visitor.visit(&entry)?;
@@ -145,55 +198,56 @@ fn walk_dir(
         }
         match rules.order {
             Order::Interleaved => {
-                if !descend(&entry, rules, visitor)? {
+                if !descend(dir, name, path, depth, rules, visitor)? {
                     return Ok(false);
                 }
             }
-            Order::FilesFirst => pending.push((name, rel)),
+            Order::FilesFirst => pending.push(name),
         }
     }
-    for (name, rel) in pending {
-        let entry = Entry {
-            dir,
-            name,
-            rel: &rel,
-            depth,
-            kind: Kind::Directory,
-        };
-        if !descend(&entry, rules, visitor)? {
+    for name in pending {
+        path.set(mark, name);
+        if !descend(dir, name, path, depth, rules, visitor)? {
             return Ok(false);
         }
     }
+    path.reset(mark);
     Ok(true)
 }
 
-fn descend(entry: &Entry<'_>, rules: Rules, visitor: &mut dyn Visitor) -> io::Result<bool> {
-    if entry.depth + 1 >= MAX_TREE_DEPTH {
-        visitor.unreadable(entry.rel, too_deep())?;
+/// Enters the directory `name` of `dir`, whose path is in `path`.
+fn descend(
+    dir: BorrowedFd<'_>,
+    name: &[u8],
+    path: &mut Paths,
+    depth: usize,
+    rules: Rules,
+    visitor: &mut dyn Visitor,
+) -> io::Result<bool> {
+    if depth + 1 >= MAX_TREE_DEPTH {
+        visitor.unreadable(&path.text, too_deep())?;
         return Ok(true);
     }
-    let child = match resolve::open_child_dir(entry.dir, entry.name) {
+    let child = match resolve::open_child_dir(dir, name) {
         Ok(child) => child,
         Err(e) => {
-            visitor.unreadable(entry.rel, e)?;
+            visitor.unreadable(&path.text, e)?;
             return Ok(true);
         }
     };
-    visitor.entered(entry.rel, child.as_fd());
-    if !walk_dir(child.as_fd(), entry.rel, entry.depth + 1, rules, visitor)? {
+    visitor.entered(&path.text, child.as_fd());
+    if !walk_dir(child.as_fd(), path, depth + 1, rules, visitor)? {
         return Ok(false);
     }
     drop(child);
-    Ok(visitor.leave(entry)? != Visit::Stop)
-}
-
-fn join(prefix: &str, name: &[u8]) -> String {
-    let name = String::from_utf8_lossy(name);
-    if prefix.is_empty() {
-        name.into_owned()
-    } else {
-        format!("{prefix}/{name}")
-    }
+    let entry = Entry {
+        dir,
+        name,
+        rel: &path.text,
+        rel_path: path.raw_path(),
+        kind: Kind::Directory,
+    };
+    Ok(visitor.leave(&entry)? != Visit::Stop)
 }
 
 #[cfg(test)]

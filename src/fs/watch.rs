@@ -271,12 +271,16 @@ impl Visitor for Scanner<'_> {
         }
     }
 
-    /// A subdirectory too deep or unreadable is not tracked; the tree is marked cut.
+    /// A subdirectory deeper than the walk goes counts as past the cap (reported once
+    /// as `overflow`, and the tree is polled); one that cannot be read is left out,
+    /// as before (its entries are simply not tracked).
     fn unreadable(&mut self, rel: &str, error: io::Error) -> io::Result<()> {
         if rel.is_empty() {
             return Err(error);
         }
-        self.snapshot.truncated = true;
+        if walk::is_too_deep(&error) {
+            self.snapshot.truncated = true;
+        }
         Ok(())
     }
 }

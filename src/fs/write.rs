@@ -59,8 +59,8 @@ fn prepare_following(
         ));
     };
     let input = caller.input.clone();
-    let io = |e: io::Error| FsError::io(e, caller.display());
-    let beneath = base.open()?;
+    let io = |e: io::Error| FsError::io(e, input.clone());
+    let beneath = base.open_creating()?;
     let parent = beneath
         .create_dirs(caller.parent_rel())
         .map_err(|e| base.open_error(e, &caller))?;
@@ -74,16 +74,18 @@ fn prepare_following(
     .map_err(|e| io(e.into()))?;
     let keep_mode = match rustix::fs::statat(&parent, name.as_os_str(), AtFlags::SYMLINK_NOFOLLOW) {
         Ok(stat) if resolve::kind_of(&stat) == Kind::Directory => {
-            return Err(io(io::Error::from_raw_os_error(
-                rustix::io::Errno::ISDIR.raw_os_error(),
-            )));
+            return Err(FsError::Os {
+                errno: rustix::io::Errno::ISDIR.raw_os_error(),
+                message: format!("Is a directory: '{}'", caller.display()),
+            });
         }
         Ok(stat) if resolve::kind_of(&stat) == Kind::File => Some(stat.st_mode & 0o7777),
         Ok(stat) if resolve::kind_of(&stat) == Kind::Symlink => {
             if hops >= MAX_LINK_HOPS {
-                return Err(io(io::Error::from_raw_os_error(
-                    rustix::io::Errno::LOOP.raw_os_error(),
-                )));
+                return Err(FsError::Os {
+                    errno: rustix::io::Errno::LOOP.raw_os_error(),
+                    message: format!("Too many levels of symbolic links: '{}'", caller.display()),
+                });
             }
             let target = rustix::fs::readlinkat(&parent, name.as_os_str(), Vec::new())
                 .map_err(|e| io(e.into()))?;

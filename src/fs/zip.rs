@@ -535,26 +535,12 @@ fn dos_time(mtime: i64) -> (u16, u16) {
     let t = mtime.clamp(DOS_MIN, DOS_MAX);
     let days = t.div_euclid(86_400);
     let secs = t.rem_euclid(86_400);
-    let (year, month, day) = civil_from_days(days);
+    let (year, month, day) = crate::timefmt::civil_from_days(days);
+    let (month, day) = (i64::from(month), i64::from(day));
     let time = ((secs / 3600) << 11) | ((secs / 60 % 60) << 5) | (secs % 60 / 2);
     let date = ((year - 1980) << 9) | (month << 5) | day;
     // The clamp keeps both within 16 bits.
     (time as u16, date as u16)
-}
-
-/// Proleptic Gregorian (year, month, day) of a count of days since 1970-01-01 (Howard
-/// Hinnant's algorithm), kept here so the writer has no dependency on the rest of the crate.
-fn civil_from_days(days: i64) -> (i64, i64, i64) {
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z.rem_euclid(146_097);
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let day = doy - (153 * mp + 2) / 5 + 1;
-    let month = if mp < 10 { mp + 3 } else { mp - 9 };
-    let year = yoe + era * 400 + i64::from(month <= 2);
-    (year, month, day)
 }
 
 #[cfg(test)]

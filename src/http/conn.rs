@@ -18,7 +18,7 @@ use monoio::buf::IoBufMut;
 use monoio::io::{AsyncReadRent, AsyncWriteRentExt};
 use monoio::net::TcpStream;
 
-use super::chunked::ChunkedDecoder;
+use super::chunked::{ChunkedDecoder, ChunkedError};
 use super::head::{self, ProtocolError, RequestHead};
 use super::response::{write_chunk, write_head, Body, BodyStream, Framing, Response};
 use super::service::{BodySink, Plan, Service, Upgrade};
@@ -31,9 +31,10 @@ const MAX_PENDING_OUTPUT: usize = 64 * 1024;
 const READ_CHUNK: usize = 16 * 1024;
 /// Largest piece of a streamed body held in memory at once.
 pub const STREAM_CHUNK: usize = 256 * 1024;
-/// Most bytes of an unwanted body read and thrown away to keep the connection usable;
-/// past this the connection closes instead.
-const MAX_DISCARD: u64 = 1024 * 1024;
+/// Most bytes of an unwanted body read (through the connection's small read buffer, so
+/// it costs no memory) and thrown away to keep the connection usable; past this the
+/// connection closes instead. The contract's JSON body cap.
+const MAX_DISCARD: u64 = 10 * 1024 * 1024;
 /// How long and how much a closing connection drains after an error answer.
 const LINGER_TIME: Duration = Duration::from_secs(2);
 const LINGER_BYTES: usize = 16 * 1024 * 1024;
@@ -118,14 +119,15 @@ fn borrow(fd: RawFd) -> BorrowedFd<'static> {
 /// How the rest of a request body is framed.
 enum BodyFraming {
     Length(u64),
-    Chunked(ChunkedDecoder),
+    /// The decoder and the body limit it refuses chunks above.
+    Chunked(ChunkedDecoder, u64),
 }
 
 impl BodyFraming {
     fn of(head: &RequestHead, limit: u64) -> BodyFraming {
         if head.chunked {
             // A chunk larger than what may still arrive is refused as soon as announced.
-            BodyFraming::Chunked(ChunkedDecoder::new(limit.saturating_add(1)))
+            BodyFraming::Chunked(ChunkedDecoder::new(limit.saturating_add(1)), limit)
         } else {
             BodyFraming::Length(head.content_length.unwrap_or(0))
         }
@@ -136,7 +138,7 @@ impl<S: Service> Connection<S> {
     /// Serves requests until one ends the connection; `Some` hands the socket over.
     async fn run(&mut self) -> Result<Option<Upgrade>, Stop> {
         loop {
-            let mut head = match self.read_head().await? {
+            let head = match self.read_head().await? {
                 Ok(Some(head)) => head,
                 Ok(None) => return Ok(None),
                 Err(error) => {
@@ -148,22 +150,18 @@ impl<S: Service> Connection<S> {
             let _in_flight = self.service.request_started();
             self.http10 = head.http10;
             self.head_request = head.method == "HEAD";
-            let plan = self.service.plan(&mut head).await;
+            let plan = self.service.plan(&head).await;
+            let keep_alive = head.keep_alive;
             let response = match plan {
                 Plan::Answer(response) => self.answer_without_body(&head, response).await?,
                 Plan::Read { limit, call } => match self.read_whole_body(&head, limit).await? {
-                    Ok(body) => {
-                        let keep = head.keep_alive;
-                        let mut response = self.service.respond(call, head.clone(), body).await;
-                        response.close |= !keep;
-                        response
-                    }
+                    Ok(body) => self.service.respond(call, head, body).await,
                     Err(error) => self.service.refuse(error).closing(),
                 },
                 Plan::Stream { limit, sink } => self.stream_body(&head, limit, sink).await?,
                 Plan::Upgrade(upgrade) => return Ok(Some(upgrade)),
             };
-            let keep_alive = head.keep_alive && !self.service.draining();
+            let keep_alive = keep_alive && !self.service.draining();
             if !self.queue_response(response, keep_alive).await? {
                 return Ok(None);
             }
@@ -302,7 +300,9 @@ impl<S: Service> Connection<S> {
         head: &RequestHead,
         response: Response,
     ) -> Result<Response, Stop> {
-        if !head.has_body() {
+        // A response that closes the connection need not read the body first: the
+        // lingering close swallows what the client still sends.
+        if !head.has_body() || response.close {
             return Ok(response);
         }
         if head.expect_continue || head.content_length.is_some_and(|n| n > MAX_DISCARD) {
@@ -348,12 +348,17 @@ impl<S: Service> Connection<S> {
                     let end = self.pos + take;
                     return Ok(Ok(Some((self.pos, end, end))));
                 }
-                BodyFraming::Chunked(decoder) => {
+                BodyFraming::Chunked(decoder, limit) => {
                     if decoder.is_done() {
                         return Ok(Ok(None));
                     }
                     let decoded = match decoder.decode(&self.buf[self.pos..], max) {
                         Ok(decoded) => decoded,
+                        // A chunk announced beyond what the body may hold is the body's
+                        // size refused, as a Content-Length over the limit would be.
+                        Err(ChunkedError::ChunkTooLarge) => {
+                            return Ok(Err(ProtocolError::body_too_large(*limit)))
+                        }
                         Err(e) => return Ok(Err(ProtocolError::bad_request(e.message()))),
                     };
                     if !decoded.data.is_empty() {
@@ -410,11 +415,18 @@ impl<S: Service> Connection<S> {
         body.extend_from_slice(&self.buf[self.pos..self.pos + buffered]);
         self.pos += buffered;
         while body.len() < len {
-            // Reserve as the bytes arrive, never the whole declared size up front.
-            let want = (len - body.len()).min(STREAM_CHUNK.max(body.len()));
-            body.reserve(want);
+            // The declared size is reserved only once a first piece has arrived, so a
+            // client that announces a large body and sends nothing holds no memory for
+            // it; after that, one reservation (the limit bounds it) reads the rest
+            // without growing and copying the buffer.
+            let want = if body.len() < STREAM_CHUNK {
+                (len - body.len()).min(STREAM_CHUNK - body.len())
+            } else {
+                len - body.len()
+            };
+            body.reserve_exact(want);
             let filled = body.len();
-            let upto = (filled + want).min(body.capacity());
+            let upto = filled + want;
             let fd = self.stream.as_raw_fd();
             let read = self.stream.read(body.slice_mut(filled..upto));
             let (outcome, (result, back)) = with_deadline(fd, timeout, read).await;
@@ -494,7 +506,7 @@ impl<S: Service> Connection<S> {
                         .service
                         .refuse(ProtocolError::body_too_large(limit))));
                 }
-                let finished = matches!(&framing, BodyFraming::Chunked(d) if d.is_done());
+                let finished = matches!(&framing, BodyFraming::Chunked(d, _) if d.is_done());
                 if !piece.is_empty() {
                     piece = match sink.write(piece).await {
                         Ok(buf) => buf,
@@ -646,8 +658,20 @@ impl<S: Service> Connection<S> {
         mut stream: Box<dyn BodyStream>,
         framing: Framing,
     ) -> Result<(), Stop> {
+        let service = self.service.clone();
+        let mut drained = std::pin::pin!(service.drained());
         loop {
-            match stream.next(Vec::new()).await {
+            let next = monoio::select! {
+                piece = stream.next(Vec::new()) => Some(piece),
+                _ = &mut drained => None,
+            };
+            let Some(next) = next else {
+                if let Some(last) = service.farewell() {
+                    self.frame(&last, framing);
+                }
+                break;
+            };
+            match next {
                 Ok(Some(piece)) => {
                     self.frame(&piece, framing);
                     while let Some(more) = stream.ready() {

@@ -82,7 +82,20 @@ pub fn parse(buf: &[u8]) -> Result<Option<(RequestHead, usize)>, ProtocolError> 
         Ok(httparse::Status::Complete(len)) if len > MAX_HEAD_BYTES => {
             Err(ProtocolError::head_too_large())
         }
-        Ok(httparse::Status::Complete(len)) => Ok(Some((extract(&parsed)?, len))),
+        Ok(httparse::Status::Complete(len)) => {
+            // httparse accepts a bare LF as a line end; a proxy in front may not, and two
+            // readings of one request are how requests get smuggled (RFC 9112 §2.2).
+            if buf[..len]
+                .iter()
+                .enumerate()
+                .any(|(i, b)| *b == b'\n' && (i == 0 || buf[i - 1] != b'\r'))
+            {
+                return Err(ProtocolError::bad_request(
+                    "Malformed request: lines must end with CRLF",
+                ));
+            }
+            Ok(Some((extract(&parsed)?, len)))
+        }
         Ok(httparse::Status::Partial) if buf.len() > MAX_HEAD_BYTES => {
             Err(ProtocolError::head_too_large())
         }
@@ -127,6 +140,11 @@ fn extract(parsed: &httparse::Request<'_, '_>) -> Result<RequestHead, ProtocolEr
                 head.content_length = Some(len);
             }
             "transfer-encoding" => {
+                if transfer_encoding {
+                    return Err(ProtocolError::bad_request(
+                        "Transfer-Encoding appears more than once; send it once",
+                    ));
+                }
                 transfer_encoding = true;
                 // Only plain chunked: we would not undo any other coding.
                 if !value.eq_ignore_ascii_case("chunked") {
@@ -170,9 +188,10 @@ fn extract(parsed: &httparse::Request<'_, '_>) -> Result<RequestHead, ProtocolEr
             "Content-Length and Transfer-Encoding together are not allowed",
         ));
     }
-    if !head.target.starts_with('/') {
+    if !http10 && !head.headers.iter().any(|(n, _)| n == "host") {
+        // RFC 9112 §3.2: a server must refuse an HTTP/1.1 request without Host.
         return Err(ProtocolError::bad_request(
-            "Request target must be a path starting with /",
+            "HTTP/1.1 requests must carry a Host header",
         ));
     }
     Ok(head)
@@ -184,33 +203,46 @@ mod tests {
 
     #[test]
     fn framing_headers() {
-        let (head, len) =
-            parse(b"POST /x HTTP/1.1\r\nContent-Length: 3\r\nConnection: close\r\n\r\nabc")
-                .unwrap()
-                .unwrap();
+        let (head, len) = parse(
+            b"POST /x HTTP/1.1\r\nHost: h\r\nContent-Length: 3\r\nConnection: close\r\n\r\nabc",
+        )
+        .unwrap()
+        .unwrap();
         assert_eq!(
             (head.content_length, head.keep_alive, len),
-            (Some(3), false, 58)
+            (Some(3), false, 67)
         );
         assert!(parse(b"GET /x HTTP/1.1\r\nHost: a\r\n").unwrap().is_none());
         let refused = |raw: &[u8]| parse(raw).unwrap_err().status;
         assert_eq!(
-            refused(b"POST /x HTTP/1.1\r\nContent-Length: +3\r\n\r\n"),
+            refused(b"POST /x HTTP/1.1\r\nHost: h\r\nContent-Length: +3\r\n\r\n"),
             400
         );
         assert_eq!(
-            refused(b"POST /x HTTP/1.1\r\nContent-Length: 3\r\nContent-Length: 4\r\n\r\n"),
+            refused(
+                b"POST /x HTTP/1.1\r\nHost: h\r\nContent-Length: 3\r\nContent-Length: 4\r\n\r\n"
+            ),
             400
         );
         assert_eq!(
-            refused(b"POST /x HTTP/1.1\r\nContent-Length: 3\r\nTransfer-Encoding: chunked\r\n\r\n"),
+            refused(b"POST /x HTTP/1.1\r\nHost: h\r\nContent-Length: 3\r\nTransfer-Encoding: chunked\r\n\r\n"),
             400
         );
         assert_eq!(
-            refused(b"POST /x HTTP/1.1\r\nTransfer-Encoding: gzip\r\n\r\n"),
+            refused(b"POST /x HTTP/1.1\r\nHost: h\r\nTransfer-Encoding: gzip\r\n\r\n"),
             501
         );
-        assert_eq!(refused(b"POST /x HTTP/1.1\r\nExpect: magic\r\n\r\n"), 417);
-        assert_eq!(refused(b"GET x HTTP/1.1\r\n\r\n"), 400);
+        assert_eq!(
+            refused(b"POST /x HTTP/1.1\r\nHost: h\r\nExpect: magic\r\n\r\n"),
+            417
+        );
+        assert_eq!(refused(b"GET /x HTTP/1.1\r\n\r\n"), 400, "no Host");
+        assert!(parse(b"GET /x HTTP/1.0\r\n\r\n").unwrap().is_some());
+        assert_eq!(refused(b"GET /x HTTP/1.1\nHost: h\r\n\r\n"), 400, "bare LF");
+        assert_eq!(refused(b"GET /x HTTP/1.1\r\nHost: h\n\r\n"), 400, "bare LF");
+        assert_eq!(
+            refused(b"POST /x HTTP/1.1\r\nHost: h\r\nTransfer-Encoding: chunked\r\nTransfer-Encoding: chunked\r\n\r\n"),
+            400
+        );
     }
 }

@@ -32,7 +32,8 @@ pub trait BodyStream {
     fn length(&self) -> Option<u64>;
     /// The next piece, written into `buf` (whose allocation may be reused); `Ok(None)` at
     /// the end. An error, or a stream that ends short of its announced length, closes the
-    /// connection: the promised length cannot be met.
+    /// connection: the promised length cannot be met. For a stream without a length the
+    /// future must be cancel-safe: it is dropped when the server drains.
     fn next(&mut self, buf: Vec<u8>) -> LocalFuture<'_, std::io::Result<Option<Vec<u8>>>>;
     /// A piece that is ready now, without waiting, so a burst leaves in one write.
     fn ready(&mut self) -> Option<Vec<u8>> {

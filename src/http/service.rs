@@ -63,8 +63,14 @@ pub trait Service: 'static {
     /// connection alive, accept no more.
     fn draining(&self) -> bool;
     fn request_started(&self) -> Self::InFlight;
+    /// Resolves when this worker starts draining: open streams without a length end then
+    /// instead of waiting for their next piece.
+    fn drained(&self) -> impl Future<Output = ()>;
+    /// The last piece a stream without a length sends when the server drains (a final
+    /// server-sent event that says the server is stopping).
+    fn farewell(&self) -> Option<Vec<u8>>;
     /// Decides from the head alone.
-    fn plan(&self, head: &mut RequestHead) -> impl Future<Output = Plan<Self::Call>>;
+    fn plan(&self, head: &RequestHead) -> impl Future<Output = Plan<Self::Call>>;
     /// Answers a request whose body was read whole.
     fn respond(
         &self,

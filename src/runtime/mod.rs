@@ -194,6 +194,7 @@ async fn accept_loop<S: Service>(listener: StdListener, service: Rc<S>, shutdown
         match listener.accept().await {
             Ok((stream, _peer)) => {
                 if shutdown.is_shutting_down() {
+                    shutdown::raise_local_drain();
                     break;
                 }
                 let _ = stream.set_nodelay(true);
@@ -201,6 +202,7 @@ async fn accept_loop<S: Service>(listener: StdListener, service: Rc<S>, shutdown
             }
             Err(e) => {
                 if shutdown.is_shutting_down() {
+                    shutdown::raise_local_drain();
                     break;
                 }
                 // EMFILE/ENFILE: back off instead of spinning; others are per-connection.

@@ -102,3 +102,98 @@ pub fn spawn_signal_thread(
         })
         .map(drop)
 }
+
+/// Per-worker notice that the server is draining, for streams that would otherwise
+/// wait for their next event until the grace period runs out. A worker's accept loop
+/// raises it when shutdown stops the listener; every open stream on that worker is
+/// woken at once, with no polling.
+mod local_drain {
+    use std::cell::RefCell;
+    use std::future::Future;
+    use std::pin::Pin;
+    use std::task::{Context, Poll, Waker};
+
+    #[derive(Default)]
+    struct State {
+        raised: bool,
+        /// One waker slot per waiting future; freed slots are reused.
+        wakers: Vec<Option<Waker>>,
+        free: Vec<usize>,
+    }
+
+    thread_local! {
+        static STATE: RefCell<State> = RefCell::new(State::default());
+    }
+
+    pub fn raise() {
+        let wakers: Vec<Waker> = STATE.with(|s| {
+            let mut s = s.borrow_mut();
+            s.raised = true;
+            s.wakers.iter_mut().filter_map(Option::take).collect()
+        });
+        for waker in wakers {
+            waker.wake();
+        }
+    }
+
+    /// Resolves once this worker drains.
+    pub struct Drained {
+        slot: Option<usize>,
+    }
+
+    impl Drained {
+        pub fn new() -> Drained {
+            Drained { slot: None }
+        }
+    }
+
+    impl Future for Drained {
+        type Output = ();
+
+        fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
+            STATE.with(|s| {
+                let mut s = s.borrow_mut();
+                if s.raised {
+                    return Poll::Ready(());
+                }
+                // Re-polls replace this future's waker instead of adding one, so a
+                // stream that runs for hours registers once.
+                let slot = match self.slot {
+                    Some(slot) => slot,
+                    None => {
+                        let slot = match s.free.pop() {
+                            Some(slot) => slot,
+                            None => {
+                                s.wakers.push(None);
+                                s.wakers.len() - 1
+                            }
+                        };
+                        self.slot = Some(slot);
+                        slot
+                    }
+                };
+                s.wakers[slot] = Some(cx.waker().clone());
+                Poll::Pending
+            })
+        }
+    }
+
+    impl Drop for Drained {
+        fn drop(&mut self) {
+            if let Some(slot) = self.slot {
+                let _ = STATE.try_with(|s| {
+                    let mut s = s.borrow_mut();
+                    s.wakers[slot] = None;
+                    s.free.push(slot);
+                });
+            }
+        }
+    }
+}
+
+/// Marks the calling worker as draining and wakes every [`Drained`] future on it.
+pub fn raise_local_drain() {
+    local_drain::raise();
+}
+
+pub use local_drain::Drained;

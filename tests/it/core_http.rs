@@ -130,7 +130,9 @@ fn chunked_request_bodies_are_decoded(driver: &'static str) {
     assert_eq!(reply.status, 200, "{}", reply.text());
     assert_eq!(reply.json()["endpoint"], "capabilities");
     assert_eq!(reply.json()["allowed"], true);
-    stream.write_all(b"GET /health HTTP/1.1\r\n\r\n").unwrap();
+    stream
+        .write_all(b"GET /health HTTP/1.1\r\nHost: t\r\n\r\n")
+        .unwrap();
     assert_eq!(read_reply(&mut reader).unwrap().status, 200);
 }
 
@@ -138,7 +140,7 @@ fn content_length_with_chunked_is_refused_and_closed(driver: &'static str) {
     let server = Server::start(driver);
     let mut stream = server.connect();
     stream
-        .write_all(b"POST /capabilities/check HTTP/1.1\r\nContent-Length: 2\r\nTransfer-Encoding: chunked\r\n\r\n2\r\n{}\r\n0\r\n\r\n")
+        .write_all(b"POST /capabilities/check HTTP/1.1\r\nHost: t\r\nContent-Length: 2\r\nTransfer-Encoding: chunked\r\n\r\n2\r\n{}\r\n0\r\n\r\n")
         .unwrap();
     let mut reader = BufReader::new(stream.try_clone().unwrap());
     let reply = read_reply(&mut reader).unwrap();
@@ -167,7 +169,9 @@ fn oversized_body_is_413_before_it_is_read(driver: &'static str) {
     // A chunked body that grows past the cap is refused too.
     let mut stream = server.connect();
     stream
-        .write_all(b"POST /capabilities/check HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n")
+        .write_all(
+            b"POST /capabilities/check HTTP/1.1\r\nHost: t\r\nTransfer-Encoding: chunked\r\n\r\n",
+        )
         .unwrap();
     let chunk = vec![b' '; 1 << 20];
     let mut refused = None;
@@ -225,7 +229,7 @@ fn expect_continue_is_not_sent_for_refused_requests(driver: &'static str) {
         .start();
     let mut stream = server.connect();
     stream
-        .write_all(b"POST /capabilities/check HTTP/1.1\r\nContent-Length: 1000\r\nExpect: 100-continue\r\n\r\n")
+        .write_all(b"POST /capabilities/check HTTP/1.1\r\nHost: t\r\nContent-Length: 1000\r\nExpect: 100-continue\r\n\r\n")
         .unwrap();
     let mut reader = BufReader::new(stream.try_clone().unwrap());
     let reply = read_reply(&mut reader).unwrap();
@@ -247,12 +251,14 @@ fn silent_and_slow_clients_are_dropped(driver: &'static str) {
     // A body that never arrives.
     let mut stream = server.connect();
     stream
-        .write_all(b"POST /capabilities/check HTTP/1.1\r\nContent-Length: 100\r\n\r\n{")
+        .write_all(b"POST /capabilities/check HTTP/1.1\r\nHost: t\r\nContent-Length: 100\r\n\r\n{")
         .unwrap();
     assert!(closes_within(&mut stream, Duration::from_secs(10)));
     // An idle keep-alive connection.
     let mut stream = server.connect();
-    stream.write_all(b"GET /health HTTP/1.1\r\n\r\n").unwrap();
+    stream
+        .write_all(b"GET /health HTTP/1.1\r\nHost: t\r\n\r\n")
+        .unwrap();
     let mut reader = BufReader::new(stream.try_clone().unwrap());
     assert_eq!(read_reply(&mut reader).unwrap().status, 200);
     assert!(closes_within(&mut stream, Duration::from_secs(10)));
@@ -264,7 +270,7 @@ fn oversized_head_is_431_and_bad_request_line_400(driver: &'static str) {
     let server = Server::start(driver);
     let mut stream = server.connect();
     let big = format!(
-        "GET /health HTTP/1.1\r\nX-Big: {}\r\n\r\n",
+        "GET /health HTTP/1.1\r\nHost: t\r\nX-Big: {}\r\n\r\n",
         "a".repeat(70 * 1024)
     );
     let _ = stream.write_all(big.as_bytes());
@@ -274,7 +280,7 @@ fn oversized_head_is_431_and_bad_request_line_400(driver: &'static str) {
     let mut stream = server.connect();
     let many: String = (0..150).map(|i| format!("X-H{i}: v\r\n")).collect();
     stream
-        .write_all(format!("GET /health HTTP/1.1\r\n{many}\r\n").as_bytes())
+        .write_all(format!("GET /health HTTP/1.1\r\nHost: t\r\n{many}\r\n").as_bytes())
         .unwrap();
     let mut reader = BufReader::new(stream.try_clone().unwrap());
     assert_eq!(read_reply(&mut reader).unwrap().status, 431);
@@ -351,6 +357,22 @@ fn auth_matrix(driver: &'static str) {
     );
     assert_eq!(reply.status, 400);
     assert_eq!(reply.json()["code"], "ambiguous_credentials");
+    let reply = server.request(
+        "GET",
+        "/capabilities",
+        &[
+            ("Authorization", "Bearer a"),
+            ("Authorization", "Bearer s3cret"),
+        ],
+        None,
+    );
+    assert_eq!(reply.status, 400);
+    assert_eq!(reply.json()["code"], "ambiguous_credentials");
+    // Empty credentials and prefixes of the token are refused over HTTP too.
+    assert_eq!(ok(&[("X-Access-Token", "")]), 401);
+    assert_eq!(ok(&[("Authorization", "Bearer ")]), 401);
+    assert_eq!(ok(&[("X-Access-Token", "s3cre")]), 401);
+    assert_eq!(ok(&[("Authorization", "Bearer s3cret2")]), 401);
     let reply = server.request("POST", "/capabilities/check", &[], Some(b"{}"));
     assert_eq!(reply.status, 401);
     // Identity of a token holder.
@@ -555,7 +577,7 @@ fn handler_panic_is_500_and_the_connection_lives_on(driver: &'static str) {
     let mut stream = server.connect();
     let mut reader = BufReader::new(stream.try_clone().unwrap());
     stream
-        .write_all(b"GET /debug/panic HTTP/1.1\r\n\r\n")
+        .write_all(b"GET /debug/panic HTTP/1.1\r\nHost: t\r\n\r\n")
         .unwrap();
     let reply = read_reply(&mut reader).unwrap();
     assert_eq!(reply.status, 500);
@@ -563,11 +585,11 @@ fn handler_panic_is_500_and_the_connection_lives_on(driver: &'static str) {
     assert!(body["error"].as_str().unwrap().contains("deliberate panic"));
     assert_eq!(body["type"], "RuntimeError");
     stream
-        .write_all(b"POST /debug/panic-later HTTP/1.1\r\nContent-Length: 0\r\n\r\n")
+        .write_all(b"POST /debug/panic-later HTTP/1.1\r\nHost: t\r\nContent-Length: 0\r\n\r\n")
         .unwrap();
     assert_eq!(read_reply(&mut reader).unwrap().status, 500);
     stream
-        .write_all(b"GET /hello/again HTTP/1.1\r\n\r\n")
+        .write_all(b"GET /hello/again HTTP/1.1\r\nHost: t\r\n\r\n")
         .unwrap();
     assert_eq!(
         read_reply(&mut reader).unwrap().json()["greeting"],
@@ -586,7 +608,7 @@ fn sse_events_are_framed_and_flushed_one_by_one(driver: &'static str) {
     let server = Launch::example(driver).start();
     let mut stream = server.connect();
     stream
-        .write_all(b"GET /debug/events?gap_ms=3000 HTTP/1.1\r\n\r\n")
+        .write_all(b"GET /debug/events?gap_ms=3000 HTTP/1.1\r\nHost: t\r\n\r\n")
         .unwrap();
     let mut seen = Vec::new();
     let mut buf = [0u8; 1024];
@@ -613,7 +635,7 @@ fn sse_events_are_framed_and_flushed_one_by_one(driver: &'static str) {
 
     let mut stream = server.connect();
     stream
-        .write_all(b"GET /debug/events?gap_ms=1 HTTP/1.1\r\n\r\n")
+        .write_all(b"GET /debug/events?gap_ms=1 HTTP/1.1\r\nHost: t\r\n\r\n")
         .unwrap();
     let mut reader = BufReader::new(stream.try_clone().unwrap());
     let reply = read_reply(&mut reader).unwrap();
@@ -621,7 +643,9 @@ fn sse_events_are_framed_and_flushed_one_by_one(driver: &'static str) {
         reply.text(),
         "event: tick\ndata: {\"n\":0}\n\nevent: tick\ndata: {\"n\":1}\n\nevent: done\ndata: {}\n\n"
     );
-    stream.write_all(b"GET /health HTTP/1.1\r\n\r\n").unwrap();
+    stream
+        .write_all(b"GET /health HTTP/1.1\r\nHost: t\r\n\r\n")
+        .unwrap();
     assert_eq!(read_reply(&mut reader).unwrap().status, 200);
 }
 
@@ -711,12 +735,14 @@ fn missing_base_dir_is_a_warning(driver: &'static str) {
 fn sigterm_finishes_in_flight_requests(driver: &'static str) {
     let mut server = Launch::example(driver).start();
     let mut stream = server.connect();
-    stream.write_all(b"GET /health HTTP/1.1\r\n\r\n").unwrap();
+    stream
+        .write_all(b"GET /health HTTP/1.1\r\nHost: t\r\n\r\n")
+        .unwrap();
     // An answer proves a worker owns this connection before the slow request starts.
     let mut warm = BufReader::new(stream.try_clone().unwrap());
     assert_eq!(read_reply(&mut warm).unwrap().status, 200);
     stream
-        .write_all(b"GET /debug/slow?ms=800 HTTP/1.1\r\n\r\n")
+        .write_all(b"GET /debug/slow?ms=800 HTTP/1.1\r\nHost: t\r\n\r\n")
         .unwrap();
     std::thread::sleep(Duration::from_millis(300));
     nix::sys::signal::kill(
@@ -741,7 +767,7 @@ fn workers_share_one_port(driver: &'static str) {
             let addr = server.addr;
             std::thread::spawn(move || {
                 let mut s = std::net::TcpStream::connect(addr).unwrap();
-                s.write_all(b"GET /health HTTP/1.1\r\nConnection: close\r\n\r\n")
+                s.write_all(b"GET /health HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n")
                     .unwrap();
                 let mut reader = BufReader::new(s);
                 read_reply(&mut reader).unwrap().status
@@ -756,9 +782,13 @@ fn workers_share_one_port(driver: &'static str) {
 fn framing_is_strict_and_bodiless_answers_have_no_body(driver: &'static str) {
     let server = Launch::new(driver).env("ABX_SERVER_TOKEN", "t").start();
     for (head, status) in [
-        ("POST /capabilities/check HTTP/1.1\r\nContent-Length: +2\r\n\r\n{}", 400),
-        ("POST /capabilities/check HTTP/1.1\r\nTransfer-Encoding: gzip, chunked\r\n\r\n0\r\n\r\n", 501),
-        ("POST /capabilities/check HTTP/1.1\r\nX-Access-Token: t\r\nTransfer-Encoding: chunked\r\n\r\n+2\r\n{}\r\n0\r\n\r\n", 400),
+        ("POST /capabilities/check HTTP/1.1\r\nHost: t\r\nContent-Length: +2\r\n\r\n{}", 400),
+        ("GET /health HTTP/1.1\r\n\r\n", 400),
+        ("GET /health HTTP/1.1\nHost: t\n\n", 400),
+        ("POST /capabilities/check HTTP/1.1\r\nHost: t\r\nTransfer-Encoding: chunked\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n", 400),
+        ("POST /capabilities/check HTTP/1.1\r\nHost: t\r\nX-Access-Token: t\r\nTransfer-Encoding: chunked\r\n\r\n100000000000000\r\n{}\r\n0\r\n\r\n", 413),
+        ("POST /capabilities/check HTTP/1.1\r\nHost: t\r\nTransfer-Encoding: gzip, chunked\r\n\r\n0\r\n\r\n", 501),
+        ("POST /capabilities/check HTTP/1.1\r\nHost: t\r\nX-Access-Token: t\r\nTransfer-Encoding: chunked\r\n\r\n+2\r\n{}\r\n0\r\n\r\n", 400),
     ] {
         let mut stream = server.connect();
         stream.write_all(head.as_bytes()).unwrap();
@@ -768,7 +798,9 @@ fn framing_is_strict_and_bodiless_answers_have_no_body(driver: &'static str) {
     }
     // HEAD gets its 405 without a body, and the connection closes.
     let mut stream = server.connect();
-    stream.write_all(b"HEAD /health HTTP/1.1\r\n\r\n").unwrap();
+    stream
+        .write_all(b"HEAD /health HTTP/1.1\r\nHost: t\r\n\r\n")
+        .unwrap();
     let mut raw = Vec::new();
     stream
         .set_read_timeout(Some(Duration::from_secs(5)))
@@ -784,7 +816,8 @@ fn framing_is_strict_and_bodiless_answers_have_no_body(driver: &'static str) {
     let mut stream = server.connect();
     stream
         .write_all(
-            "GET /capabilities HTTP/1.1\r\nAuthorization: abcdef\u{e9}\u{e9}x\r\n\r\n".as_bytes(),
+            "GET /capabilities HTTP/1.1\r\nHost: t\r\nAuthorization: abcdef\u{e9}\u{e9}x\r\n\r\n"
+                .as_bytes(),
         )
         .unwrap();
     assert_eq!(read_reply(&mut BufReader::new(stream)).unwrap().status, 401);

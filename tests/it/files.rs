@@ -219,7 +219,7 @@ fn raw_upload(
 ) -> crate::support::Reply {
     let mut stream = server.connect();
     let head = format!(
-        "POST /files/upload-stream?path={} HTTP/1.1\r\nContent-Type: application/octet-stream\r\nContent-Length: {len}\r\n\r\n",
+        "POST /files/upload-stream?path={} HTTP/1.1\r\nHost: t\r\nContent-Type: application/octet-stream\r\nContent-Length: {len}\r\n\r\n",
         qs(path)
     );
     stream.write_all(head.as_bytes()).unwrap();
@@ -280,7 +280,7 @@ fn raw_streaming_200_mib_in_constant_memory(driver: &'static str) {
     );
 
     let mut stream = server.connect();
-    stream.write_all(b"GET /files/download-stream?path=huge.bin HTTP/1.1\r\nAccept: application/octet-stream\r\n\r\n").unwrap();
+    stream.write_all(b"GET /files/download-stream?path=huge.bin HTTP/1.1\r\nHost: t\r\nAccept: application/octet-stream\r\n\r\n").unwrap();
     let mut reader = BufReader::with_capacity(1 << 20, stream);
     let mut line = String::new();
     let mut length = 0u64;
@@ -320,7 +320,7 @@ fn raw_upload_limits_and_chunked(driver: &'static str) {
         .start();
     // Chunked raw body.
     let mut stream = server.connect();
-    stream.write_all(b"POST /files/upload-stream?path=c.bin HTTP/1.1\r\nContent-Type: application/octet-stream\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n6\r\n world\r\n0\r\n\r\n").unwrap();
+    stream.write_all(b"POST /files/upload-stream?path=c.bin HTTP/1.1\r\nHost: t\r\nContent-Type: application/octet-stream\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n6\r\n world\r\n0\r\n\r\n").unwrap();
     let reply = read_reply(&mut BufReader::new(stream.try_clone().unwrap())).unwrap();
     assert_eq!(reply.json()["bytes"], 11);
     assert_eq!(
@@ -329,7 +329,7 @@ fn raw_upload_limits_and_chunked(driver: &'static str) {
     );
     // Over ABX_MAX_UPLOAD_SIZE by Content-Length: refused from the header.
     let mut stream = server.connect();
-    stream.write_all(b"POST /files/upload-stream?path=x.bin HTTP/1.1\r\nContent-Type: application/octet-stream\r\nContent-Length: 100001\r\n\r\n").unwrap();
+    stream.write_all(b"POST /files/upload-stream?path=x.bin HTTP/1.1\r\nHost: t\r\nContent-Type: application/octet-stream\r\nContent-Length: 100001\r\n\r\n").unwrap();
     let reply = read_reply(&mut BufReader::new(stream)).unwrap();
     assert_eq!(
         (reply.status, reply.json()["code"].clone()),
@@ -337,7 +337,7 @@ fn raw_upload_limits_and_chunked(driver: &'static str) {
     );
     // Over the limit in chunks: refused, nothing left behind.
     let mut stream = server.connect();
-    stream.write_all(b"POST /files/upload-stream?path=y.bin HTTP/1.1\r\nContent-Type: application/octet-stream\r\nTransfer-Encoding: chunked\r\n\r\n").unwrap();
+    stream.write_all(b"POST /files/upload-stream?path=y.bin HTTP/1.1\r\nHost: t\r\nContent-Type: application/octet-stream\r\nTransfer-Encoding: chunked\r\n\r\n").unwrap();
     let chunk = vec![b'a'; 60_000];
     for _ in 0..2 {
         let mut data = format!("{:x}\r\n", chunk.len()).into_bytes();
@@ -364,12 +364,12 @@ fn interrupted_uploads_leave_nothing(driver: &'static str) {
     std::fs::create_dir(base_dir.join("up")).unwrap();
     // The client disconnects halfway through a raw body.
     let mut stream = server.connect();
-    stream.write_all(b"POST /files/upload-stream?path=up/cut.bin HTTP/1.1\r\nContent-Type: application/octet-stream\r\nContent-Length: 10000000\r\n\r\n").unwrap();
+    stream.write_all(b"POST /files/upload-stream?path=up/cut.bin HTTP/1.1\r\nHost: t\r\nContent-Type: application/octet-stream\r\nContent-Length: 10000000\r\n\r\n").unwrap();
     stream.write_all(&vec![1u8; 3_000_000]).unwrap();
     drop(stream);
     // ... and halfway through a JSON body.
     let mut stream = server.connect();
-    stream.write_all(b"POST /upload HTTP/1.1\r\nContent-Length: 5000000\r\n\r\n{\"path\": \"up/json.bin\", \"content_base64\": \"AAAA").unwrap();
+    stream.write_all(b"POST /upload HTTP/1.1\r\nHost: t\r\nContent-Length: 5000000\r\n\r\n{\"path\": \"up/json.bin\", \"content_base64\": \"AAAA").unwrap();
     drop(stream);
     // The server is still fine, and the directory is as it was.
     let deadline = Instant::now() + Duration::from_secs(10);
@@ -381,7 +381,7 @@ fn interrupted_uploads_leave_nothing(driver: &'static str) {
 
     // The server is killed mid-upload: no target, no temporary file, after a restart too.
     let mut stream = server.connect();
-    stream.write_all(b"POST /files/upload-stream?path=up/killed.bin HTTP/1.1\r\nContent-Type: application/octet-stream\r\nContent-Length: 10000000\r\n\r\n").unwrap();
+    stream.write_all(b"POST /files/upload-stream?path=up/killed.bin HTTP/1.1\r\nHost: t\r\nContent-Type: application/octet-stream\r\nContent-Length: 10000000\r\n\r\n").unwrap();
     stream.write_all(&vec![2u8; 4_000_000]).unwrap();
     std::thread::sleep(Duration::from_millis(200));
     server.child.kill().unwrap();
@@ -1048,7 +1048,7 @@ fn watch_times_out_and_validates(driver: &'static str) {
     let server = Server::start(driver);
     let mut stream = server.connect();
     stream
-        .write_all(b"GET /files/watch?path=.&timeout=0.3&interval=0.1 HTTP/1.1\r\n\r\n")
+        .write_all(b"GET /files/watch?path=.&timeout=0.3&interval=0.1 HTTP/1.1\r\nHost: t\r\n\r\n")
         .unwrap();
     let reply = read_reply(&mut BufReader::new(stream)).unwrap();
     assert_eq!(reply.header("content-type"), Some("text/event-stream"));
@@ -1100,7 +1100,7 @@ fn awkward_files_and_paths(driver: &'static str) {
     // An empty file streams as an empty body and the connection stays usable.
     std::fs::write(b.join("empty.bin"), b"").unwrap();
     let mut stream = server.connect();
-    stream.write_all(b"GET /files/download-stream?path=empty.bin&raw=1 HTTP/1.1\r\n\r\nGET /health HTTP/1.1\r\n\r\n").unwrap();
+    stream.write_all(b"GET /files/download-stream?path=empty.bin&raw=1 HTTP/1.1\r\nHost: t\r\n\r\nGET /health HTTP/1.1\r\nHost: t\r\n\r\n").unwrap();
     let mut reader = BufReader::new(stream.try_clone().unwrap());
     let empty = read_reply(&mut reader).unwrap();
     assert_eq!(

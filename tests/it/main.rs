@@ -5,3 +5,4 @@ mod support;
 
 mod core_http;
 mod files;
+mod operations;

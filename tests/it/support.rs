@@ -45,6 +45,8 @@ pub struct Launch {
     pub args: Vec<String>,
     pub env: Vec<(String, String)>,
     pub base_dir: Option<PathBuf>,
+    /// The server's working directory (the test's own when `None`).
+    pub current_dir: Option<PathBuf>,
 }
 
 impl Launch {
@@ -55,6 +57,7 @@ impl Launch {
             args: Vec::new(),
             env: Vec::new(),
             base_dir: None,
+            current_dir: None,
         }
     }
     pub fn example(driver: &'static str) -> Launch {
@@ -100,6 +103,9 @@ impl Launch {
         }
         for (k, v) in &self.env {
             cmd.env(k, v);
+        }
+        if let Some(dir) = &self.current_dir {
+            cmd.current_dir(dir);
         }
         cmd.stdin(Stdio::null())
             .stdout(Stdio::piped())

@@ -3,7 +3,7 @@
 use serde::Deserialize;
 use serde_json::Value;
 
-use super::{confine, fs_error};
+use super::fs_error;
 use crate::api::ApiError;
 use crate::app::Call;
 use crate::fs::archive::{self, Format, Limits};
@@ -45,17 +45,13 @@ pub async fn archive(call: Call) -> Result<Response, ApiError> {
             ))
         }
     };
-    let callers = inputs
-        .iter()
-        .map(|input| confine(&call, input))
-        .collect::<Result<Vec<_>, _>>()?;
     let base = call.services().base.clone();
     let limits = Limits {
         max_files: MAX_FILES,
         max_bytes: MAX_BYTES,
     };
     let body = blocking(move || -> Result<Vec<u8>, ApiError> {
-        let data = archive::build(&base, &callers, format, limits).map_err(fs_error)?;
+        let data = archive::build(&base, &inputs, format, limits).map_err(fs_error)?;
         let encoded_len = base64_simd::STANDARD.encoded_length(data.len());
         let mut out = Vec::with_capacity(encoded_len + 64);
         out.extend_from_slice(b"{\"content_base64\":\"");

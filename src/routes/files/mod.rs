@@ -178,6 +178,9 @@ pub fn fs_error(error: FsError) -> ApiError {
             ApiError::new(413, "ValueError", message).with_code("payload_too_large")
         }
         FsError::Io { error, path } => os_error(&error, Some(&path)),
+        FsError::Os { errno, .. } => {
+            ApiError::internal(crate::api::errno::python_exception(Some(errno)), message)
+        }
     }
 }
 

@@ -151,13 +151,8 @@ fn download_body(shown: &str, data: &[u8], with_bytes: bool) -> Vec<u8> {
     out
 }
 
-fn file_too_large(size: String, limit: u64) -> ApiError {
-    ApiError::new(
-        413,
-        "ValueError",
-        format!("File too large: {size} bytes (limit {limit})"),
-    )
-    .with_code("payload_too_large")
+fn file_too_large(message: String) -> ApiError {
+    ApiError::new(413, "ValueError", message).with_code("payload_too_large")
 }
 
 async fn download_json(call: &Call, with_bytes: bool) -> Result<Response, ApiError> {
@@ -178,7 +173,9 @@ async fn download_json(call: &Call, with_bytes: bool) -> Result<Response, ApiErr
     }
     let size = opened.stat.st_size as u64;
     if size > limit {
-        return Err(file_too_large(size.to_string(), limit));
+        return Err(file_too_large(format!(
+            "File too large: {size} bytes (limit {limit})"
+        )));
     }
     let io = |e: std::io::Error| fs_error(crate::fs::FsError::io(e, shown.clone()));
     let file = AsyncFile::new(opened.fd, services.driver).map_err(io)?;
@@ -188,7 +185,9 @@ async fn download_json(call: &Call, with_bytes: bool) -> Result<Response, ApiErr
         .await;
     result.map_err(io)?;
     if data.len() as u64 > limit {
-        return Err(file_too_large(format!("over {limit}"), limit));
+        return Err(file_too_large(format!(
+            "File too large: over {limit} bytes"
+        )));
     }
     let body = if data.len() > OFFLOAD_BYTES {
         blocking(move || download_body(&shown, &data, with_bytes))

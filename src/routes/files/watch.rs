@@ -12,6 +12,7 @@ use crate::api::ApiError;
 use crate::app::Call;
 use crate::fs::resolve::Kind;
 use crate::fs::watch::{Change, EntryState, WatchEnd, Watcher, MAX_TRACKED};
+use crate::fs::FsError;
 use crate::http::{sse, Response};
 use crate::timefmt::iso8601_utc;
 
@@ -78,11 +79,27 @@ pub async fn watch(call: Call) -> Result<Response, ApiError> {
     let interval = seconds_param(&call, "interval", 0.5, 0.1, 5.0)?;
     let timeout = seconds_param(&call, "timeout", 300.0, 0.1, 86_400.0)?;
     let caller = confine(&call, &input)?;
-    let watcher = Watcher::start(&call.services().base, caller, recursive, interval)
-        .await
-        .map_err(fs_error)?;
-    let (tx, rx) = sse::channel(64);
-    monoio::spawn(stream_changes(watcher, recursive, interval, timeout, tx));
+    let shown = caller.display();
+    let (mut tx, rx) = sse::channel(64);
+    match Watcher::start(&call.services().base, caller, recursive, interval).await {
+        Ok(watcher) => {
+            monoio::spawn(stream_changes(watcher, recursive, interval, timeout, tx));
+        }
+        // What the caller asked for is wrong (missing, not a directory, outside): an
+        // HTTP error. The directory exists but could not be read: the stream starts and
+        // says so, as it did before this answer was decided.
+        Err(error @ FsError::Io { .. }) => {
+            monoio::spawn(async move {
+                let _ = tx
+                    .send(
+                        "error",
+                        &json!({"error": "the directory could not be read", "detail": error.to_string(), "path": shown}),
+                    )
+                    .await;
+            });
+        }
+        Err(error) => return Err(fs_error(error)),
+    }
     Ok(Response::sse(rx))
 }
 

@@ -1,0 +1,191 @@
+//! First run and operations: base-directory handling, shutdown with open streams, and a
+//! server whose stderr or stdout is a closed pipe.
+
+use std::io::{BufRead, BufReader, Write};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use crate::on_both_drivers;
+use crate::support::{read_reply, Launch, TempDir, MAIN_BIN};
+
+fn relative_base_dir_is_resolved_against_the_working_directory(driver: &'static str) {
+    let work = TempDir::new("cwd");
+    std::fs::create_dir(work.path().join("sub")).unwrap();
+    let resolved = work.path().join("sub");
+    let mut launch = Launch::new(driver).arg("--base-dir").arg("sub");
+    launch.current_dir = Some(work.path().to_path_buf());
+    let server = launch.start();
+    let banner = server
+        .startup
+        .iter()
+        .find(|l| l.starts_with("agent-sandbox "))
+        .unwrap();
+    assert!(
+        banner.contains(&format!("base_dir={}", resolved.display())),
+        "{banner}"
+    );
+    let reply = server.post("/upload", r#"{"path": "a.txt", "content_base64": "aGk="}"#);
+    assert_eq!(reply.status, 200, "{}", reply.text());
+    assert_eq!(
+        reply.json()["path"],
+        resolved.join("a.txt").to_str().unwrap()
+    );
+    assert_eq!(std::fs::read(resolved.join("a.txt")).unwrap(), b"hi");
+}
+
+fn unusable_base_dirs_refuse_to_start(driver: &'static str) {
+    let dir = TempDir::new("notadir");
+    let file = dir.path().join("file");
+    std::fs::write(&file, b"x").unwrap();
+    let (code, stderr) = Launch::new(driver).base_dir(&file).fail();
+    assert_eq!(code, 2, "{stderr}");
+    assert!(stderr.contains("is not a directory"), "{stderr}");
+    assert_eq!(stderr.trim().lines().count(), 1, "{stderr}");
+    let (code, stderr) = Launch::new(driver).arg("--base-dir").arg("").fail();
+    assert_eq!(code, 2, "{stderr}");
+    assert!(stderr.contains("--base-dir"), "{stderr}");
+}
+
+/// As the Python reference: listing a missing base is 404, stat says nothing is there,
+/// and an upload or mkdir creates it.
+fn missing_base_dir_behaves_like_the_reference(driver: &'static str) {
+    let dir = TempDir::new("missing");
+    let base = dir.path().join("home/user");
+    let server = Launch::new(driver).base_dir(&base).start();
+    let reply = server.get("/files/list?path=.");
+    assert_eq!(reply.status, 404, "{}", reply.text());
+    assert_eq!(reply.json()["type"], "FileNotFoundError");
+    let reply = server.get("/files/stat?path=x");
+    assert_eq!(reply.status, 200);
+    assert_eq!(reply.json()["exists"], false);
+    assert_eq!(server.get("/download?path=x").status, 404);
+    let reply = server.post("/upload", r#"{"path": "n.txt", "content_base64": "aGk="}"#);
+    assert_eq!(reply.status, 200, "{}", reply.text());
+    assert_eq!(std::fs::read(base.join("n.txt")).unwrap(), b"hi");
+    std::fs::remove_dir_all(&base).unwrap();
+    let reply = server.post("/files/mkdir", r#"{"path": "d/e"}"#);
+    assert_eq!(reply.status, 200, "{}", reply.text());
+    assert!(base.join("d/e").is_dir());
+}
+
+/// SIGTERM ends every open event stream with a final `shutdown` event, and the process
+/// exits well inside `docker stop`'s 10 s.
+fn shutdown_ends_open_streams_at_once(driver: &'static str) {
+    let mut server = Launch::new(driver).start();
+    std::fs::create_dir(server.base_dir().join("w")).unwrap();
+    let mut readers = Vec::new();
+    for _ in 0..10 {
+        let mut stream = server.connect();
+        stream
+            .write_all(b"GET /files/watch?path=w&timeout=300 HTTP/1.1\r\nHost: t\r\n\r\n")
+            .unwrap();
+        stream
+            .set_read_timeout(Some(Duration::from_secs(10)))
+            .unwrap();
+        let mut reader = BufReader::new(stream);
+        let mut text = String::new();
+        while !text.contains("event: ready") {
+            assert!(reader.read_line(&mut text).unwrap() > 0);
+        }
+        readers.push(reader);
+    }
+    let started = Instant::now();
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(server.child.id() as i32),
+        nix::sys::signal::Signal::SIGTERM,
+    )
+    .unwrap();
+    for reader in &mut readers {
+        let mut rest = String::new();
+        loop {
+            let mut line = String::new();
+            if reader.read_line(&mut line).unwrap_or(0) == 0 {
+                break;
+            }
+            rest.push_str(&line);
+        }
+        assert!(rest.contains("event: shutdown\n"), "{rest:?}");
+        assert!(
+            rest.ends_with("0\r\n\r\n"),
+            "stream not ended cleanly: {rest:?}"
+        );
+    }
+    let status = server.child.wait().unwrap();
+    assert_eq!(status.code(), Some(0));
+    let took = started.elapsed();
+    assert!(took < Duration::from_secs(2), "shutdown took {took:?}");
+}
+
+/// Logging can never stop the server: with stdout and stderr closed pipes it starts,
+/// serves, and still exits 0 on SIGTERM.
+fn closed_output_pipes_do_not_block_shutdown(driver: &'static str) {
+    let dir = TempDir::new("pipes");
+    let mut child = Command::new(MAIN_BIN)
+        .args(["--host", "127.0.0.1", "--port", "0", "--io-driver", driver])
+        // A missing base directory makes it warn on stderr at startup.
+        .arg("--base-dir")
+        .arg(dir.path().join("missing"))
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut first = String::new();
+    let mut out = BufReader::new(child.stdout.take().unwrap());
+    while !first.starts_with("listening on ") {
+        first.clear();
+        assert!(out.read_line(&mut first).unwrap() > 0, "no 'listening on'");
+    }
+    let addr = first.trim().trim_start_matches("listening on ").to_string();
+    drop(out);
+    drop(child.stderr.take());
+    let mut stream = std::net::TcpStream::connect(&addr).unwrap();
+    stream
+        .write_all(b"GET /health HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n")
+        .unwrap();
+    assert_eq!(read_reply(&mut BufReader::new(stream)).unwrap().status, 200);
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(child.id() as i32),
+        nix::sys::signal::Signal::SIGTERM,
+    )
+    .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            assert_eq!(status.code(), Some(0));
+            break;
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            panic!("SIGTERM ignored with closed output pipes");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+fn health_check_flag_probes_the_server(driver: &'static str) {
+    let server = Launch::new(driver).start();
+    let probe = |port: u16| {
+        Command::new(MAIN_BIN)
+            .args(["--health-check", "--port", &port.to_string()])
+            .output()
+            .unwrap()
+    };
+    let up = probe(server.addr.port());
+    assert_eq!(up.status.code(), Some(0), "{up:?}");
+    let free = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = free.local_addr().unwrap().port();
+    drop(free);
+    let down = probe(port);
+    assert_eq!(down.status.code(), Some(1), "{down:?}");
+    assert!(String::from_utf8_lossy(&down.stderr).contains("health check"));
+}
+
+on_both_drivers!(
+    relative_base_dir_is_resolved_against_the_working_directory,
+    unusable_base_dirs_refuse_to_start,
+    missing_base_dir_behaves_like_the_reference,
+    shutdown_ends_open_streams_at_once,
+    closed_output_pipes_do_not_block_shutdown,
+    health_check_flag_probes_the_server,
+);

@@ -196,6 +196,11 @@ pub struct EndpointSpec {
     pub body: BodyMode,
     pub errors: ErrorStyle,
     pub listener: Listener,
+    /// JSON Schema of the success body (the OpenAPI document's 200), when declared.
+    pub returns: Option<Value>,
+    /// Statuses this endpoint answers besides 200 and the ones every endpoint may
+    /// (see [`EndpointSpec::statuses`]).
+    pub also_answers: Vec<u16>,
 }
 
 impl EndpointSpec {
@@ -217,7 +222,28 @@ impl EndpointSpec {
             body: BodyMode::Json,
             errors: ErrorStyle::Contract,
             listener: Listener::Api,
+            returns: None,
+            also_answers: Vec::new(),
         }
+    }
+
+    /// Every status this endpoint can answer: 200, the dispatcher's refusals that apply
+    /// to it, and its own.
+    pub fn statuses(&self) -> Vec<u16> {
+        let mut statuses = vec![200, 400, 404, 500];
+        if self.auth_required {
+            statuses.push(401);
+        }
+        if !self.scopes.is_empty() || self.group != Group::Core {
+            statuses.push(403);
+        }
+        if self.method.takes_json_body() || self.body != BodyMode::Json {
+            statuses.push(413);
+        }
+        statuses.extend(&self.also_answers);
+        statuses.sort_unstable();
+        statuses.dedup();
+        statuses
     }
 
     /// The method as `/capabilities` shows it: `WS` for a WebSocket.

@@ -238,6 +238,16 @@ impl Endpoint {
         self.spec.params = params.to_vec();
         self
     }
+    /// The JSON Schema of the success body, for the OpenAPI document.
+    pub fn returns(mut self, schema: Value) -> Self {
+        self.spec.returns = Some(schema);
+        self
+    }
+    /// Statuses this endpoint answers besides 200 and the dispatcher's refusals.
+    pub fn also_answers(mut self, statuses: &[u16]) -> Self {
+        self.spec.also_answers.extend_from_slice(statuses);
+        self
+    }
     pub fn limit(mut self, name: &str, value: impl Into<Value>) -> Self {
         self.spec.limits.insert(name.to_string(), value.into());
         self

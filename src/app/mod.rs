@@ -5,6 +5,7 @@
 pub mod auth;
 pub mod dispatch;
 pub mod endpoint;
+pub mod openapi;
 pub mod policy;
 pub mod request;
 pub mod router;

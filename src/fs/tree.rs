@@ -286,6 +286,8 @@ pub struct Found {
 pub struct Search {
     pub results: Vec<Found>,
     pub timed_out: bool,
+    /// Part of the tree lies deeper than the walk goes (256 levels) and was not searched.
+    pub truncated: bool,
 }
 
 /// Finds files whose name matches the fnmatch `pattern`, walking like `os.walk`.
@@ -360,8 +362,12 @@ impl Visitor for Finder<'_> {
         })
     }
 
-    /// Unreadable directories are passed over, as `os.walk` does by default.
-    fn unreadable(&mut self, _rel: &str, _error: io::Error) -> io::Result<()> {
+    /// Unreadable directories are passed over, as `os.walk` does by default; a tree
+    /// deeper than the walk goes is said in `truncated`.
+    fn unreadable(&mut self, _rel: &str, error: io::Error) -> io::Result<()> {
+        if walk::is_too_deep(&error) {
+            self.found.truncated = true;
+        }
         Ok(())
     }
 }

@@ -15,7 +15,8 @@ pub fn endpoints() -> Vec<Endpoint> {
         Endpoint::new(Method::Get, "/health", Group::Core, handler(health))
             .id("health")
             .summary("Liveness probe (anonymous).")
-            .auth_required(false),
+            .auth_required(false)
+            .returns(json!({"type": "object", "required": ["status"], "properties": {"status": {"const": "ok"}}})),
         Endpoint::new(
             Method::Get,
             "/capabilities",
@@ -23,7 +24,8 @@ pub fn endpoints() -> Vec<Endpoint> {
             handler(capabilities),
         )
         .id("capabilities")
-        .summary("Discovery document: every endpoint with its state for this caller."),
+        .summary("Discovery document: every endpoint with its state for this caller.")
+        .returns(json!({"type": "object", "required": ["api_version", "server_version", "groups", "group_summary", "identity", "policy", "endpoints", "warnings"]})),
         Endpoint::new(
             Method::Post,
             "/capabilities/check",
@@ -35,8 +37,21 @@ pub fn endpoints() -> Vec<Endpoint> {
         .params(&[
             Param::body("endpoint", "string", true),
             Param::body("path", "string", false),
-        ]),
+        ])
+        .returns(json!({"type": "object", "required": ["endpoint", "allowed", "code", "reason"], "properties": {
+            "endpoint": {"type": "string"}, "allowed": {"type": "boolean"},
+            "code": {"type": ["string", "null"]}, "reason": {"type": ["string", "null"]},
+        }})),
+        Endpoint::new(Method::Get, "/openapi.json", Group::Core, handler(openapi))
+            .id("openapi")
+            .summary("This API as an OpenAPI 3.1 document, generated from the route table.")
+            .returns(json!({"type": "object", "required": ["openapi", "paths"]})),
     ]
+}
+
+async fn openapi(call: Call) -> Result<Response, ApiError> {
+    let document = crate::app::openapi::document(&call.catalog().endpoints, call.spec().listener);
+    Ok(Response::ok(&document))
 }
 
 async fn health(_call: Call) -> Result<Response, ApiError> {

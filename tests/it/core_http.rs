@@ -435,7 +435,7 @@ fn capabilities_document_shape(driver: &'static str) {
     assert_eq!(doc["groups"]["core"], true);
     assert_eq!(
         doc["group_summary"]["core"],
-        json!({"enabled": 3, "total": 3})
+        json!({"enabled": 4, "total": 4})
     );
     assert!(doc["endpoints"]["capabilities_check"]["params"]["endpoint"]["required"] == true);
     assert!(doc["warnings"].is_array());
@@ -547,6 +547,50 @@ fn custom_routes_appear_and_opt_in_groups_answer_the_contract_404(driver: &'stat
     let token = Launch::example(driver).env("ABX_SERVER_TOKEN", "k").start();
     assert_eq!(token.get("/open/ping").status, 200);
     assert_eq!(token.get("/hello/x").status, 401);
+}
+
+/// `/openapi.json` is generated from the same table as `/capabilities`: every endpoint
+/// served on this port appears once, with its parameters, body fields and statuses.
+fn openapi_document_lists_every_endpoint(driver: &'static str) {
+    let server = Server::start(driver);
+    let caps = server.get("/capabilities").json();
+    let reply = server.get("/openapi.json");
+    assert_eq!(reply.status, 200);
+    let doc = reply.json();
+    assert_eq!(doc["openapi"], "3.1.0");
+    let mut operations = std::collections::HashMap::new();
+    for (path, methods) in doc["paths"].as_object().unwrap() {
+        for (method, op) in methods.as_object().unwrap() {
+            operations.insert(
+                op["operationId"].as_str().unwrap().to_string(),
+                (path.clone(), method.clone(), op.clone()),
+            );
+        }
+    }
+    for (id, ep) in caps["endpoints"].as_object().unwrap() {
+        if ep["method"] == "WS" {
+            assert!(!operations.contains_key(id), "{id} is not an HTTP route");
+            continue;
+        }
+        let (path, method, op) = operations.get(id).unwrap_or_else(|| panic!("{id} missing"));
+        assert_eq!(path, ep["path"].as_str().unwrap());
+        assert_eq!(method.to_uppercase(), ep["method"].as_str().unwrap());
+        assert!(op["responses"]["200"].is_object(), "{id}");
+        assert!(
+            op["responses"]["404"]["content"]["application/json"].is_object(),
+            "{id}"
+        );
+    }
+    let upload = &operations["upload"].2;
+    let body = &upload["requestBody"]["content"]["application/json"]["schema"];
+    assert_eq!(body["required"], json!(["path", "content_base64"]));
+    assert!(upload["responses"]["413"].is_object());
+    let list = &operations["files_list"].2;
+    assert_eq!(list["parameters"][0]["name"], "path");
+    assert_eq!(list["parameters"][0]["in"], "query");
+    let raw = &operations["files_download_stream"].2;
+    assert!(raw["responses"]["200"]["content"]["application/octet-stream"].is_object());
+    assert!(raw["responses"]["416"].is_object());
 }
 
 fn capabilities_check_answers(driver: &'static str) {
@@ -846,6 +890,7 @@ on_both_drivers!(
     capabilities_document_shape,
     custom_routes_appear_and_opt_in_groups_answer_the_contract_404,
     capabilities_check_answers,
+    openapi_document_lists_every_endpoint,
     handler_panic_is_500_and_the_connection_lives_on,
     sse_events_are_framed_and_flushed_one_by_one,
     policy_file_sets_revision_and_switches,

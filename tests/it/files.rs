@@ -1044,6 +1044,42 @@ fn open_watches_hold_no_pool_threads(driver: &'static str) {
     }
 }
 
+/// A tree deeper than the walk goes is reported (`truncated`), and `max_results` is
+/// capped at 10,000 however large the request.
+fn search_says_when_it_was_cut_short(driver: &'static str) {
+    let server = Server::start(driver);
+    let b = server.base_dir();
+    let mut deep = b.join("deep");
+    for _ in 0..260 {
+        deep.push("d");
+    }
+    std::fs::create_dir_all(&deep).unwrap();
+    std::fs::write(deep.join("bottom.py"), b"").unwrap();
+    let reply = server.post(
+        "/files/search",
+        r#"{"path": "deep", "pattern": "*.py", "max_depth": 1000}"#,
+    );
+    assert_eq!(reply.status, 200, "{}", reply.text());
+    assert_eq!(reply.json()["truncated"], true);
+    assert_eq!(reply.json()["results"], json!([]));
+    std::fs::create_dir(b.join("many")).unwrap();
+    for i in 0..10_050 {
+        std::fs::write(b.join(format!("many/f{i}.txt")), b"").unwrap();
+    }
+    let reply = server.post(
+        "/files/search",
+        r#"{"path": "many", "pattern": "*", "max_results": 1000000000}"#,
+    );
+    assert_eq!(reply.status, 200);
+    assert_eq!(reply.json()["results"].as_array().unwrap().len(), 10_000);
+    assert!(reply.json().get("truncated").is_none());
+    let caps = server.get("/capabilities").json();
+    assert_eq!(
+        caps["endpoints"]["files_search"]["limits"]["max_results_cap"],
+        10_000
+    );
+}
+
 fn watch_times_out_and_validates(driver: &'static str) {
     let server = Server::start(driver);
     let mut stream = server.connect();
@@ -1185,8 +1221,70 @@ fn awkward_files_and_paths(driver: &'static str) {
     assert!(reply.json()["bytes"].as_u64().unwrap() < 1024 * 1024);
 }
 
+/// Every route works within a fixed number of descriptors whatever the tree size:
+/// archives of 10,000 files (one at a time, and eight at once) and twelve recursive
+/// watches of 5,000 directories, all under `ulimit -n 1024`.
+fn large_trees_fit_a_small_descriptor_limit(driver: &'static str) {
+    let mut launch = Launch::new(driver);
+    launch.nofile = Some(1024);
+    let server = launch.start();
+    let b = server.base_dir().to_path_buf();
+    for d in 0..100 {
+        std::fs::create_dir_all(b.join(format!("big/d{d:02}"))).unwrap();
+        for f in 0..100 {
+            std::fs::write(b.join(format!("big/d{d:02}/f{f:02}")), b"x").unwrap();
+        }
+    }
+    let reply = server.post("/files/archive", r#"{"paths": ["big"], "format": "zip"}"#);
+    assert_eq!(reply.status, 200, "{}", reply.text());
+    let addr = server.addr;
+    let handles: Vec<_> = (0..8)
+        .map(|_| {
+            std::thread::spawn(move || {
+                let body = r#"{"paths": ["big"]}"#;
+                let mut stream = std::net::TcpStream::connect(addr).unwrap();
+                let head = format!(
+                    "POST /files/archive HTTP/1.1\r\nHost: t\r\nConnection: close\r\nContent-Length: {}\r\n\r\n{body}",
+                    body.len()
+                );
+                stream.write_all(head.as_bytes()).unwrap();
+                read_reply(&mut BufReader::new(stream)).unwrap().status
+            })
+        })
+        .collect();
+    let results: Vec<u16> = handles.into_iter().map(|h| h.join().unwrap()).collect();
+    assert_eq!(results, [200; 8]);
+
+    for d in 0..5000 {
+        std::fs::create_dir_all(b.join(format!("tree/t{:02}/d{d:04}", d % 50))).unwrap();
+    }
+    let mut readers = Vec::new();
+    for _ in 0..12 {
+        let mut stream = server.connect();
+        stream
+            .write_all(b"GET /files/watch?path=tree&recursive=true&interval=0.2&timeout=60 HTTP/1.0\r\n\r\n")
+            .unwrap();
+        stream
+            .set_read_timeout(Some(Duration::from_secs(30)))
+            .unwrap();
+        let mut reader = BufReader::new(stream);
+        let mut status = String::new();
+        reader.read_line(&mut status).unwrap();
+        assert!(status.contains("200"), "{status}");
+        let (name, ready) = read_event(&mut reader);
+        assert_eq!(name, "ready", "{ready}");
+        readers.push(reader);
+    }
+    std::fs::write(b.join("tree/t07/d0007/new.txt"), b"x").unwrap();
+    for reader in &mut readers {
+        expect_event(reader, "created", "t07/d0007/new.txt");
+    }
+}
+
 on_both_drivers!(
     open_watches_hold_no_pool_threads,
+    large_trees_fit_a_small_descriptor_limit,
+    search_says_when_it_was_cut_short,
     awkward_files_and_paths,
     upload_download_round_trips_every_byte_value,
     seven_mib_through_json,

@@ -181,6 +181,64 @@ fn health_check_flag_probes_the_server(driver: &'static str) {
     assert!(String::from_utf8_lossy(&down.stderr).contains("health check"));
 }
 
+/// Memory per idle or trickling connection is a small constant: refused requests that
+/// declare 10 MiB bodies and trickle bytes hold no body buffer, and a body that keeps
+/// below the minimum rate is cut off about one read timeout after it started.
+fn trickling_bodies_hold_no_memory_and_are_cut_off(driver: &'static str) {
+    let server = Launch::new(driver)
+        .env("ABX_SERVER_TOKEN", "secret")
+        .arg("--read-timeout")
+        .arg("2")
+        .start();
+    let mut streams = Vec::new();
+    for _ in 0..100 {
+        let mut stream = server.connect();
+        stream
+            .write_all(
+                b"POST /files/mkdir HTTP/1.1\r\nHost: t\r\nContent-Length: 10485760\r\n\r\n{",
+            )
+            .unwrap();
+        streams.push(stream);
+    }
+    std::thread::sleep(Duration::from_millis(500));
+    let status = std::fs::read_to_string(format!("/proc/{}/status", server.child.id())).unwrap();
+    let rss_kib: u64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap();
+    assert!(
+        rss_kib < 32 * 1024,
+        "RSS {rss_kib} KiB with 100 trickling refusals"
+    );
+    // A byte every half second is far below the minimum rate: cut off after ~2 s.
+    let started = Instant::now();
+    let mut stream = server.connect();
+    stream
+        .write_all(b"POST /files/mkdir HTTP/1.1\r\nHost: t\r\nX-Access-Token: secret\r\nContent-Length: 1000\r\n\r\n")
+        .unwrap();
+    let mut closed = false;
+    for _ in 0..20 {
+        std::thread::sleep(Duration::from_millis(500));
+        if stream.write_all(b" ").is_err() {
+            closed = true;
+            break;
+        }
+        let mut probe = [0u8; 1];
+        stream.set_nonblocking(true).unwrap();
+        let read = std::io::Read::read(&mut stream, &mut probe);
+        stream.set_nonblocking(false).unwrap();
+        if matches!(read, Ok(0)) {
+            closed = true;
+            break;
+        }
+    }
+    assert!(closed, "a trickling body was never cut off");
+    assert!(started.elapsed() < Duration::from_secs(8));
+    drop(streams);
+    assert_eq!(server.get("/health").status, 200);
+}
+
 on_both_drivers!(
     relative_base_dir_is_resolved_against_the_working_directory,
     unusable_base_dirs_refuse_to_start,
@@ -188,4 +246,5 @@ on_both_drivers!(
     shutdown_ends_open_streams_at_once,
     closed_output_pipes_do_not_block_shutdown,
     health_check_flag_probes_the_server,
+    trickling_bodies_hold_no_memory_and_are_cut_off,
 );

@@ -47,6 +47,8 @@ pub struct Launch {
     pub base_dir: Option<PathBuf>,
     /// The server's working directory (the test's own when `None`).
     pub current_dir: Option<PathBuf>,
+    /// A hard limit on open files for the server (`ulimit -n`).
+    pub nofile: Option<u64>,
 }
 
 impl Launch {
@@ -58,6 +60,7 @@ impl Launch {
             env: Vec::new(),
             base_dir: None,
             current_dir: None,
+            nofile: None,
         }
     }
     pub fn example(driver: &'static str) -> Launch {
@@ -106,6 +109,20 @@ impl Launch {
         }
         if let Some(dir) = &self.current_dir {
             cmd.current_dir(dir);
+        }
+        if let Some(limit) = self.nofile {
+            use std::os::unix::process::CommandExt;
+            let limit = rustix::process::Rlimit {
+                current: Some(limit),
+                maximum: Some(limit),
+            };
+            // SAFETY: setrlimit is async-signal-safe; nothing else runs in the child.
+            unsafe {
+                cmd.pre_exec(move || {
+                    rustix::process::setrlimit(rustix::process::Resource::Nofile, limit)
+                        .map_err(std::io::Error::from)
+                });
+            }
         }
         cmd.stdin(Stdio::null())
             .stdout(Stdio::piped())

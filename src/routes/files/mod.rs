@@ -25,6 +25,8 @@ pub fn endpoints() -> Vec<Endpoint> {
             handler(transfer::upload),
         )
         .id("upload")
+        .returns(schema::path_bytes())
+        .also_answers(&[503])
         .summary("Write a file from base64 content (atomic; parent directories created).")
         .params(&[
             Param::body("path", "string", true),
@@ -38,6 +40,8 @@ pub fn endpoints() -> Vec<Endpoint> {
             handler(transfer::download),
         )
         .id("download")
+        .returns(schema::download())
+        .also_answers(&[503])
         .summary("Read a file as base64.")
         .params(std::slice::from_ref(&path_q)),
         Endpoint::new(
@@ -47,6 +51,8 @@ pub fn endpoints() -> Vec<Endpoint> {
             handler(tree::list),
         )
         .id("files_list")
+        .returns(schema::list())
+        .also_answers(&[503])
         .summary("List a directory (recursive to depth 3 with recursive=true).")
         .params(&[path_q.clone(), Param::query("recursive", "boolean", false)])
         .limit("max_depth", crate::fs::tree::LIST_MAX_DEPTH),
@@ -57,6 +63,8 @@ pub fn endpoints() -> Vec<Endpoint> {
             handler(tree::stat),
         )
         .id("files_stat")
+        .returns(schema::stat())
+        .also_answers(&[503])
         .summary("Metadata of a path; exists is false when nothing is there.")
         .params(std::slice::from_ref(&path_q)),
         Endpoint::new(
@@ -66,6 +74,8 @@ pub fn endpoints() -> Vec<Endpoint> {
             handler(tree::mkdir),
         )
         .id("files_mkdir")
+        .returns(schema::mkdir())
+        .also_answers(&[503])
         .summary("Create a directory and its parents.")
         .params(&[Param::body("path", "string", true)]),
         Endpoint::new(
@@ -75,6 +85,8 @@ pub fn endpoints() -> Vec<Endpoint> {
             handler(tree::delete),
         )
         .id("files_delete")
+        .returns(schema::delete())
+        .also_answers(&[503])
         .summary("Delete a file or a directory tree.")
         .params(std::slice::from_ref(&path_q)),
         Endpoint::new(
@@ -84,6 +96,8 @@ pub fn endpoints() -> Vec<Endpoint> {
             handler(tree::move_path),
         )
         .id("files_move")
+        .returns(schema::r#move())
+        .also_answers(&[503])
         .summary("Move or rename a file or directory.")
         .params(&[
             Param::body("source", "string", true),
@@ -96,6 +110,8 @@ pub fn endpoints() -> Vec<Endpoint> {
             handler(search::search),
         )
         .id("files_search")
+        .returns(schema::search())
+        .also_answers(&[503])
         .summary("Find files whose name matches an fnmatch pattern.")
         .params(&[
             Param::body("path", "string", false),
@@ -105,6 +121,7 @@ pub fn endpoints() -> Vec<Endpoint> {
         ])
         .limit("max_depth", search::DEFAULT_DEPTH)
         .limit("max_results", search::DEFAULT_RESULTS)
+        .limit("max_results_cap", search::MAX_RESULTS)
         .limit("timeout_seconds", search::TIME_LIMIT.as_secs()),
         Endpoint::new(
             Method::Post,
@@ -113,6 +130,8 @@ pub fn endpoints() -> Vec<Endpoint> {
             handler(transfer::upload),
         )
         .id("files_upload_stream")
+        .returns(schema::path_bytes())
+        .also_answers(&[503])
         .summary("Upload as /upload does, or stream a raw application/octet-stream body to disk.")
         .params(&[
             Param::body("path", "string", true),
@@ -128,6 +147,9 @@ pub fn endpoints() -> Vec<Endpoint> {
             handler(transfer::download_stream),
         )
         .id("files_download_stream")
+        .returns(schema::download_stream())
+        .also_answers(&[206, 304, 416])
+        .also_answers(&[503])
         .summary("Download as /download does plus bytes, or raw bytes with Range and ETag.")
         .params(&[path_q.clone(), Param::query("raw", "boolean", false)]),
         Endpoint::new(
@@ -137,6 +159,8 @@ pub fn endpoints() -> Vec<Endpoint> {
             handler(archive::archive),
         )
         .id("files_archive")
+        .returns(schema::archive())
+        .also_answers(&[503])
         .summary("Pack paths into a tar.gz or zip archive, returned as base64.")
         .params(&[
             Param::body("paths", "array", true),
@@ -164,6 +188,99 @@ pub fn endpoints() -> Vec<Endpoint> {
     ]
 }
 
+/// JSON Schemas of the file routes' success bodies, for the OpenAPI document.
+mod schema {
+    use serde_json::{json, Value};
+
+    fn object(required: &[&str], properties: Value) -> Value {
+        json!({"type": "object", "required": required, "properties": properties})
+    }
+    pub fn path_bytes() -> Value {
+        object(
+            &["path", "bytes"],
+            json!({"path": {"type": "string"}, "bytes": {"type": "integer"}}),
+        )
+    }
+    pub fn download() -> Value {
+        object(
+            &["path", "content_base64"],
+            json!({"path": {"type": "string"}, "content_base64": {"type": "string"}}),
+        )
+    }
+    pub fn download_stream() -> Value {
+        object(
+            &["path", "content_base64", "bytes"],
+            json!({"path": {"type": "string"}, "content_base64": {"type": "string"}, "bytes": {"type": "integer"}}),
+        )
+    }
+    pub fn list() -> Value {
+        let entry = object(
+            &["name", "type", "size", "modified"],
+            json!({"name": {"type": "string"}, "type": {"enum": ["file", "directory"]}, "size": {"type": "integer"}, "modified": {"type": "string"}}),
+        );
+        object(
+            &["entries"],
+            json!({"entries": {"type": "array", "items": entry}}),
+        )
+    }
+    pub fn stat() -> Value {
+        object(
+            &[
+                "name",
+                "path",
+                "type",
+                "size",
+                "permissions",
+                "modified",
+                "accessed",
+                "created",
+                "exists",
+            ],
+            json!({
+                "name": {"type": "string"}, "path": {"type": "string"},
+                "type": {"enum": ["file", "directory", "symlink", "unknown"]},
+                "size": {"type": "integer"}, "permissions": {"type": "string"},
+                "modified": {"type": "string"}, "accessed": {"type": "string"},
+                "created": {"type": "string"}, "exists": {"type": "boolean"},
+            }),
+        )
+    }
+    pub fn mkdir() -> Value {
+        object(
+            &["path", "created"],
+            json!({"path": {"type": "string"}, "created": {"const": true}}),
+        )
+    }
+    pub fn delete() -> Value {
+        object(
+            &["path", "deleted"],
+            json!({"path": {"type": "string"}, "deleted": {"const": true}}),
+        )
+    }
+    pub fn r#move() -> Value {
+        object(
+            &["source", "destination"],
+            json!({"source": {"type": "string"}, "destination": {"type": "string"}}),
+        )
+    }
+    pub fn search() -> Value {
+        let found = object(
+            &["name", "path"],
+            json!({"name": {"type": "string"}, "path": {"type": "string"}}),
+        );
+        object(
+            &["results", "timed_out"],
+            json!({"results": {"type": "array", "items": found}, "timed_out": {"type": "boolean"}, "truncated": {"type": "boolean"}}),
+        )
+    }
+    pub fn archive() -> Value {
+        object(
+            &["content_base64", "format", "bytes"],
+            json!({"content_base64": {"type": "string"}, "format": {"enum": ["tar.gz", "zip"]}, "bytes": {"type": "integer"}}),
+        )
+    }
+}
+
 /// Words a file operation's failure as the contract does.
 pub fn fs_error(error: FsError) -> ApiError {
     let message = error.to_string();
@@ -177,11 +294,23 @@ pub fn fs_error(error: FsError) -> ApiError {
         FsError::TooLarge { .. } => {
             ApiError::new(413, "ValueError", message).with_code("payload_too_large")
         }
+        FsError::Io { error, .. } if is_out_of_descriptors(&error) => ApiError::new(
+            503,
+            "OSError",
+            "The server has no file descriptors left for this request; retry shortly",
+        )
+        .with_code("resource_exhausted")
+        .with_header("Retry-After", "1"),
         FsError::Io { error, path } => os_error(&error, Some(&path)),
         FsError::Os { errno, .. } => {
             ApiError::internal(crate::api::errno::python_exception(Some(errno)), message)
         }
     }
+}
+
+/// EMFILE or ENFILE: a passing shortage of descriptors, not a fault of the request.
+fn is_out_of_descriptors(error: &std::io::Error) -> bool {
+    matches!(error.raw_os_error(), Some(23 | 24))
 }
 
 /// The `path` query parameter, required.

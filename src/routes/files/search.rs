@@ -13,6 +13,9 @@ use crate::http::Response;
 pub const DEFAULT_DEPTH: i64 = 5;
 pub const DEFAULT_RESULTS: i64 = 100;
 pub const TIME_LIMIT: Duration = Duration::from_secs(10);
+/// Most results one search returns, whatever `max_results` asks for: each result is
+/// held in memory until the answer is written.
+pub const MAX_RESULTS: i64 = 10_000;
 
 /// An integer field as Python's `int()` takes it: integers, integral floats (truncated),
 /// numeric strings and booleans.
@@ -54,12 +57,15 @@ pub async fn search(call: Call) -> Result<Response, ApiError> {
         root,
         pattern,
         max_depth.max(0) as usize,
-        max_results.max(0) as usize,
+        max_results.clamp(0, MAX_RESULTS) as usize,
         TIME_LIMIT,
     )
     .await
     .map_err(fs_error)?;
-    Ok(Response::ok(
-        &json!({"results": found.results, "timed_out": found.timed_out}),
-    ))
+    let mut answer = json!({"results": found.results, "timed_out": found.timed_out});
+    // Only when it happened, so answers match the reference server's shape otherwise.
+    if found.truncated {
+        answer["truncated"] = json!(true);
+    }
+    Ok(Response::ok(&answer))
 }

@@ -1,0 +1,186 @@
+//! The OpenAPI 3.1 document of this server, generated from the route table: every
+//! endpoint this listener serves, its parameters, body fields, success body (where the
+//! table declares one) and every status with the error envelope. It grows with each
+//! group, because it reads the same declarations as the router and `/capabilities`.
+
+use serde_json::{json, Map, Value};
+
+use super::endpoint::{Endpoint, Serve};
+use crate::api::{BodyMode, ErrorStyle, Listener, ParamIn};
+
+/// The document for the endpoints of `listener`.
+pub fn document(endpoints: &[Endpoint], listener: Listener) -> Value {
+    let mut paths = Map::new();
+    for endpoint in endpoints {
+        let spec = &endpoint.spec;
+        if spec.listener != listener || matches!(endpoint.serve, Serve::Unavailable(_)) {
+            continue;
+        }
+        let mut operation = Map::new();
+        operation.insert("operationId".into(), json!(spec.id));
+        operation.insert("summary".into(), json!(spec.summary));
+        operation.insert("tags".into(), json!([spec.group.name()]));
+        let mut parameters = Vec::new();
+        let mut body_properties = Map::new();
+        let mut body_required = Vec::new();
+        for param in &spec.params {
+            let schema = json!({"type": param.kind});
+            match param.location {
+                ParamIn::Body => {
+                    body_properties.insert(param.name.into(), schema);
+                    if param.required {
+                        body_required.push(param.name);
+                    }
+                }
+                ParamIn::Query | ParamIn::Path => parameters.push(json!({
+                    "name": param.name,
+                    "in": param.location.name(),
+                    // A path segment is always there; a query parameter only when sent.
+                    "required": param.required || param.location == ParamIn::Path,
+                    "schema": schema,
+                })),
+            }
+        }
+        if !parameters.is_empty() {
+            operation.insert("parameters".into(), Value::Array(parameters));
+        }
+        if spec.method.takes_json_body() {
+            let mut content = Map::new();
+            content.insert(
+                "application/json".into(),
+                json!({"schema": {
+                    "type": "object",
+                    "properties": body_properties,
+                    "required": body_required,
+                }}),
+            );
+            if spec.body == BodyMode::RawOrWholeJson {
+                content.insert(
+                    "application/octet-stream".into(),
+                    json!({"schema": {"type": "string", "format": "binary"}}),
+                );
+            }
+            operation.insert(
+                "requestBody".into(),
+                json!({"required": false, "content": content}),
+            );
+        }
+        let mut responses = Map::new();
+        for status in spec.statuses() {
+            let response = if status == 200 {
+                // An endpoint with a `raw` flag answers raw bytes when asked to.
+                let raw = spec.params.iter().any(|p| p.name == "raw");
+                success(spec.streaming, raw, spec.returns.clone())
+            } else if (200..400).contains(&status) {
+                json!({"description": reason(status)})
+            } else {
+                let schema = match spec.errors {
+                    ErrorStyle::Contract => "#/components/schemas/Error",
+                    ErrorStyle::OpenAi => "#/components/schemas/OpenAiError",
+                };
+                json!({
+                    "description": reason(status),
+                    "content": {"application/json": {"schema": {"$ref": schema}}},
+                })
+            };
+            responses.insert(status.to_string(), response);
+        }
+        operation.insert("responses".into(), Value::Object(responses));
+        let path = paths
+            .entry(spec.path.clone())
+            .or_insert_with(|| Value::Object(Map::new()));
+        if let Value::Object(path) = path {
+            path.insert(
+                spec.method.as_str().to_ascii_lowercase(),
+                Value::Object(operation),
+            );
+        }
+    }
+    json!({
+        "openapi": "3.1.0",
+        "info": {
+            "title": "agent-sandbox",
+            "version": env!("CARGO_PKG_VERSION"),
+            "description": "The HTTP API of an agent-sandbox container: files, processes, terminals, system facts, dev tools, a browser and coding agents. docs/api.md is the reference in prose.",
+        },
+        "paths": paths,
+        "components": {
+            "schemas": {
+                "Error": {
+                    "type": "object",
+                    "required": ["error", "type"],
+                    "properties": {
+                        "error": {"type": "string"},
+                        "type": {"type": "string"},
+                        "code": {"type": "string"},
+                        "endpoint": {"type": "string"},
+                        "rule": {"type": "string"},
+                    },
+                },
+                "OpenAiError": {
+                    "type": "object",
+                    "required": ["error"],
+                    "properties": {"error": {
+                        "type": "object",
+                        "required": ["message", "type"],
+                        "properties": {
+                            "message": {"type": "string"},
+                            "type": {"type": "string"},
+                            "param": {"type": ["string", "null"]},
+                            "code": {"type": ["string", "null"]},
+                        },
+                    }},
+                },
+            },
+            "securitySchemes": {
+                "accessToken": {"type": "apiKey", "in": "header", "name": "X-Access-Token"},
+                "bearer": {"type": "http", "scheme": "bearer"},
+            },
+        },
+        "security": [{}, {"accessToken": []}, {"bearer": []}],
+    })
+}
+
+fn success(streaming: bool, raw: bool, schema: Option<Value>) -> Value {
+    if streaming {
+        return json!({
+            "description": "Server-sent events",
+            // Each event: `event: <name>` and `data: <json>` (docs/api.md lists them).
+            "content": {"text/event-stream": {"schema": {
+                "type": "object",
+                "properties": {"event": {"type": "string"}, "data": {"type": "string"}},
+            }}},
+        });
+    }
+    let mut content = Map::new();
+    content.insert(
+        "application/json".into(),
+        json!({"schema": schema.unwrap_or_else(|| json!({"type": "object"}))}),
+    );
+    if raw {
+        content.insert(
+            "application/octet-stream".into(),
+            json!({"schema": {"type": "string", "format": "binary"}}),
+        );
+    }
+    json!({"description": "OK", "content": content})
+}
+
+fn reason(status: u16) -> &'static str {
+    match status {
+        204 => "No content",
+        206 => "Partial content",
+        304 => "Not modified",
+        400 => "Bad request",
+        401 => "Missing or wrong credentials",
+        403 => "Refused by policy (path_not_allowed, missing_scope, ...)",
+        404 => "Not found, or the endpoint is disabled",
+        409 => "Conflict",
+        413 => "Payload too large",
+        416 => "Range not satisfiable",
+        429 => "Too many requests",
+        500 => "The operation failed (the type names the Python exception)",
+        503 => "Temporarily out of resources; retry after Retry-After",
+        _ => "See docs/api.md",
+    }
+}

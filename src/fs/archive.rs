@@ -170,7 +170,12 @@ fn member_for(
         Kind::Symlink => {
             // Read the link once and judge what was read: a link swapped between a check
             // and a second read could otherwise smuggle an outside target in.
-            let target = beneath.readlink(rel).map_err(failed)?;
+            let target = match beneath.readlink(rel) {
+                Ok(target) => target,
+                // Gone (or renamed) since the directory was listed: left out.
+                Err(e) if e.is_missing() => return Ok(None),
+                Err(e) => return Err(failed(e)),
+            };
             let resolved = beneath
                 .base()
                 .path()
@@ -212,9 +217,14 @@ struct Collector<'a, 'b> {
 
 impl Visitor for Collector<'_, '_> {
     fn visit(&mut self, entry: &Entry<'_>) -> std::io::Result<Visit> {
-        let stat = entry.lstat()?;
-        let member_name = format!("{}/{}", self.top_name, entry.rel);
-        let rel = self.top.rel.join(entry.rel_path);
+        let stat = match entry.lstat() {
+            Ok(stat) => stat,
+            // Gone since the directory was listed: the tree changed under the walk.
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Visit::Skip),
+            Err(e) => return Err(e),
+        };
+        let member_name = format!("{}/{}", self.top_name, entry.rel());
+        let rel = self.top.rel.join(entry.rel_path());
         if entry.kind == Kind::Directory {
             self.members.push(Member {
                 name: format!("{member_name}/"),

@@ -72,7 +72,7 @@ impl Visitor for Listing {
         }
         self.first = false;
         out.extend_from_slice(b"{\"name\":");
-        serde_json::to_writer(&mut *out, entry.rel).map_err(io::Error::other)?;
+        serde_json::to_writer(&mut *out, &entry.rel()).map_err(io::Error::other)?;
         out.extend_from_slice(if entry.kind == Kind::Directory {
             b",\"type\":\"directory\",\"size\":"
         } else {
@@ -353,7 +353,11 @@ impl Visitor for Finder<'_> {
         }
         self.found.results.push(Found {
             name: String::from_utf8_lossy(entry.name).into_owned(),
-            path: self.shown.join(entry.rel).to_string_lossy().into_owned(),
+            path: self
+                .shown
+                .join(&*entry.rel())
+                .to_string_lossy()
+                .into_owned(),
         });
         Ok(if self.found.results.len() >= self.max_results {
             Visit::Stop

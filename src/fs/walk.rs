@@ -19,7 +19,7 @@
 
 use std::io;
 use std::os::fd::{AsFd, BorrowedFd};
-use std::os::unix::ffi::OsStrExt;
+use std::os::unix::ffi::OsStringExt;
 
 use super::resolve::{self, Kind};
 
@@ -67,18 +67,39 @@ pub struct Entry<'a> {
     /// The open directory holding the entry.
     pub dir: BorrowedFd<'a>,
     pub name: &'a [u8],
-    /// The path from the walk's root, `/`-separated (lossy UTF-8), for display.
-    pub rel: &'a str,
-    /// The same path as the bytes on disk, for opening it again.
-    pub rel_path: &'a std::path::Path,
     /// The type without following a symlink.
     pub kind: Kind,
+    /// The holding directory's path from the walk's root (empty at the root), as text
+    /// and as the bytes on disk.
+    parent: &'a str,
+    parent_raw: &'a [u8],
 }
 
 impl Entry<'_> {
     /// `lstat` of the entry.
     pub fn lstat(&self) -> io::Result<rustix::fs::Stat> {
         resolve::lstat_child(self.dir, self.name)
+    }
+
+    /// The path from the walk's root, `/`-separated (lossy UTF-8), for display. Built
+    /// on demand: a search reads it only for matches, and at the root it borrows.
+    pub fn rel(&self) -> std::borrow::Cow<'_, str> {
+        let name = String::from_utf8_lossy(self.name);
+        if self.parent.is_empty() {
+            name
+        } else {
+            std::borrow::Cow::Owned(format!("{}/{name}", self.parent))
+        }
+    }
+
+    /// The same path as the bytes on disk, for opening it again.
+    pub fn rel_path(&self) -> std::path::PathBuf {
+        let mut raw = self.parent_raw.to_vec();
+        if !raw.is_empty() {
+            raw.push(b'/');
+        }
+        raw.extend_from_slice(self.name);
+        std::path::PathBuf::from(std::ffi::OsString::from_vec(raw))
     }
 }
 
@@ -116,9 +137,9 @@ pub trait Visitor {
 /// stopped the walk.
 pub fn walk(root: BorrowedFd<'_>, rules: Rules, visitor: &mut dyn Visitor) -> io::Result<bool> {
     visitor.entered("", root);
-    // One pair of path buffers for the whole walk (display text and raw bytes): each
-    // entry's path is the buffer with its name appended, truncated again afterwards, so
-    // a walk of a large tree does not allocate per entry.
+    // One pair of path buffers for the whole walk (text and raw bytes) holding the
+    // current directory's path: entering a directory appends its name, leaving it
+    // truncates, so no path is built per entry.
     let mut path = Paths::default();
     walk_dir(root, &mut path, 0, rules, visitor)
 }
@@ -134,11 +155,8 @@ impl Paths {
         (self.text.len(), self.raw.len())
     }
 
-    /// Sets the buffers to the parent at `mark` plus `/name` (no slash at the root).
-    fn set(&mut self, mark: (usize, usize), name: &[u8]) {
-        self.text.truncate(mark.0);
-        self.raw.truncate(mark.1);
-        if mark.1 > 0 {
+    fn push(&mut self, name: &[u8]) {
+        if !self.raw.is_empty() {
             self.text.push('/');
             self.raw.push(b'/');
         }
@@ -149,10 +167,6 @@ impl Paths {
     fn reset(&mut self, mark: (usize, usize)) {
         self.text.truncate(mark.0);
         self.raw.truncate(mark.1);
-    }
-
-    fn raw_path(&self) -> &std::path::Path {
-        std::path::Path::new(std::ffi::OsStr::from_bytes(&self.raw))
     }
 }
 
@@ -170,7 +184,6 @@ fn walk_dir(
             return Ok(true);
         }
     };
-    let mark = path.mark();
     let mut pending = Vec::new();
     for (name, kind) in &entries {
         let kind = match kind {
@@ -181,13 +194,12 @@ fn walk_dir(
                 Err(_) => continue,
             },
         };
-        path.set(mark, name);
         let entry = Entry {
             dir,
             name,
-            rel: &path.text,
-            rel_path: path.raw_path(),
             kind,
+            parent: &path.text,
+            parent_raw: &path.raw,
         };
         let visit = visitor.visit(&entry)?;
         if visit == Visit::Stop {
@@ -206,17 +218,41 @@ fn walk_dir(
         }
     }
     for name in pending {
-        path.set(mark, name);
         if !descend(dir, name, path, depth, rules, visitor)? {
             return Ok(false);
         }
     }
-    path.reset(mark);
     Ok(true)
 }
 
-/// Enters the directory `name` of `dir`, whose path is in `path`.
+/// Enters the directory `name` of `dir`; `path` holds `dir`'s path.
 fn descend(
+    dir: BorrowedFd<'_>,
+    name: &[u8],
+    path: &mut Paths,
+    depth: usize,
+    rules: Rules,
+    visitor: &mut dyn Visitor,
+) -> io::Result<bool> {
+    let mark = path.mark();
+    path.push(name);
+    let outcome = enter(dir, name, path, depth, rules, visitor);
+    path.reset(mark);
+    if !outcome? {
+        return Ok(false);
+    }
+    let entry = Entry {
+        dir,
+        name,
+        kind: Kind::Directory,
+        parent: &path.text,
+        parent_raw: &path.raw,
+    };
+    Ok(visitor.leave(&entry)? != Visit::Stop)
+}
+
+/// Walks the directory `name` of `dir`, whose own path `path` now holds.
+fn enter(
     dir: BorrowedFd<'_>,
     name: &[u8],
     path: &mut Paths,
@@ -236,18 +272,7 @@ fn descend(
         }
     };
     visitor.entered(&path.text, child.as_fd());
-    if !walk_dir(child.as_fd(), path, depth + 1, rules, visitor)? {
-        return Ok(false);
-    }
-    drop(child);
-    let entry = Entry {
-        dir,
-        name,
-        rel: &path.text,
-        rel_path: path.raw_path(),
-        kind: Kind::Directory,
-    };
-    Ok(visitor.leave(&entry)? != Visit::Stop)
+    walk_dir(child.as_fd(), path, depth + 1, rules, visitor)
 }
 
 #[cfg(test)]
@@ -257,7 +282,7 @@ mod tests {
     struct Names(Vec<String>);
     impl Visitor for Names {
         fn visit(&mut self, entry: &Entry<'_>) -> io::Result<Visit> {
-            self.0.push(entry.rel.to_string());
+            self.0.push(entry.rel().into_owned());
             Ok(Visit::Continue)
         }
     }

@@ -245,7 +245,7 @@ impl Visitor for Scanner<'_> {
             return Ok(Visit::Skip);
         };
         self.snapshot.entries.insert(
-            entry.rel.to_string(),
+            entry.rel().into_owned(),
             EntryState {
                 kind: entry.kind,
                 size: stat.st_size as u64,

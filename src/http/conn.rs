@@ -181,16 +181,25 @@ impl<S: Service> Connection<S> {
     /// Reads one request head. `Ok(None)` is a clean close between requests.
     async fn read_head(&mut self) -> Result<Result<Option<RequestHead>, ProtocolError>, Stop> {
         let mut head_started: Option<Instant> = None;
+        // Bytes after `pos` already known to hold no end of head: a head trickled in
+        // small pieces is scanned once and parsed once, not re-parsed per piece.
+        let mut scanned = 0usize;
         loop {
             if self.pos < self.buf.len() {
-                match head::parse(&self.buf[self.pos..]) {
-                    Ok(Some((head, len))) => {
-                        self.pos += len;
-                        return Ok(Ok(Some(head)));
+                let pending = &self.buf[self.pos..];
+                if head::find_end(pending, scanned.saturating_sub(2)).is_some() {
+                    match head::parse(pending) {
+                        Ok(Some((head, len))) => {
+                            self.pos += len;
+                            return Ok(Ok(Some(head)));
+                        }
+                        Ok(None) => {}
+                        Err(error) => return Ok(Err(error)),
                     }
-                    Ok(None) => {}
-                    Err(error) => return Ok(Err(error)),
+                } else if pending.len() > head::MAX_HEAD_BYTES {
+                    return Ok(Err(ProtocolError::head_too_large()));
                 }
+                scanned = pending.len();
             }
             // Answers to earlier pipelined requests go out before we wait for more input.
             self.flush().await?;

@@ -74,6 +74,22 @@ impl ProtocolError {
     }
 }
 
+/// Where the head that starts `buf` ends (the index after its empty line), looking from
+/// `from` on; `None` while it is incomplete. A bare-LF empty line counts too, so such a
+/// head is refused at once rather than waited for.
+pub fn find_end(buf: &[u8], from: usize) -> Option<usize> {
+    let mut at = from;
+    while let Some(offset) = buf.get(at..)?.iter().position(|b| *b == b'\n') {
+        let lf = at + offset;
+        match buf.get(lf + 1) {
+            Some(b'\n') => return Some(lf + 2),
+            Some(b'\r') if buf.get(lf + 2) == Some(&b'\n') => return Some(lf + 3),
+            _ => at = lf + 1,
+        }
+    }
+    None
+}
+
 /// Parses a head from the start of `buf`. `Ok(None)`: incomplete, read more.
 pub fn parse(buf: &[u8]) -> Result<Option<(RequestHead, usize)>, ProtocolError> {
     let mut headers = [httparse::EMPTY_HEADER; MAX_HEADERS];
@@ -200,6 +216,18 @@ fn extract(parsed: &httparse::Request<'_, '_>) -> Result<RequestHead, ProtocolEr
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn head_end_is_found_once_complete() {
+        let head = b"GET / HTTP/1.1\r\nHost: h\r\n\r\nBODY";
+        assert_eq!(find_end(head, 0), Some(head.len() - 4));
+        for cut in 0..head.len() - 4 {
+            assert_eq!(find_end(&head[..cut], 0), None, "cut at {cut}");
+        }
+        assert_eq!(find_end(head, 20), Some(head.len() - 4));
+        assert_eq!(find_end(b"GET / HTTP/1.1\nHost: h\n\n", 0), Some(24));
+        assert_eq!(find_end(b"\r\n", 0), None);
+    }
 
     #[test]
     fn framing_headers() {

@@ -237,6 +237,22 @@ fn expect_continue_is_not_sent_for_refused_requests(driver: &'static str) {
     assert!(closes_within(&mut stream, Duration::from_secs(5)));
 }
 
+/// A head sent a few bytes at a time is assembled and answered like any other (it is
+/// scanned once for its end and parsed once, not re-parsed per piece).
+fn trickled_heads_are_answered(driver: &'static str) {
+    let server = Server::start(driver);
+    let mut stream = server.connect();
+    stream.set_nodelay(true).unwrap();
+    let head = b"POST /capabilities/check HTTP/1.1\r\nHost: t\r\nContent-Type: application/json\r\nContent-Length: 22\r\n\r\n{\"endpoint\": \"health\"}";
+    for piece in head.chunks(3) {
+        stream.write_all(piece).unwrap();
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    let reply = read_reply(&mut BufReader::new(stream)).unwrap();
+    assert_eq!(reply.status, 200, "{}", reply.text());
+    assert_eq!(reply.json()["allowed"], true);
+}
+
 fn silent_and_slow_clients_are_dropped(driver: &'static str) {
     let server = Launch::new(driver)
         .arg("--read-timeout")
@@ -883,6 +899,7 @@ on_both_drivers!(
     curl_large_body_with_expect_100_continue,
     expect_continue_is_not_sent_for_refused_requests,
     silent_and_slow_clients_are_dropped,
+    trickled_heads_are_answered,
     oversized_head_is_431_and_bad_request_line_400,
     json_body_rules,
     repeated_query_parameter_is_400,

@@ -1281,8 +1281,65 @@ fn large_trees_fit_a_small_descriptor_limit(driver: &'static str) {
     }
 }
 
+/// A symlink swapped between an inside and an outside target while archives are built
+/// never yields a member pointing outside: the link is read once and judged on what was
+/// read.
+fn archive_never_carries_a_link_swapped_outside(driver: &'static str) {
+    use std::io::Read;
+    let outside = TempDir::new("arch-outside");
+    let server = Server::start(driver);
+    let b = server.base_dir().to_path_buf();
+    std::fs::create_dir(b.join("arch")).unwrap();
+    std::fs::write(b.join("arch/inside.txt"), b"x").unwrap();
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let swapper = {
+        let (dir, outside, stop) = (b.join("arch"), outside.path().to_path_buf(), stop.clone());
+        std::thread::spawn(move || {
+            let (link, tmp) = (dir.join("race"), dir.join("race.tmp"));
+            let mut flip = false;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                let target = if flip {
+                    outside.clone()
+                } else {
+                    "inside.txt".into()
+                };
+                flip = !flip;
+                let _ = symlink(&target, &tmp);
+                let _ = std::fs::rename(&tmp, &link);
+            }
+        })
+    };
+    let started = Instant::now();
+    let (mut archives, mut with_link) = (0, 0);
+    while started.elapsed() < Duration::from_secs(5) {
+        let reply = server.post("/files/archive", r#"{"paths": ["arch"]}"#);
+        assert_eq!(reply.status, 200, "{}", reply.text());
+        archives += 1;
+        let data = unb64(&reply.json()["content_base64"]);
+        let mut tar = tar::Archive::new(flate2::read::GzDecoder::new(&data[..]));
+        for entry in tar.entries().unwrap() {
+            let mut entry = entry.unwrap();
+            if let Some(target) = entry.link_name().unwrap() {
+                with_link += 1;
+                assert!(
+                    !target.starts_with(outside.path()),
+                    "member {:?} -> {target:?} points outside",
+                    entry.path().unwrap()
+                );
+            }
+            let mut sink = Vec::new();
+            entry.read_to_end(&mut sink).unwrap();
+        }
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    swapper.join().unwrap();
+    assert!(archives > 10, "only {archives} archives in 5 s");
+    assert!(with_link > 0, "the race never showed the inside link");
+}
+
 on_both_drivers!(
     open_watches_hold_no_pool_threads,
+    archive_never_carries_a_link_swapped_outside,
     large_trees_fit_a_small_descriptor_limit,
     search_says_when_it_was_cut_short,
     awkward_files_and_paths,

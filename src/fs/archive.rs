@@ -148,14 +148,7 @@ fn member_for(
     name: String,
     stat: &rustix::fs::Stat,
 ) -> Result<Option<Member>, FsError> {
-    let shown = || {
-        beneath
-            .base()
-            .path()
-            .join(rel)
-            .to_string_lossy()
-            .into_owned()
-    };
+    let shown = || beneath.display(rel);
     let failed = |e: OpenError| match e {
         OpenError::Escape => beneath.base().not_allowed(&shown()),
         OpenError::Io(e) => FsError::io(e, shown()),
@@ -278,14 +271,7 @@ impl std::error::Error for CapReached {}
 /// it is written. `None`: the file is gone, or was replaced by a symlink, since the walk
 /// found it; the archive reflects the tree as it is written and leaves it out.
 fn open_member(beneath: &Beneath<'_>, rel: &Path) -> Result<Option<std::fs::File>, FsError> {
-    let shown = || {
-        beneath
-            .base()
-            .path()
-            .join(rel)
-            .to_string_lossy()
-            .into_owned()
-    };
+    let shown = || beneath.display(rel);
     match beneath.open(
         rel,
         // O_NONBLOCK: a FIFO swapped in must not make the open wait for a writer.

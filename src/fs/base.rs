@@ -154,6 +154,11 @@ impl Beneath<'_> {
         self.base
     }
 
+    /// The absolute path of `rel`, as answers show it.
+    pub fn display(&self, rel: &Path) -> String {
+        self.base.path.join(rel).to_string_lossy().into_owned()
+    }
+
     /// Opens `rel` beneath the base (`resolve::open_beneath`).
     pub fn open(&self, rel: &Path, flags: OFlags, mode: Mode) -> Result<OwnedFd, OpenError> {
         resolve::open_beneath(self.fd.as_fd(), &self.base.path, rel, flags, mode)

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use serde_json::{json, Value};
 
 use crate::on_both_drivers;
-use crate::support::{read_reply, Launch, Server, TempDir};
+use crate::support::{open_watch, read_event, read_reply, Launch, Server, TempDir};
 
 fn b64(data: &[u8]) -> String {
     base64_simd::STANDARD.encode_to_string(data)
@@ -938,20 +938,6 @@ fn archive_limits(driver: &'static str) {
     );
 }
 
-fn read_event(reader: &mut impl BufRead) -> (String, Value) {
-    let mut name = String::new();
-    loop {
-        let mut line = String::new();
-        assert!(reader.read_line(&mut line).unwrap() > 0, "stream ended");
-        let line = line.trim_end();
-        if let Some(n) = line.strip_prefix("event: ") {
-            name = n.to_string();
-        } else if let Some(data) = line.strip_prefix("data: ") {
-            return (name, serde_json::from_str(data).unwrap());
-        }
-    }
-}
-
 /// Reads events until one named `name` about entry `entry` arrives (a change can also
 /// touch its directory's mtime, which is reported too).
 fn expect_event(reader: &mut impl BufRead, name: &str, entry: &str) -> Value {
@@ -1018,19 +1004,10 @@ fn open_watches_hold_no_pool_threads(driver: &'static str) {
     std::fs::create_dir(b.join("watched")).unwrap();
     let mut readers = Vec::new();
     for _ in 0..50 {
-        let mut stream = server.connect();
-        stream
-            .write_all(b"GET /files/watch?path=watched&recursive=true&timeout=60 HTTP/1.0\r\n\r\n")
-            .unwrap();
-        stream
-            .set_read_timeout(Some(Duration::from_secs(20)))
-            .unwrap();
-        let mut reader = BufReader::new(stream);
-        let mut status = String::new();
-        reader.read_line(&mut status).unwrap();
-        assert!(status.contains("200"), "{status}");
-        assert_eq!(read_event(&mut reader).0, "ready");
-        readers.push(reader);
+        readers.push(open_watch(
+            &server,
+            "path=watched&recursive=true&timeout=60",
+        ));
     }
     let started = Instant::now();
     let reply = server.post("/files/mkdir", r#"{"path": "elsewhere/deep"}"#);
@@ -1260,20 +1237,10 @@ fn large_trees_fit_a_small_descriptor_limit(driver: &'static str) {
     }
     let mut readers = Vec::new();
     for _ in 0..12 {
-        let mut stream = server.connect();
-        stream
-            .write_all(b"GET /files/watch?path=tree&recursive=true&interval=0.2&timeout=60 HTTP/1.0\r\n\r\n")
-            .unwrap();
-        stream
-            .set_read_timeout(Some(Duration::from_secs(30)))
-            .unwrap();
-        let mut reader = BufReader::new(stream);
-        let mut status = String::new();
-        reader.read_line(&mut status).unwrap();
-        assert!(status.contains("200"), "{status}");
-        let (name, ready) = read_event(&mut reader);
-        assert_eq!(name, "ready", "{ready}");
-        readers.push(reader);
+        readers.push(open_watch(
+            &server,
+            "path=tree&recursive=true&interval=0.2&timeout=60",
+        ));
     }
     std::fs::write(b.join("tree/t07/d0007/new.txt"), b"x").unwrap();
     for reader in &mut readers {

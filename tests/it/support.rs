@@ -356,3 +356,36 @@ macro_rules! on_both_drivers {
         }
     };
 }
+
+/// Reads the next server-sent event: its name and its JSON data.
+pub fn read_event(reader: &mut impl BufRead) -> (String, Value) {
+    let mut name = String::new();
+    loop {
+        let mut line = String::new();
+        assert!(reader.read_line(&mut line).unwrap() > 0, "stream ended");
+        let line = line.trim_end();
+        if let Some(n) = line.strip_prefix("event: ") {
+            name = n.to_string();
+        } else if let Some(data) = line.strip_prefix("data: ") {
+            return (name, serde_json::from_str(data).unwrap());
+        }
+    }
+}
+
+/// Opens `GET /files/watch?<query>` over HTTP/1.0 and waits for its `ready` event.
+pub fn open_watch(server: &Server, query: &str) -> BufReader<TcpStream> {
+    let mut stream = server.connect();
+    stream
+        .write_all(format!("GET /files/watch?{query} HTTP/1.0\r\n\r\n").as_bytes())
+        .unwrap();
+    stream
+        .set_read_timeout(Some(Duration::from_secs(30)))
+        .unwrap();
+    let mut reader = BufReader::new(stream);
+    let mut status = String::new();
+    reader.read_line(&mut status).unwrap();
+    assert!(status.contains("200"), "{status}");
+    let (name, data) = read_event(&mut reader);
+    assert_eq!(name, "ready", "{data}");
+    reader
+}

@@ -53,6 +53,7 @@ impl Server {
         // signal thread sees SIGTERM/SIGINT.
         shutdown::block_termination_signals();
         raise_open_file_limit();
+        mark_inherited_descriptors_cloexec();
         let choice = match self.config.io_driver {
             IoDriverChoice::Auto => DriverChoice::Auto,
             IoDriverChoice::Uring => DriverChoice::Uring,
@@ -111,6 +112,25 @@ impl Server {
             let _ = worker.join();
         }
         Ok(())
+    }
+}
+
+/// Descriptors this process inherited without close-on-exec (a pipe from the shell or
+/// supervisor that started us) would otherwise pass on to every child, as Python's
+/// `close_fds=True` prevents. Everything the server itself opens is close-on-exec.
+fn mark_inherited_descriptors_cloexec() {
+    let Ok(entries) = std::fs::read_dir("/proc/self/fd") else {
+        return;
+    };
+    let fds: Vec<i32> = entries
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())
+        .filter(|fd| *fd > 2)
+        .collect();
+    for fd in fds {
+        // SAFETY: only the flag of a descriptor this process holds is changed; one that
+        // closed meanwhile (the directory's own) fails harmlessly.
+        let fd = unsafe { std::os::fd::BorrowedFd::borrow_raw(fd) };
+        let _ = rustix::io::fcntl_setfd(fd, rustix::io::FdFlags::CLOEXEC);
     }
 }
 

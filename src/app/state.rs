@@ -12,7 +12,7 @@ use super::router::Router;
 use crate::api::{Group, Listener};
 use crate::config::Config;
 use crate::fs::BaseDir;
-use crate::process::ChildRegistry;
+use crate::process::{ChildRegistry, Environment, ProcessTable};
 use crate::runtime::IoDriver;
 
 /// What handlers work with.
@@ -24,7 +24,11 @@ pub struct Services {
     /// `ABX_MAX_UPLOAD_SIZE`: decoded upload bytes.
     pub max_upload_size: u64,
     /// Process groups of children we started, ended at shutdown.
-    pub children: ChildRegistry,
+    pub children: std::sync::Arc<ChildRegistry>,
+    /// The environment children start with (`POST /env` changes it).
+    pub environment: Environment,
+    /// Background processes started by `/process/start`.
+    pub processes: ProcessTable,
     pub started: Instant,
 }
 
@@ -112,7 +116,9 @@ impl AppState {
                 base: BaseDir::new(base_dir),
                 driver,
                 max_upload_size: config.max_upload_size,
-                children: ChildRegistry::default(),
+                children: Default::default(),
+                environment: Environment::from_process(),
+                processes: ProcessTable::default(),
                 started: Instant::now(),
             },
             catalog: Catalog {

@@ -5,7 +5,7 @@
 
 use std::ffi::OsStr;
 use std::io;
-use std::os::fd::AsFd;
+use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
@@ -135,6 +135,23 @@ pub async fn stat(
     })
     .await
     .map_err(|e| FsError::io(e, shown))?
+}
+
+/// Opens the caller's directory as a descriptor that names the directory itself (a
+/// child's working directory: entered through the descriptor, a rename or symlink swap
+/// after this check cannot redirect it). Missing, or not a directory: `NotFound`.
+pub async fn open_dir(base: &BaseDir, caller: &CallerPath) -> Result<OwnedFd, FsError> {
+    let flags = OFlags::PATH | OFlags::DIRECTORY;
+    // Failures are worded by the pool path below, which repeats the lookup.
+    if let Ok(Some(fd)) = resolve::open_beneath_cached(base.path(), &caller.rel, flags) {
+        return Ok(fd);
+    }
+    let base = base.clone();
+    let caller = caller.clone();
+    let shown = caller.display();
+    blocking(move || base.open()?.open_dir(&caller, flags))
+        .await
+        .map_err(|e| FsError::io(e, shown))?
 }
 
 /// `mkdir -p`.

@@ -708,10 +708,21 @@ impl<S: Service> Connection<S> {
     ) -> Result<(), Stop> {
         let service = self.service.clone();
         let mut drained = std::pin::pin!(service.drained());
+        // A quiet stream would notice a vanished client only at its next write; watching
+        // the socket ends the stream (and whatever feeds it) at once. Bytes of a
+        // pipelined request stop the watch and stay unread for after this answer.
+        let mut watch_peer = self.pos == self.buf.len();
         loop {
             let next = monoio::select! {
                 piece = stream.next(Vec::new()) => Some(piece),
                 _ = &mut drained => None,
+                hung_up = peer_hung_up(&self.stream), if watch_peer => {
+                    if hung_up {
+                        return Err(Stop);
+                    }
+                    watch_peer = false;
+                    continue;
+                },
             };
             let Some(next) = next else {
                 if let Some(last) = service.farewell() {
@@ -742,6 +753,28 @@ impl<S: Service> Connection<S> {
             write_chunk(&mut self.out, data);
         } else {
             self.out.extend_from_slice(data);
+        }
+    }
+}
+
+/// Resolves `true` when the peer has closed or reset the connection, `false` when it
+/// sent data (which stays in the socket for the next read). Only peeks.
+async fn peer_hung_up(stream: &TcpStream) -> bool {
+    use rustix::net::RecvFlags;
+    loop {
+        if stream.readable(false).await.is_err() {
+            return true;
+        }
+        let mut byte = [0u8; 1];
+        match rustix::net::recv(
+            borrow(stream.as_raw_fd()),
+            &mut byte,
+            RecvFlags::PEEK | RecvFlags::DONTWAIT,
+        ) {
+            Ok((0, _)) => return true,
+            Ok(_) => return false,
+            Err(rustix::io::Errno::AGAIN) | Err(rustix::io::Errno::INTR) => {}
+            Err(_) => return true,
         }
     }
 }

@@ -7,7 +7,7 @@
 use std::future::poll_fn;
 use std::pin::Pin;
 
-use futures_channel::mpsc;
+use futures_channel::{mpsc, oneshot};
 use futures_core::Stream;
 use serde::Serialize;
 
@@ -30,12 +30,26 @@ pub fn format_event<T: Serialize + ?Sized>(name: &str, data: &T) -> Vec<u8> {
 /// The receiving half, owned by the response.
 pub struct SseStream {
     rx: mpsc::Receiver<Vec<u8>>,
+    /// Dropped with the stream (the connection ended), which resolves
+    /// [`SseSender::closed`]; nothing is ever sent on it.
+    _alive: oneshot::Sender<()>,
 }
 
 /// The producing half. Dropping it ends the stream.
-#[derive(Clone)]
 pub struct SseSender {
     tx: mpsc::Sender<Vec<u8>>,
+    /// Resolves when the stream is dropped; only the sender [`channel`] returned holds it.
+    gone: Option<oneshot::Receiver<()>>,
+}
+
+impl Clone for SseSender {
+    /// A clone can send but does not get [`SseSender::closed`] notices.
+    fn clone(&self) -> SseSender {
+        SseSender {
+            tx: self.tx.clone(),
+            gone: None,
+        }
+    }
 }
 
 /// The client went away; stop producing.
@@ -45,7 +59,14 @@ pub struct StreamClosed;
 /// A stream with room for `capacity` events in flight.
 pub fn channel(capacity: usize) -> (SseSender, SseStream) {
     let (tx, rx) = mpsc::channel(capacity);
-    (SseSender { tx }, SseStream { rx })
+    let (alive, gone) = oneshot::channel();
+    (
+        SseSender {
+            tx,
+            gone: Some(gone),
+        },
+        SseStream { rx, _alive: alive },
+    )
 }
 
 impl SseSender {
@@ -69,6 +90,22 @@ impl SseSender {
     /// Whether the connection has stopped listening.
     pub fn is_closed(&self) -> bool {
         self.tx.is_closed()
+    }
+
+    /// Resolves once the connection has stopped listening (the client went away or the
+    /// server is draining), so a producer waiting on something else can stop at once.
+    /// On a clone it never resolves.
+    pub async fn closed(&mut self) {
+        match self.gone.as_mut() {
+            Some(gone) => {
+                let _ = gone.await;
+                // Polling a finished oneshot again is not allowed; later calls return now.
+                self.gone = None;
+                self.tx.close_channel();
+            }
+            None if self.tx.is_closed() => {}
+            None => std::future::pending().await,
+        }
     }
 }
 

@@ -1,5 +1,28 @@
-//! Child processes the server starts. For now: the registry of their process groups, so
-//! shutdown can end every group we created and no child outlives the server.
+//! Child processes: the one place the server spawns, reaps and kills. Every group that
+//! runs programs (process, commands, system, dev_tools, terminal, agents) goes through
+//! here.
+//!
+//! - [`shlex`]: the command string to argv, as Python's `shlex.split`.
+//! - [`spawn`]: the `posix_spawn` call itself, the only unsafe code on the way.
+//! - [`child`]: spawn (own process group, chosen stdio only), wait on a pidfd on the
+//!   worker's driver, kill the group; dropping an unfinished child kills and reaps it.
+//! - [`pipe`] and [`run`]: pipes read and written on the worker's driver, as text.
+//! - [`table`] and [`output`]: background processes and their captured output.
+//! - [`env`]: the shared environment view children start with.
+//! - [`ChildRegistry`]: every live group, so shutdown can end them all.
+
+pub mod child;
+pub mod env;
+pub mod output;
+pub mod pipe;
+pub mod run;
+pub mod shlex;
+pub mod spawn;
+pub mod table;
+
+pub use child::{Child, Spawn};
+pub use env::Environment;
+pub use table::ProcessTable;
 
 use std::collections::HashSet;
 use std::sync::Mutex;

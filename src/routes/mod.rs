@@ -6,6 +6,7 @@
 
 pub mod core;
 pub mod files;
+pub mod process;
 
 use crate::api::{Group, Param};
 use crate::app::Endpoint;
@@ -15,6 +16,7 @@ pub fn builtin_endpoints() -> Vec<Endpoint> {
     let mut endpoints = Vec::new();
     endpoints.extend(core::endpoints());
     endpoints.extend(files::endpoints());
+    endpoints.extend(process::endpoints());
     // The terminal's WebSocket (port ABX_PTY_PORT), listed as the contract lists it.
     endpoints.push(
         Endpoint::unavailable_websocket(

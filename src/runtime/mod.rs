@@ -17,7 +17,9 @@ use std::rc::Rc;
 use std::sync::Arc;
 use std::time::Duration;
 
-use monoio::net::TcpListener;
+use std::os::fd::AsRawFd;
+
+use monoio::net::{TcpListener, TcpStream};
 use socket2::{Domain, Protocol, Socket, Type};
 
 use crate::http::Service;
@@ -144,6 +146,16 @@ where
     Ok(handles)
 }
 
+thread_local! {
+    static ON_WORKER: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Whether the calling thread is a worker running its monoio runtime, where tasks may
+/// be spawned (code that also runs in plain threads, such as `Drop`, asks first).
+pub fn on_worker() -> bool {
+    ON_WORKER.with(|flag| flag.get())
+}
+
 fn run_worker<S, F>(
     sockets: WorkerListeners,
     driver: IoDriver,
@@ -155,9 +167,10 @@ fn run_worker<S, F>(
     F: Fn(usize) -> S + Send + Sync + 'static,
 {
     let serve = async move {
+        ON_WORKER.with(|flag| flag.set(true));
         for (slot, listener) in sockets {
             let service = Rc::new(make_service(slot));
-            monoio::spawn(accept_loop(listener, service, shutdown.clone()));
+            monoio::spawn(accept_loop(listener, service, shutdown.clone(), driver));
         }
         // Connections already accepted keep being served until the signal thread exits
         // the process; this future never returns so the runtime keeps polling them.
@@ -182,31 +195,64 @@ fn run_worker<S, F>(
     }
 }
 
-async fn accept_loop<S: Service>(listener: StdListener, service: Rc<S>, shutdown: Arc<Shutdown>) {
-    let listener = match TcpListener::from_std(listener) {
+/// Accepts connections with `accept4(SOCK_CLOEXEC)` after the driver reports the
+/// listener readable. (monoio's io_uring accept passes no flags, so each connection
+/// socket would be inheritable until a later `fcntl`, and a child spawned in between
+/// would keep the client's connection open.) The queue is drained on every wake-up.
+async fn accept_loop<S: Service>(
+    listener: StdListener,
+    service: Rc<S>,
+    shutdown: Arc<Shutdown>,
+    driver: IoDriver,
+) {
+    use rustix::net::SocketFlags;
+    let registered = listener
+        .set_nonblocking(true)
+        .and_then(|()| TcpListener::from_std(listener));
+    let listener = match registered {
         Ok(l) => l,
         Err(e) => {
             crate::log!("cannot register listener: {e}");
             std::process::exit(1);
         }
     };
+    // The epoll driver expects non-blocking sockets; io_uring waits inside the kernel.
+    let flags = match driver {
+        IoDriver::Epoll => SocketFlags::CLOEXEC | SocketFlags::NONBLOCK,
+        IoDriver::IoUring => SocketFlags::CLOEXEC,
+    };
+    // SAFETY: the listener outlives this loop, which is the only user of the borrow.
+    let listener_fd = unsafe { std::os::fd::BorrowedFd::borrow_raw(listener.as_raw_fd()) };
     loop {
-        match listener.accept().await {
-            Ok((stream, _peer)) => {
+        match rustix::net::accept_with(listener_fd, flags) {
+            Ok(fd) => {
                 if shutdown.is_shutting_down() {
                     shutdown::raise_local_drain();
                     break;
                 }
-                let _ = stream.set_nodelay(true);
-                monoio::spawn(crate::http::conn::serve(stream, service.clone()));
+                match TcpStream::from_std(std::net::TcpStream::from(fd)) {
+                    Ok(stream) => {
+                        let _ = stream.set_nodelay(true);
+                        monoio::spawn(crate::http::conn::serve(stream, service.clone()));
+                    }
+                    Err(e) => crate::log!("cannot register a connection: {e}"),
+                }
             }
+            Err(rustix::io::Errno::AGAIN) => {
+                let _ = listener.readable(false).await;
+                if shutdown.is_shutting_down() {
+                    shutdown::raise_local_drain();
+                    break;
+                }
+            }
+            Err(rustix::io::Errno::INTR | rustix::io::Errno::CONNABORTED) => {}
             Err(e) => {
                 if shutdown.is_shutting_down() {
                     shutdown::raise_local_drain();
                     break;
                 }
                 // EMFILE/ENFILE: back off instead of spinning; others are per-connection.
-                if matches!(e.raw_os_error(), Some(23 | 24)) {
+                if matches!(e, rustix::io::Errno::MFILE | rustix::io::Errno::NFILE) {
                     monoio::time::sleep(Duration::from_millis(50)).await;
                 }
             }

@@ -33,4 +33,10 @@ impl Readiness {
     pub async fn readable(&self) -> io::Result<()> {
         self.watcher.readable(false).await
     }
+
+    /// Resolves once the descriptor is writable (or its reader has gone). Dropping the
+    /// future cancels the wait.
+    pub async fn writable(&self) -> io::Result<()> {
+        self.watcher.writable(false).await
+    }
 }

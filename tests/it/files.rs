@@ -1092,11 +1092,8 @@ fn python_reference_gives_the_same_answers(driver: &'static str) {
         .current_dir(root)
         .env("ABX_RUST_SERVER_URL", format!("http://{}", server.addr))
         .env("ABX_RUST_SERVER_BASE", &base_dir)
-        // The process and commands groups are not in this build yet.
-        .env(
-            "ABX_RUST_SKIP",
-            "shell_echo,shell_exit,commands,hello_default,hello_ada",
-        )
+        // The commands group is not in this build yet.
+        .env("ABX_RUST_SKIP", "commands,hello_default,hello_ada")
         .output()
         .unwrap();
     let stderr = String::from_utf8_lossy(&output.stderr);

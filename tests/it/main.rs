@@ -6,3 +6,4 @@ mod support;
 mod core_http;
 mod files;
 mod operations;
+mod process;

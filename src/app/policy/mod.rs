@@ -5,7 +5,7 @@
 //! the rule that made it, which `/capabilities`, `/capabilities/check` and the 404 of a
 //! disabled endpoint all report. The document format is in `docs/policy.md`.
 
-mod pydumps;
+pub mod pydumps;
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};

@@ -1,0 +1,219 @@
+//! Captured output of a background process: numbered events in a bounded log, and a
+//! notifier that wakes long-polls on any worker thread when something changes.
+//!
+//! Sequence numbers are never reused, so a caller's cursor (`since`) stays meaningful
+//! after old events are discarded: everything at or after the cursor that is still held
+//! comes back, in order, and `dropped` is true exactly when some event at or after the
+//! cursor was discarded before the caller read it.
+
+use std::collections::VecDeque;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Mutex;
+use std::task::{Context, Poll, Waker};
+
+/// Which pipe an event came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Stream {
+    Stdout,
+    Stderr,
+}
+
+impl Stream {
+    pub fn name(self) -> &'static str {
+        match self {
+            Stream::Stdout => "stdout",
+            Stream::Stderr => "stderr",
+        }
+    }
+}
+
+/// One read from one pipe, as text.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OutputEvent {
+    pub seq: u64,
+    pub stream: Stream,
+    pub data: String,
+}
+
+/// The capture buffer: at most `cap` bytes of event text; the oldest events go first.
+pub struct OutputLog {
+    events: VecDeque<OutputEvent>,
+    next_seq: u64,
+    bytes: usize,
+    cap: usize,
+}
+
+/// What a caller reads from a cursor.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OutputPage {
+    pub events: Vec<OutputEvent>,
+    /// The cursor for the next read.
+    pub next: u64,
+    /// Events at or after the requested cursor were discarded unread.
+    pub dropped: bool,
+}
+
+impl OutputLog {
+    pub fn new(cap: usize) -> OutputLog {
+        OutputLog {
+            events: VecDeque::new(),
+            next_seq: 0,
+            bytes: 0,
+            cap,
+        }
+    }
+
+    /// Appends one event, discarding the oldest until the text fits in the cap. An
+    /// event larger than the cap on its own keeps only its last `cap` bytes.
+    pub fn push(&mut self, stream: Stream, mut data: String) {
+        if data.is_empty() {
+            return;
+        }
+        if data.len() > self.cap {
+            let mut cut = data.len() - self.cap;
+            while !data.is_char_boundary(cut) {
+                cut += 1;
+            }
+            data.drain(..cut);
+        }
+        while self.bytes + data.len() > self.cap {
+            match self.events.pop_front() {
+                Some(old) => self.bytes -= old.data.len(),
+                None => break,
+            }
+        }
+        self.bytes += data.len();
+        self.events.push_back(OutputEvent {
+            seq: self.next_seq,
+            stream,
+            data,
+        });
+        self.next_seq += 1;
+    }
+
+    /// The sequence number the next event will get.
+    pub fn next_seq(&self) -> u64 {
+        self.next_seq
+    }
+
+    /// Everything held at or after `since`. A cursor past the end reads as the end.
+    pub fn read(&self, since: u64) -> OutputPage {
+        let since = since.min(self.next_seq);
+        let first_held = self.events.front().map_or(self.next_seq, |e| e.seq);
+        let skip = since.saturating_sub(first_held) as usize;
+        OutputPage {
+            events: self.events.iter().skip(skip).cloned().collect(),
+            next: self.next_seq,
+            dropped: since < first_held,
+        }
+    }
+}
+
+/// A change counter with wakers, safe to signal from any thread.
+#[derive(Default)]
+pub struct Notify {
+    state: Mutex<NotifyState>,
+}
+
+#[derive(Default)]
+struct NotifyState {
+    version: u64,
+    wakers: Vec<Waker>,
+}
+
+impl Notify {
+    fn lock(&self) -> std::sync::MutexGuard<'_, NotifyState> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The current version; pass it to [`Notify::changed`] before checking the state,
+    /// so a change between the check and the wait is not missed.
+    pub fn version(&self) -> u64 {
+        self.lock().version
+    }
+
+    /// Wakes everyone waiting.
+    pub fn notify(&self) {
+        let wakers = {
+            let mut state = self.lock();
+            state.version += 1;
+            std::mem::take(&mut state.wakers)
+        };
+        for waker in wakers {
+            waker.wake();
+        }
+    }
+
+    /// Resolves once the version differs from `seen`.
+    pub fn changed(&self, seen: u64) -> Changed<'_> {
+        Changed { notify: self, seen }
+    }
+}
+
+/// The future of [`Notify::changed`].
+pub struct Changed<'a> {
+    notify: &'a Notify,
+    seen: u64,
+}
+
+impl Future for Changed<'_> {
+    type Output = ();
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
+        let mut state = self.notify.lock();
+        if state.version != self.seen {
+            return Poll::Ready(());
+        }
+        if !state.wakers.iter().any(|w| w.will_wake(cx.waker())) {
+            state.wakers.push(cx.waker().clone());
+        }
+        Poll::Pending
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn datas(page: &OutputPage) -> Vec<&str> {
+        page.events.iter().map(|e| e.data.as_str()).collect()
+    }
+
+    #[test]
+    fn cursor_reads_and_discards_are_exact() {
+        let mut log = OutputLog::new(10);
+        log.push(Stream::Stdout, "aaaa".into());
+        log.push(Stream::Stderr, "bbbb".into());
+        let page = log.read(0);
+        assert_eq!(
+            (datas(&page), page.next, page.dropped),
+            (vec!["aaaa", "bbbb"], 2, false)
+        );
+        log.push(Stream::Stdout, "cccc".into()); // evicts "aaaa"
+        let late = log.read(0);
+        assert_eq!(
+            (datas(&late), late.next, late.dropped),
+            (vec!["bbbb", "cccc"], 3, true)
+        );
+        // A caller who had read up to 1 lost nothing.
+        let current = log.read(1);
+        assert_eq!(
+            (datas(&current), current.dropped),
+            (vec!["bbbb", "cccc"], false)
+        );
+        let beyond = log.read(99);
+        assert_eq!(
+            (beyond.events.len(), beyond.next, beyond.dropped),
+            (0, 3, false)
+        );
+        log.push(Stream::Stdout, String::new());
+        assert_eq!(log.next_seq(), 3, "empty reads are not events");
+    }
+
+    #[test]
+    fn an_oversized_event_keeps_its_tail_on_a_char_boundary() {
+        let mut log = OutputLog::new(4);
+        log.push(Stream::Stdout, "a€cd".into());
+        assert_eq!(datas(&log.read(0)), vec!["cd"]);
+    }
+}

@@ -1,0 +1,236 @@
+//! The one `posix_spawn` of the server: the only unsafe code on the way to a child.
+//!
+//! Why not `std::process::Command`: the server blocks SIGTERM and SIGINT in every thread
+//! (only its signal thread takes them), and a child inherits that mask, so a child
+//! started through std ignored the contract's SIGTERM and SIGINT (measured: `SigBlk:
+//! 0000000000004002` in the child). std offers no way to reset the mask without
+//! `pre_exec`, and `pre_exec` turns the spawn into a full `fork`, which copies the
+//! server's page tables. glibc's `posix_spawn` does all of it in the cheap `vfork`-style
+//! child, in this order:
+//!
+//! 1. its own process group (`POSIX_SPAWN_SETPGROUP`, group = its pid);
+//! 2. an empty signal mask and default dispositions (SIGPIPE is ignored by Rust);
+//! 3. stdin/stdout/stderr from the given pipes, or `/dev/null`;
+//! 4. `fchdir` into the working directory descriptor, which was opened beneath the base
+//!    directory, so a rename or symlink swap after the check cannot redirect it;
+//! 5. every other descriptor closed (`closefrom(3)`), as Python's `close_fds=True`:
+//!    the server's sockets, io_uring rings and other children's pipes stay out of it;
+//! 6. `execve` with exactly the environment given.
+//!
+//! The program is looked up on the child's `PATH` (Python does the same when `env` is
+//! given) before spawning; a name with a slash is used as is, relative to the new
+//! working directory.
+
+#[cfg(not(target_env = "gnu"))]
+compile_error!("agent-sandbox spawns children with glibc's posix_spawn extensions (addfchdir_np, addclosefrom_np, glibc 2.34+); build for a -gnu target");
+
+use std::ffi::{CString, OsStr, OsString};
+use std::io;
+use std::os::fd::{AsRawFd, BorrowedFd};
+use std::os::unix::ffi::{OsStrExt, OsStringExt};
+use std::path::{Path, PathBuf};
+
+/// `PATH` when the child's environment has none (Python's `os.defpath`).
+const DEFAULT_PATH: &str = "/bin:/usr/bin";
+
+/// The descriptors a child gets as 0, 1 and 2; `None` is `/dev/null`.
+pub struct Stdio<'a> {
+    pub stdin: Option<BorrowedFd<'a>>,
+    pub stdout: Option<BorrowedFd<'a>>,
+    pub stderr: Option<BorrowedFd<'a>>,
+}
+
+fn c_string(bytes: &[u8]) -> io::Result<CString> {
+    CString::new(bytes).map_err(|_| {
+        io::Error::new(
+            io::ErrorKind::InvalidInput,
+            "an argument or environment entry contains a NUL byte",
+        )
+    })
+}
+
+/// Where `program` is: itself when it names a path, else the first executable regular
+/// file of that name on `path_var`. `NotFound` (or `PermissionDenied` when only
+/// non-executable candidates exist), as `execvp` reports it.
+pub fn find_program(program: &str, path_var: Option<&OsStr>) -> io::Result<PathBuf> {
+    if program.contains('/') {
+        return Ok(PathBuf::from(program));
+    }
+    if program.is_empty() {
+        return Err(io::Error::from_raw_os_error(libc::ENOENT));
+    }
+    let path_var = path_var.unwrap_or(OsStr::new(DEFAULT_PATH));
+    let mut denied = false;
+    for dir in path_var.as_bytes().split(|b| *b == b':') {
+        let dir = if dir.is_empty() {
+            Path::new(".")
+        } else {
+            Path::new(OsStr::from_bytes(dir))
+        };
+        let candidate = dir.join(program);
+        match rustix::fs::stat(&candidate) {
+            Ok(st) if rustix::fs::FileType::from_raw_mode(st.st_mode).is_file() => {
+                if rustix::fs::access(&candidate, rustix::fs::Access::EXEC_OK).is_ok() {
+                    return Ok(candidate);
+                }
+                denied = true;
+            }
+            _ => {}
+        }
+    }
+    Err(io::Error::from_raw_os_error(if denied {
+        libc::EACCES
+    } else {
+        libc::ENOENT
+    }))
+}
+
+/// Starts `program` with `argv` and `env` as described in the module docs and returns
+/// its pid. Blocking (briefly): run it on the blocking pool.
+pub fn spawn(
+    program: &Path,
+    argv: &[String],
+    env: &[(OsString, OsString)],
+    cwd: BorrowedFd<'_>,
+    stdio: Stdio<'_>,
+) -> io::Result<i32> {
+    let program = c_string(program.as_os_str().as_bytes())?;
+    let argv: Vec<CString> = argv
+        .iter()
+        .map(|a| c_string(a.as_bytes()))
+        .collect::<io::Result<_>>()?;
+    let envp: Vec<CString> = env
+        .iter()
+        .map(|(k, v)| {
+            let mut entry = k.clone().into_vec();
+            entry.push(b'=');
+            entry.extend_from_slice(v.as_bytes());
+            c_string(&entry)
+        })
+        .collect::<io::Result<_>>()?;
+    let mut argv_ptrs: Vec<*mut libc::c_char> = argv.iter().map(|a| a.as_ptr() as *mut _).collect();
+    argv_ptrs.push(std::ptr::null_mut());
+    let mut envp_ptrs: Vec<*mut libc::c_char> = envp.iter().map(|e| e.as_ptr() as *mut _).collect();
+    envp_ptrs.push(std::ptr::null_mut());
+    let dev_null = c"/dev/null";
+
+    let check = |rc: libc::c_int| -> io::Result<()> {
+        if rc == 0 {
+            Ok(())
+        } else {
+            Err(io::Error::from_raw_os_error(rc))
+        }
+    };
+    // SAFETY: the attribute and file-action objects are initialised before use and
+    // destroyed on every path (the guards); every pointer passed stays alive until
+    // posix_spawn returns (the CStrings and pointer vectors above outlive the call).
+    unsafe {
+        let mut attr = std::mem::MaybeUninit::<libc::posix_spawnattr_t>::uninit();
+        check(libc::posix_spawnattr_init(attr.as_mut_ptr()))?;
+        let mut attr = AttrGuard(attr.assume_init());
+        let mut actions = std::mem::MaybeUninit::<libc::posix_spawn_file_actions_t>::uninit();
+        check(libc::posix_spawn_file_actions_init(actions.as_mut_ptr()))?;
+        let mut actions = ActionsGuard(actions.assume_init());
+        let attr_ptr: *mut libc::posix_spawnattr_t = &mut attr.0;
+        let actions_ptr: *mut libc::posix_spawn_file_actions_t = &mut actions.0;
+
+        let flags = libc::POSIX_SPAWN_SETPGROUP
+            | libc::POSIX_SPAWN_SETSIGMASK
+            | libc::POSIX_SPAWN_SETSIGDEF;
+        check(libc::posix_spawnattr_setflags(
+            attr_ptr,
+            flags as libc::c_short,
+        ))?;
+        check(libc::posix_spawnattr_setpgroup(attr_ptr, 0))?;
+        let mut empty = std::mem::MaybeUninit::<libc::sigset_t>::uninit();
+        libc::sigemptyset(empty.as_mut_ptr());
+        check(libc::posix_spawnattr_setsigmask(attr_ptr, empty.as_ptr()))?;
+        // Every signal a program may find ignored (Rust ignores SIGPIPE) back to default.
+        let mut defaults = std::mem::MaybeUninit::<libc::sigset_t>::uninit();
+        libc::sigemptyset(defaults.as_mut_ptr());
+        for signal in 1..libc::SIGRTMIN() {
+            if signal != libc::SIGKILL && signal != libc::SIGSTOP {
+                libc::sigaddset(defaults.as_mut_ptr(), signal);
+            }
+        }
+        check(libc::posix_spawnattr_setsigdefault(
+            attr_ptr,
+            defaults.as_ptr(),
+        ))?;
+
+        for (target, source) in [(0, stdio.stdin), (1, stdio.stdout), (2, stdio.stderr)] {
+            match source {
+                Some(fd) => check(libc::posix_spawn_file_actions_adddup2(
+                    actions_ptr,
+                    fd.as_raw_fd(),
+                    target,
+                ))?,
+                None => check(libc::posix_spawn_file_actions_addopen(
+                    actions_ptr,
+                    target,
+                    dev_null.as_ptr(),
+                    libc::O_RDWR,
+                    0,
+                ))?,
+            }
+        }
+        check(libc::posix_spawn_file_actions_addfchdir_np(
+            actions_ptr,
+            cwd.as_raw_fd(),
+        ))?;
+        check(libc::posix_spawn_file_actions_addclosefrom_np(
+            actions_ptr,
+            3,
+        ))?;
+
+        let mut pid: libc::pid_t = 0;
+        check(libc::posix_spawn(
+            &mut pid,
+            program.as_ptr(),
+            actions_ptr,
+            attr_ptr,
+            argv_ptrs.as_ptr(),
+            envp_ptrs.as_ptr(),
+        ))?;
+        Ok(pid)
+    }
+}
+
+struct AttrGuard(libc::posix_spawnattr_t);
+impl Drop for AttrGuard {
+    fn drop(&mut self) {
+        // SAFETY: initialised by posix_spawnattr_init and destroyed once, here.
+        unsafe { libc::posix_spawnattr_destroy(&mut self.0) };
+    }
+}
+
+struct ActionsGuard(libc::posix_spawn_file_actions_t);
+impl Drop for ActionsGuard {
+    fn drop(&mut self) {
+        // SAFETY: initialised by posix_spawn_file_actions_init and destroyed once, here.
+        unsafe { libc::posix_spawn_file_actions_destroy(&mut self.0) };
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn programs_are_found_on_the_childs_path() {
+        assert_eq!(
+            find_program("sh", Some(OsStr::new("/nonexistent:/bin"))).unwrap(),
+            PathBuf::from("/bin/sh")
+        );
+        assert_eq!(
+            find_program("./x", None).unwrap(),
+            PathBuf::from("./x"),
+            "a name with a slash is not searched"
+        );
+        let missing = find_program("no-such-program-here", None).unwrap_err();
+        assert_eq!(missing.raw_os_error(), Some(libc::ENOENT));
+        // /etc/passwd exists but is not executable.
+        let denied = find_program("passwd", Some(OsStr::new("/etc"))).unwrap_err();
+        assert_eq!(denied.raw_os_error(), Some(libc::EACCES));
+    }
+}

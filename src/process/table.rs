@@ -1,0 +1,398 @@
+//! Background processes (`/process/*`): the table of what callers started, each row's
+//! state, stdin and captured output, and the supervisor task that keeps a row current.
+//!
+//! The supervisor runs on the worker that started the process and waits on that
+//! worker's driver for output and exit; any worker can read a row, write its stdin or
+//! long-poll its output. A row becomes `exited` only after the output the process wrote
+//! before exiting has been captured, so a caller that sees `exited` has seen everything
+//! the process itself wrote (descendants still holding the pipe may add more later).
+
+use std::collections::BTreeMap;
+use std::io;
+use std::os::fd::OwnedFd;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use super::child::{Child, ExitCode};
+use super::output::{Notify, OutputLog, OutputPage, Stream};
+use super::run::Outputs;
+
+/// Most processes held at once (running ones, and exited ones not yet dropped).
+pub const MAX_PROCESSES: usize = 100;
+/// Captured output kept per process.
+pub const OUTPUT_CAP_BYTES: usize = 1024 * 1024;
+/// The longest an output read may wait for news.
+pub const MAX_WAIT: Duration = Duration::from_secs(30);
+
+/// The table every worker shares.
+#[derive(Default)]
+pub struct ProcessTable {
+    rows: Mutex<Rows>,
+}
+
+#[derive(Default)]
+struct Rows {
+    by_pid: BTreeMap<i32, Arc<Managed>>,
+    /// Slots promised to starts that are still spawning.
+    reserved: usize,
+}
+
+/// The table is full of running processes.
+#[derive(Debug)]
+pub struct TableFull;
+
+/// A promised slot; dropped unused, it is given back.
+pub struct Slot<'a> {
+    table: &'a ProcessTable,
+    used: bool,
+}
+
+impl Drop for Slot<'_> {
+    fn drop(&mut self) {
+        if !self.used {
+            self.table.lock().reserved -= 1;
+        }
+    }
+}
+
+impl ProcessTable {
+    fn lock(&self) -> MutexGuard<'_, Rows> {
+        self.rows.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Promises a row to a process about to start, dropping exited rows first when the
+    /// table is full.
+    pub fn reserve(&self) -> Result<Slot<'_>, TableFull> {
+        let mut rows = self.lock();
+        if rows.by_pid.len() + rows.reserved >= MAX_PROCESSES {
+            // Exited rows whose output was read go first, then any exited row.
+            let mut exited: Vec<(bool, i32)> = rows
+                .by_pid
+                .values()
+                .filter(|m| m.exit_code().is_some())
+                .map(|m| (!m.fully_read(), m.pid))
+                .collect();
+            exited.sort();
+            let excess = rows.by_pid.len() + rows.reserved + 1 - MAX_PROCESSES;
+            for (_, pid) in exited.into_iter().take(excess) {
+                rows.by_pid.remove(&pid);
+            }
+        }
+        if rows.by_pid.len() + rows.reserved >= MAX_PROCESSES {
+            return Err(TableFull);
+        }
+        rows.reserved += 1;
+        Ok(Slot {
+            table: self,
+            used: false,
+        })
+    }
+
+    /// Adds a started child in its slot and starts its supervisor on this worker.
+    pub fn insert(
+        &self,
+        mut slot: Slot<'_>,
+        mut child: Child,
+        command: String,
+        capture: bool,
+        timeout: Option<Duration>,
+    ) -> io::Result<Arc<Managed>> {
+        let outputs = Outputs::of(&mut child)?;
+        let managed = Arc::new(Managed {
+            pid: child.pid(),
+            command,
+            started_at: unix_now(),
+            state: Mutex::new(Shared {
+                exit: None,
+                output: capture.then(|| OutputLog::new(OUTPUT_CAP_BYTES)),
+                read_through: 0,
+                stdin: match child.stdin.take() {
+                    Some(fd) => StdinState::Open(fd),
+                    None => StdinState::NotEnabled,
+                },
+            }),
+            changed: Notify::default(),
+        });
+        {
+            let mut rows = self.lock();
+            rows.reserved -= 1;
+            slot.used = true;
+            rows.by_pid.insert(managed.pid, managed.clone());
+        }
+        monoio::spawn(supervise(child, outputs, managed.clone(), timeout));
+        Ok(managed)
+    }
+
+    /// The row of `pid`, if this server started it and still holds it.
+    pub fn get(&self, pid: i32) -> Option<Arc<Managed>> {
+        self.lock().by_pid.get(&pid).cloned()
+    }
+
+    /// Running processes, oldest first. Exited rows are dropped, except those whose
+    /// captured output has not been read to the end: those stay reachable by pid (not
+    /// listed) until read or until their slot is needed.
+    pub fn list_running(&self) -> Vec<Arc<Managed>> {
+        let mut rows = self.lock();
+        rows.by_pid
+            .retain(|_, m| m.exit_code().is_none() || !m.fully_read());
+        let mut running: Vec<Arc<Managed>> = rows
+            .by_pid
+            .values()
+            .filter(|m| m.exit_code().is_none())
+            .cloned()
+            .collect();
+        running.sort_by(|a, b| a.started_at.total_cmp(&b.started_at));
+        running
+    }
+}
+
+fn unix_now() -> f64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0.0, |d| d.as_secs_f64())
+}
+
+/// One background process.
+pub struct Managed {
+    pub pid: i32,
+    pub command: String,
+    /// Unix time of the start, as Python's `time.time()`.
+    pub started_at: f64,
+    state: Mutex<Shared>,
+    changed: Notify,
+}
+
+struct Shared {
+    exit: Option<ExitCode>,
+    output: Option<OutputLog>,
+    /// The cursor of the latest output read, to tell whether output was read to the end.
+    read_through: u64,
+    stdin: StdinState,
+}
+
+enum StdinState {
+    NotEnabled,
+    Open(OwnedFd),
+    /// A write is in progress on another request.
+    Busy,
+    Closed,
+}
+
+/// Why stdin could not be written.
+#[derive(Debug)]
+pub enum StdinError {
+    /// The process was not started with `stdin: true`.
+    NotEnabled,
+    /// Closed by an earlier `eof`, or the process stopped reading (it exited).
+    Closed,
+    Io(io::Error),
+}
+
+/// What a stdin write did.
+#[derive(Debug, Clone, Copy)]
+pub struct StdinWritten {
+    pub written: usize,
+    pub closed: bool,
+}
+
+/// The row's state as the output route reports it.
+pub struct OutputRead {
+    pub page: OutputPage,
+    pub exit: Option<ExitCode>,
+}
+
+impl Managed {
+    fn lock(&self) -> MutexGuard<'_, Shared> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    pub fn exit_code(&self) -> Option<ExitCode> {
+        self.lock().exit
+    }
+
+    pub fn captures_output(&self) -> bool {
+        self.lock().output.is_some()
+    }
+
+    fn fully_read(&self) -> bool {
+        let state = self.lock();
+        state
+            .output
+            .as_ref()
+            .is_none_or(|log| state.read_through >= log.next_seq())
+    }
+
+    /// Output at or after `since`, waiting up to `wait` for something new when there is
+    /// nothing yet and the process is still running. `None` when output is not captured.
+    pub async fn read_output(&self, since: u64, wait: Duration) -> Option<OutputRead> {
+        let deadline = Instant::now() + wait.min(MAX_WAIT);
+        loop {
+            let seen = self.changed.version();
+            {
+                let mut state = self.lock();
+                let page = state.output.as_ref()?.read(since);
+                let exit = state.exit;
+                let now = Instant::now();
+                if !page.events.is_empty() || exit.is_some() || now >= deadline {
+                    state.read_through = state.read_through.max(page.next);
+                    return Some(OutputRead { page, exit });
+                }
+            }
+            let remaining = deadline.saturating_duration_since(Instant::now());
+            monoio::select! {
+                _ = self.changed.changed(seen) => {},
+                _ = monoio::time::sleep(remaining) => {},
+            }
+        }
+    }
+
+    /// Writes `data` to the process's stdin, then closes it when `eof`. Writes from
+    /// concurrent requests are kept whole: each waits for the one before it.
+    pub async fn write_stdin(&self, data: &[u8], eof: bool) -> Result<StdinWritten, StdinError> {
+        let fd = loop {
+            let seen = self.changed.version();
+            {
+                let mut state = self.lock();
+                match std::mem::replace(&mut state.stdin, StdinState::Busy) {
+                    StdinState::Open(fd) => break fd,
+                    StdinState::Busy => {}
+                    other @ (StdinState::NotEnabled | StdinState::Closed) => {
+                        let error = match other {
+                            StdinState::NotEnabled => StdinError::NotEnabled,
+                            _ => StdinError::Closed,
+                        };
+                        state.stdin = other;
+                        return Err(error);
+                    }
+                }
+            }
+            self.changed.changed(seen).await;
+        };
+        let mut lease = StdinLease {
+            managed: self,
+            fd: Some(fd),
+        };
+        let (written, result) = match lease.fd.as_ref() {
+            Some(fd) => super::pipe::write_all(fd, data).await,
+            None => (0, Ok(())),
+        };
+        match result {
+            Ok(()) if eof => {
+                lease.close();
+                Ok(StdinWritten {
+                    written,
+                    closed: true,
+                })
+            }
+            Ok(()) => Ok(StdinWritten {
+                written,
+                closed: false,
+            }),
+            Err(e) if e.raw_os_error() == Some(rustix::io::Errno::PIPE.raw_os_error()) => {
+                lease.close();
+                Err(StdinError::Closed)
+            }
+            Err(e) => Err(StdinError::Io(e)),
+        }
+    }
+
+    /// Sends `signal` to the process's group while it runs. An exited process is left
+    /// alone, as Python's `Popen.send_signal` does.
+    pub fn signal(&self, signal: rustix::process::Signal) -> io::Result<()> {
+        let state = self.lock();
+        if state.exit.is_some() {
+            return Ok(());
+        }
+        // The supervisor records the exit right after reaping, so at worst this signal
+        // goes to an id freed microseconds ago; the kernel hands a freed id out again
+        // only after cycling through the whole pid space.
+        match rustix::process::Pid::from_raw(self.pid)
+            .map(|pid| rustix::process::kill_process_group(pid, signal))
+        {
+            Some(Ok(())) | Some(Err(rustix::io::Errno::SRCH)) | None => Ok(()),
+            Some(Err(e)) => Err(e.into()),
+        }
+    }
+
+    fn record(&self, pieces: Vec<(Stream, String)>, exit: Option<ExitCode>) {
+        {
+            let mut state = self.lock();
+            if let Some(log) = state.output.as_mut() {
+                for (stream, text) in pieces {
+                    log.push(stream, text);
+                }
+            }
+            if exit.is_some() {
+                state.exit = exit;
+            }
+        }
+        self.changed.notify();
+    }
+}
+
+/// Gives a stdin descriptor back to its row when the write ends (or its request is
+/// dropped mid-write), so the next writer can go on.
+struct StdinLease<'a> {
+    managed: &'a Managed,
+    fd: Option<OwnedFd>,
+}
+
+impl StdinLease<'_> {
+    fn close(&mut self) {
+        self.fd = None;
+        self.managed.lock().stdin = StdinState::Closed;
+    }
+}
+
+impl Drop for StdinLease<'_> {
+    fn drop(&mut self) {
+        if let Some(fd) = self.fd.take() {
+            let mut state = self.managed.lock();
+            if matches!(state.stdin, StdinState::Busy) {
+                state.stdin = StdinState::Open(fd);
+            }
+        }
+        self.managed.changed.notify();
+    }
+}
+
+/// Keeps a row current: captures output, records the exit after the output written
+/// before it, and enforces the optional timeout by killing the process group.
+async fn supervise(
+    mut child: Child,
+    mut outputs: Outputs,
+    managed: Arc<Managed>,
+    timeout: Option<Duration>,
+) {
+    let deadline = timeout.map(|t| Instant::now() + t);
+    let mut exited = false;
+    loop {
+        if exited && outputs.is_done() {
+            return;
+        }
+        let until_deadline = deadline.map(|d| d.saturating_duration_since(Instant::now()));
+        monoio::select! {
+            piece = outputs.next(), if !outputs.is_done() => match piece {
+                Some(Ok(piece)) => managed.record(vec![piece], None),
+                // A read error on a pipe: stop reading it; the exit still comes.
+                Some(Err(_)) | None => outputs = Outputs::closed(),
+            },
+            code = child.wait(), if !exited => {
+                let code = code.unwrap_or(ExitCode(-9));
+                let rest = outputs.take_ready().unwrap_or_default();
+                exited = true;
+                managed.record(rest, Some(code));
+            },
+            _ = sleep_or_never(until_deadline), if !exited => {
+                let _ = child.signal_group(rustix::process::Signal::KILL);
+            },
+        }
+    }
+}
+
+async fn sleep_or_never(duration: Option<Duration>) {
+    match duration {
+        Some(d) => monoio::time::sleep(d).await,
+        None => std::future::pending().await,
+    }
+}

@@ -1,0 +1,240 @@
+//! `/process/*`: background processes, their stdin and their captured output.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde_json::{json, Value};
+
+use super::{spawn, split, RunRequest};
+use crate::api::ApiError;
+use crate::app::Call;
+use crate::http::Response;
+use crate::process::run::timeout_duration;
+use crate::process::table::{Managed, StdinError, TableFull, MAX_PROCESSES};
+
+/// The signals callers may send, as the contract lists them.
+const ALLOWED_SIGNALS: [(i32, rustix::process::Signal); 5] = [
+    (2, rustix::process::Signal::INT),
+    (9, rustix::process::Signal::KILL),
+    (15, rustix::process::Signal::TERM),
+    (18, rustix::process::Signal::CONT),
+    (20, rustix::process::Signal::TSTP),
+];
+
+fn flag(body: &Value, name: &str) -> Result<bool, ApiError> {
+    match body.get(name) {
+        None | Some(Value::Null) => Ok(false),
+        Some(Value::Bool(b)) => Ok(*b),
+        Some(_) => Err(ApiError::bad_request(format!("{name} must be a boolean"))),
+    }
+}
+
+/// `POST /process/start`.
+pub async fn start(call: Call) -> Result<Response, ApiError> {
+    let body: Value = call.json()?;
+    let request = RunRequest::parse(&body)?;
+    let capture = flag(&body, "capture_output")?;
+    let stdin = flag(&body, "stdin")?;
+    // A background process runs until it ends unless the caller asks for a limit.
+    let timeout = match body.get("timeout") {
+        Some(Value::Number(_)) => Some(timeout_duration(request.timeout_secs())),
+        _ => None,
+    };
+    let argv = split(&request.command, 400)?;
+    let table = &call.services().processes;
+    let slot = table.reserve().map_err(|TableFull| {
+        ApiError::new(
+            429,
+            "ResourceError",
+            format!(
+                "Too many processes: at most {MAX_PROCESSES} may run at once; wait for one to exit or signal one"
+            ),
+        )
+    })?;
+    let child = spawn(&call, argv, &request, stdin, capture).await?;
+    let managed = table
+        .insert(slot, child, request.command.clone(), capture, timeout)
+        .map_err(|e| crate::api::errno::os_error(&e, None))?;
+    Ok(Response::ok(
+        &json!({"pid": managed.pid, "command": managed.command}),
+    ))
+}
+
+fn describe(managed: &Arc<Managed>) -> Value {
+    let exit = managed.exit_code();
+    json!({
+        "pid": managed.pid,
+        "command": managed.command,
+        "state": if exit.is_some() { "exited" } else { "running" },
+        "started_at": managed.started_at,
+        "exit_code": exit.map(|c| c.0),
+    })
+}
+
+/// `GET /process/list`.
+pub async fn list(call: Call) -> Result<Response, ApiError> {
+    let rows: Vec<Value> = call
+        .services()
+        .processes
+        .list_running()
+        .iter()
+        .map(|m| {
+            json!({"pid": m.pid, "command": m.command, "state": "running", "started_at": m.started_at})
+        })
+        .collect();
+    Ok(Response::ok(&json!({ "processes": rows })))
+}
+
+/// The row named by the `{pid}` segment: 400 when it is not an integer, 404 when this
+/// server did not start it.
+fn row(call: &Call) -> Result<Arc<Managed>, ApiError> {
+    let text = call.path_param("pid").unwrap_or_default();
+    let pid: i32 = text
+        .parse()
+        .map_err(|_| ApiError::bad_request(format!("pid must be an integer, not '{text}'")))?;
+    call.services().processes.get(pid).ok_or_else(|| {
+        ApiError::new(
+            404,
+            "ValueError",
+            format!("Process {pid} not found: this server did not start it (or it was dropped from the table)"),
+        )
+    })
+}
+
+/// `GET /process/{pid}`.
+pub async fn get(call: Call) -> Result<Response, ApiError> {
+    Ok(Response::ok(&describe(&row(&call)?)))
+}
+
+/// `POST /process/{pid}/signal`.
+pub async fn signal(call: Call) -> Result<Response, ApiError> {
+    let body: Value = call.json()?;
+    let text = call.path_param("pid").unwrap_or_default();
+    let pid: i32 = text
+        .parse()
+        .map_err(|_| ApiError::bad_request(format!("pid must be an integer, not '{text}'")))?;
+    let number = body
+        .get("signal")
+        .filter(|v| !v.is_boolean())
+        .and_then(Value::as_i64);
+    let Some((number, signal)) =
+        number.and_then(|n| ALLOWED_SIGNALS.iter().find(|(s, _)| i64::from(*s) == n))
+    else {
+        return Err(ApiError::bad_request(
+            "signal must be one of 2 (SIGINT), 9 (SIGKILL), 15 (SIGTERM), 18 (SIGCONT), 20 (SIGTSTP)",
+        ));
+    };
+    if pid == 1 || pid == std::process::id() as i32 {
+        return Err(ApiError::new(
+            403,
+            "PermissionError",
+            format!("Refusing to signal pid {pid}: it is the container's init or this server"),
+        ));
+    }
+    let managed = row(&call)?;
+    managed
+        .signal(*signal)
+        .map_err(|e| crate::api::errno::os_error(&e, None))?;
+    Ok(Response::ok(&json!({"pid": pid, "signal": number})))
+}
+
+/// `POST /process/{pid}/stdin`.
+pub async fn stdin(call: Call) -> Result<Response, ApiError> {
+    let body: Value = call.json()?;
+    let managed = row(&call)?;
+    let mut data = Vec::new();
+    let mut given = false;
+    match body.get("data") {
+        None | Some(Value::Null) => {}
+        Some(Value::String(text)) => {
+            data.extend_from_slice(text.as_bytes());
+            given = true;
+        }
+        Some(_) => return Err(ApiError::bad_request("data must be a string")),
+    }
+    match body.get("data_base64") {
+        None | Some(Value::Null) => {}
+        Some(Value::String(text)) => {
+            let decoded = base64_simd::STANDARD
+                .decode_to_vec(text.as_bytes())
+                .map_err(|_| ApiError::bad_request("data_base64 is not valid base64"))?;
+            data.extend_from_slice(&decoded);
+            given = true;
+        }
+        Some(_) => return Err(ApiError::bad_request("data_base64 must be a string")),
+    }
+    let eof = match body.get("eof") {
+        None | Some(Value::Null) => None,
+        Some(Value::Bool(b)) => Some(*b),
+        Some(_) => return Err(ApiError::bad_request("eof must be a boolean")),
+    };
+    if !given && eof.is_none() {
+        return Err(ApiError::bad_request(
+            "At least one of data, data_base64, or eof is required",
+        ));
+    }
+    let pid = managed.pid;
+    match managed.write_stdin(&data, eof == Some(true)).await {
+        Ok(done) => Ok(Response::ok(
+            &json!({"pid": pid, "written": done.written, "closed": done.closed}),
+        )),
+        Err(StdinError::NotEnabled) => Err(ApiError::new(
+            409,
+            "ValueError",
+            format!("stdin of process {pid} is not enabled: start it with \"stdin\": true"),
+        )),
+        Err(StdinError::Closed) => Err(ApiError::new(
+            409,
+            "ValueError",
+            format!("stdin of process {pid} is closed"),
+        )),
+        Err(StdinError::Io(error)) => Err(crate::api::errno::os_error(&error, None)),
+    }
+}
+
+/// `GET /process/{pid}/output`.
+pub async fn output(call: Call) -> Result<Response, ApiError> {
+    let managed = row(&call)?;
+    let since = match call.query("since") {
+        None => 0,
+        Some(text) => text.trim().parse::<u64>().map_err(|_| {
+            ApiError::bad_request("since must be a non-negative integer (a sequence number)")
+        })?,
+    };
+    let wait = match call.query("wait") {
+        None => 0.0,
+        Some(text) => text
+            .trim()
+            .parse::<f64>()
+            .ok()
+            .filter(|w| w.is_finite() && *w >= 0.0)
+            .ok_or_else(|| {
+                ApiError::bad_request("wait must be a number of seconds from 0 to 30")
+            })?,
+    };
+    let wait = Duration::from_secs_f64(wait.min(30.0));
+    let pid = managed.pid;
+    let Some(read) = managed.read_output(since, wait).await else {
+        return Err(ApiError::new(
+            409,
+            "ValueError",
+            format!(
+                "Output of process {pid} is not captured: start it with \"capture_output\": true"
+            ),
+        ));
+    };
+    let events: Vec<Value> = read
+        .page
+        .events
+        .iter()
+        .map(|e| json!({"seq": e.seq, "stream": e.stream.name(), "data": e.data}))
+        .collect();
+    Ok(Response::ok(&json!({
+        "pid": pid,
+        "events": events,
+        "next": read.page.next,
+        "state": if read.exit.is_some() { "exited" } else { "running" },
+        "exit_code": read.exit.map(|c| c.0),
+        "dropped": read.page.dropped,
+    })))
+}

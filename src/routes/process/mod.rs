@@ -1,0 +1,358 @@
+//! The process group: `/shell`, `/shell/stream` and background processes. Adapters
+//! only: spawning, pipes, reaping and the process table are `crate::process`.
+
+mod background;
+mod shell;
+
+use std::os::fd::OwnedFd;
+
+use serde_json::{json, Value};
+
+use crate::api::{ApiError, Group, Method, Param};
+use crate::app::policy::pydumps::dumps_sorted;
+use crate::app::{handler, Call, Endpoint};
+use crate::fs::FsError;
+use crate::process::shlex;
+use crate::process::{Child, Spawn};
+
+/// `timeout` when the caller sends none, or one that is not a positive number.
+const DEFAULT_TIMEOUT_SECS: f64 = 300.0;
+/// Output `/shell` keeps per stream; more is read and dropped and `truncated` is set.
+pub const SHELL_MAX_OUTPUT_BYTES: usize = 64 * 1024 * 1024;
+
+pub fn endpoints() -> Vec<Endpoint> {
+    let run_params = || {
+        vec![
+            Param::body("command", "string", true),
+            Param::body("cwd", "string", false),
+            Param::body("env", "object", false),
+            Param::body("timeout", "number", false),
+        ]
+    };
+    let pid = Param::path("pid");
+    let mut start_params = run_params();
+    start_params.extend([
+        Param::body("capture_output", "boolean", false),
+        Param::body("stdin", "boolean", false),
+    ]);
+    vec![
+        Endpoint::new(
+            Method::Post,
+            "/shell",
+            Group::Process,
+            handler(shell::shell),
+        )
+        .id("shell")
+        .summary("Run a command (shlex-split, no shell) and return its output and exit code.")
+        .returns(schema::shell())
+        .also_answers(&[403, 503])
+        .params(&run_params())
+        .limit("timeout_seconds", DEFAULT_TIMEOUT_SECS as u64)
+        .limit("max_output_bytes", SHELL_MAX_OUTPUT_BYTES),
+        Endpoint::new(
+            Method::Post,
+            "/shell/stream",
+            Group::Process,
+            handler(shell::shell_stream),
+        )
+        .id("shell_stream")
+        .summary("Run a command and stream its output lines as server-sent events.")
+        .streaming(true)
+        .also_answers(&[403, 503])
+        .params(&run_params())
+        .limit("timeout_seconds", DEFAULT_TIMEOUT_SECS as u64)
+        .limit("max_line_bytes", crate::process::run::MAX_LINE_BYTES),
+        Endpoint::new(
+            Method::Post,
+            "/process/start",
+            Group::Process,
+            handler(background::start),
+        )
+        .id("process_start")
+        .summary("Start a background process, optionally capturing output and keeping stdin open.")
+        .returns(schema::started())
+        .also_answers(&[403, 429, 503])
+        .params(&start_params)
+        .limit("max_processes", crate::process::table::MAX_PROCESSES)
+        .limit("max_output_bytes", crate::process::table::OUTPUT_CAP_BYTES),
+        Endpoint::new(
+            Method::Get,
+            "/process/list",
+            Group::Process,
+            handler(background::list),
+        )
+        .id("process_list")
+        .summary("Running background processes.")
+        .returns(schema::list()),
+        Endpoint::new(
+            Method::Get,
+            "/process/{pid}",
+            Group::Process,
+            handler(background::get),
+        )
+        .id("process_get")
+        .summary("State and exit code of a background process.")
+        .returns(schema::process())
+        .also_answers(&[404])
+        .params(std::slice::from_ref(&pid)),
+        Endpoint::new(
+            Method::Post,
+            "/process/{pid}/signal",
+            Group::Process,
+            handler(background::signal),
+        )
+        .id("process_signal")
+        .summary(
+            "Send SIGINT, SIGKILL, SIGTERM, SIGCONT or SIGTSTP to a background process's group.",
+        )
+        .returns(schema::signalled())
+        .also_answers(&[403, 404])
+        .params(&[pid.clone(), Param::body("signal", "integer", true)]),
+        Endpoint::new(
+            Method::Post,
+            "/process/{pid}/stdin",
+            Group::Process,
+            handler(background::stdin),
+        )
+        .id("process_stdin")
+        .summary("Write to (or close) the stdin of a process started with stdin: true.")
+        .returns(schema::stdin())
+        .also_answers(&[404, 409])
+        .params(&[
+            pid.clone(),
+            Param::body("data", "string", false),
+            Param::body("data_base64", "string", false),
+            Param::body("eof", "boolean", false),
+        ]),
+        Endpoint::new(
+            Method::Get,
+            "/process/{pid}/output",
+            Group::Process,
+            handler(background::output),
+        )
+        .id("process_output")
+        .summary("Captured output after a cursor, optionally waiting up to 30 s for more.")
+        .returns(schema::output())
+        .also_answers(&[404, 409])
+        .params(&[
+            pid,
+            Param::query("since", "integer", false),
+            Param::query("wait", "number", false),
+        ])
+        .limit(
+            "max_wait_seconds",
+            crate::process::table::MAX_WAIT.as_secs(),
+        ),
+    ]
+}
+
+/// The fields `/shell`, `/shell/stream` and `/process/start` share, checked.
+struct RunRequest {
+    command: String,
+    cwd: Option<String>,
+    env: Vec<(String, String)>,
+    /// Seconds, as the caller wrote them (for the timeout message).
+    timeout: Value,
+}
+
+impl RunRequest {
+    fn parse(body: &Value) -> Result<RunRequest, ApiError> {
+        let command = match body.get("command") {
+            Some(Value::String(s)) if !s.trim().is_empty() => s.clone(),
+            Some(Value::String(_)) | None | Some(Value::Null) => {
+                return Err(ApiError::bad_request("command is required"))
+            }
+            Some(_) => return Err(ApiError::bad_request("command must be a string")),
+        };
+        let cwd = match body.get("cwd") {
+            None | Some(Value::Null) => None,
+            Some(Value::String(s)) => Some(s.clone()),
+            Some(_) => return Err(ApiError::bad_request("cwd must be a string")),
+        };
+        let env = match body.get("env") {
+            None | Some(Value::Null) => Vec::new(),
+            Some(Value::Object(map)) => {
+                let mut env = Vec::with_capacity(map.len());
+                for (name, value) in map {
+                    let Value::String(value) = value else {
+                        return Err(ApiError::bad_request("env must be an object of strings"));
+                    };
+                    if name.is_empty()
+                        || name.contains('=')
+                        || name.contains('\0')
+                        || value.contains('\0')
+                    {
+                        return Err(ApiError::bad_request(format!(
+                            "env: '{name}' cannot be set (names must be non-empty without '=', and neither may contain NUL)"
+                        )));
+                    }
+                    env.push((name.clone(), value.clone()));
+                }
+                env
+            }
+            Some(_) => return Err(ApiError::bad_request("env must be an object of strings")),
+        };
+        let timeout = match body.get("timeout") {
+            Some(Value::Number(n)) if n.as_f64().is_some_and(|t| t > 0.0) => {
+                Value::Number(n.clone())
+            }
+            _ => json!(DEFAULT_TIMEOUT_SECS as u64),
+        };
+        Ok(RunRequest {
+            command,
+            cwd,
+            env,
+            timeout,
+        })
+    }
+
+    fn timeout_secs(&self) -> f64 {
+        self.timeout.as_f64().unwrap_or(DEFAULT_TIMEOUT_SECS)
+    }
+
+    /// The contract's timeout error, naming the seconds as the caller wrote them.
+    fn timed_out(&self) -> ApiError {
+        ApiError::internal(
+            "TimeoutError",
+            format!("Command timed out after {}s", dumps_sorted(&self.timeout)),
+        )
+    }
+}
+
+/// A shlex failure, with the status each route gives it (500 on `/shell`, 400 else).
+fn split(command: &str, status: u16) -> Result<Vec<String>, ApiError> {
+    shlex::split(command).map_err(|e| ApiError::new(status, "ValueError", e.0))
+}
+
+/// The working directory: the caller's (confined, existing directory) or the base.
+async fn working_dir(call: &Call, cwd: Option<&str>) -> Result<OwnedFd, ApiError> {
+    let base = &call.services().base;
+    let input = cwd.unwrap_or(".");
+    let caller = base.confine(input).map_err(super::files::fs_error)?;
+    match crate::fs::tree::open_dir(base, &caller).await {
+        Ok(fd) => Ok(fd),
+        Err(FsError::Io { error, .. }) if matches!(error.raw_os_error(), Some(23 | 24)) => {
+            Err(super::files::fs_error(FsError::Io {
+                error,
+                path: input.to_string(),
+            }))
+        }
+        // Missing, not a directory, or outside: the contract's one answer for a cwd.
+        Err(_) => Err(ApiError::new(
+            403,
+            "PermissionError",
+            format!(
+                "cwd '{input}' is not an existing directory inside the allowed directories ({}); use a directory beneath it",
+                base.path().display()
+            ),
+        )
+        .with_code("path_not_allowed")),
+    }
+}
+
+/// Spawns `argv`; an `exec` failure is a 500 named like Python's `Popen` exception.
+async fn spawn(
+    call: &Call,
+    argv: Vec<String>,
+    request: &RunRequest,
+    stdin: bool,
+    capture: bool,
+) -> Result<Child, ApiError> {
+    let cwd = working_dir(call, request.cwd.as_deref()).await?;
+    let services = call.services();
+    let program = argv[0].clone();
+    let spec = Spawn {
+        argv,
+        cwd,
+        env: services.environment.with(&request.env),
+        stdin,
+        capture,
+    };
+    Child::spawn(spec, &services.children)
+        .await
+        .map_err(|e| spawn_error(&e, &program))
+}
+
+/// `[Errno 2] No such file or directory: 'nosuch'`, as Python words it.
+fn spawn_error(error: &std::io::Error, program: &str) -> ApiError {
+    let kind = crate::api::errno::python_exception(error.raw_os_error());
+    let message = match error.raw_os_error() {
+        Some(errno) => {
+            let text = std::io::Error::from_raw_os_error(errno).to_string();
+            let text = text.split(" (os error").next().unwrap_or(&text).to_string();
+            format!("[Errno {errno}] {text}: '{program}'")
+        }
+        None => error.to_string(),
+    };
+    ApiError::internal(kind, message)
+}
+
+/// JSON Schemas of the success bodies, for the OpenAPI document.
+mod schema {
+    use serde_json::{json, Value};
+
+    fn object(required: &[&str], properties: Value) -> Value {
+        json!({"type": "object", "required": required, "properties": properties})
+    }
+    fn process_properties() -> Value {
+        json!({
+            "pid": {"type": "integer"}, "command": {"type": "string"},
+            "state": {"enum": ["running", "exited"]}, "started_at": {"type": "number"},
+            "exit_code": {"type": ["integer", "null"]},
+        })
+    }
+    pub fn shell() -> Value {
+        object(
+            &["stdout", "stderr", "exit_code"],
+            json!({"stdout": {"type": "string"}, "stderr": {"type": "string"}, "exit_code": {"type": "integer"}, "truncated": {"type": "boolean"}}),
+        )
+    }
+    pub fn started() -> Value {
+        object(
+            &["pid", "command"],
+            json!({"pid": {"type": "integer"}, "command": {"type": "string"}}),
+        )
+    }
+    pub fn list() -> Value {
+        let row = object(
+            &["pid", "command", "state", "started_at"],
+            process_properties(),
+        );
+        object(
+            &["processes"],
+            json!({"processes": {"type": "array", "items": row}}),
+        )
+    }
+    pub fn process() -> Value {
+        object(
+            &["pid", "command", "state", "started_at", "exit_code"],
+            process_properties(),
+        )
+    }
+    pub fn signalled() -> Value {
+        object(
+            &["pid", "signal"],
+            json!({"pid": {"type": "integer"}, "signal": {"type": "integer"}}),
+        )
+    }
+    pub fn stdin() -> Value {
+        object(
+            &["pid", "written", "closed"],
+            json!({"pid": {"type": "integer"}, "written": {"type": "integer"}, "closed": {"type": "boolean"}}),
+        )
+    }
+    pub fn output() -> Value {
+        let event = object(
+            &["seq", "stream", "data"],
+            json!({"seq": {"type": "integer"}, "stream": {"enum": ["stdout", "stderr"]}, "data": {"type": "string"}}),
+        );
+        object(
+            &["pid", "events", "next", "state", "exit_code", "dropped"],
+            json!({
+                "pid": {"type": "integer"}, "events": {"type": "array", "items": event},
+                "next": {"type": "integer"}, "state": {"enum": ["running", "exited"]},
+                "exit_code": {"type": ["integer", "null"]}, "dropped": {"type": "boolean"},
+            }),
+        )
+    }
+}

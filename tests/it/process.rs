@@ -1,0 +1,807 @@
+//! The process group against the real binary: `/shell`, `/shell/stream` and
+//! `/process/*`, with real children, real pipes and `/proc` as the witness.
+
+use std::io::{BufRead, BufReader, Write};
+use std::net::TcpStream;
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
+
+use crate::on_both_drivers;
+use crate::support::{read_event, Reply, Server};
+
+fn post(server: &Server, path: &str, body: Value) -> Reply {
+    server.post(path, &body.to_string())
+}
+
+fn shell(server: &Server, body: Value) -> (u16, Value) {
+    let reply = post(server, "/shell", body);
+    (reply.status, reply.json())
+}
+
+/// The state letter of `pid` in `/proc` (`R`, `S`, `Z`, ...), or `None` when it is gone.
+fn proc_state(pid: i64) -> Option<char> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let after_name = stat.rsplit_once(')')?.1;
+    after_name.trim_start().chars().next()
+}
+
+/// Whether `pid` is no longer running (gone, or a zombie waiting for some other parent).
+fn wait_until_dead(pid: i64, within: Duration) -> bool {
+    let deadline = Instant::now() + within;
+    loop {
+        match proc_state(pid) {
+            None | Some('Z') | Some('X') => return true,
+            _ if Instant::now() > deadline => return false,
+            _ => std::thread::sleep(Duration::from_millis(20)),
+        }
+    }
+}
+
+/// Children of `parent` that are zombies.
+fn zombies_of(parent: u32) -> Vec<String> {
+    let mut found = Vec::new();
+    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        if !name.bytes().all(|b| b.is_ascii_digit()) {
+            continue;
+        }
+        let Ok(stat) = std::fs::read_to_string(entry.path().join("stat")) else {
+            continue;
+        };
+        let Some((_, rest)) = stat.rsplit_once(')') else {
+            continue;
+        };
+        let fields: Vec<&str> = rest.split_whitespace().collect();
+        if fields.first() == Some(&"Z") && fields.get(1) == Some(&parent.to_string().as_str()) {
+            found.push(name);
+        }
+    }
+    found
+}
+
+/// Opens `POST /shell/stream` over HTTP/1.0 (the body ends when the stream does).
+fn open_stream(server: &Server, body: Value) -> BufReader<TcpStream> {
+    let mut stream = server.connect();
+    let body = body.to_string();
+    stream
+        .write_all(
+            format!(
+                "POST /shell/stream HTTP/1.0\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+                body.len()
+            )
+            .as_bytes(),
+        )
+        .unwrap();
+    stream
+        .set_read_timeout(Some(Duration::from_secs(30)))
+        .unwrap();
+    let mut reader = BufReader::new(stream);
+    let mut status = String::new();
+    reader.read_line(&mut status).unwrap();
+    assert!(status.contains(" 200 "), "{status}");
+    loop {
+        let mut line = String::new();
+        reader.read_line(&mut line).unwrap();
+        if line.trim_end().is_empty() {
+            break;
+        }
+        if line.to_ascii_lowercase().starts_with("content-type:") {
+            assert!(line.contains("text/event-stream"), "{line}");
+        }
+    }
+    reader
+}
+
+/// Every event until the stream ends.
+fn all_events(reader: &mut BufReader<TcpStream>) -> Vec<(String, Value)> {
+    let mut events = Vec::new();
+    loop {
+        let (name, data) = read_event(reader);
+        let last = name == "exit" || name == "error";
+        events.push((name, data));
+        if last {
+            return events;
+        }
+    }
+}
+
+fn start(server: &Server, body: Value) -> i64 {
+    let reply = post(server, "/process/start", body);
+    assert_eq!(reply.status, 200, "{}", reply.text());
+    let answer = reply.json();
+    answer["pid"].as_i64().unwrap()
+}
+
+fn wait_exited(server: &Server, pid: i64) -> Value {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let row = server.get(&format!("/process/{pid}")).json();
+        if row["state"] == "exited" || Instant::now() > deadline {
+            return row;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+fn shell_runs_commands_as_the_contract_says(driver: &'static str) {
+    let server = Server::start(driver);
+    std::fs::create_dir(server.base_dir().join("sub")).unwrap();
+    std::fs::write(server.base_dir().join("a file"), "x").unwrap();
+
+    // No shell: a pipe, a redirect and a variable are plain arguments.
+    let (status, body) = shell(&server, json!({"command": "echo a | b > c $HOME '$X'"}));
+    assert_eq!(status, 200);
+    assert_eq!(
+        body,
+        json!({"stdout": "a | b > c $HOME $X\n", "stderr": "", "exit_code": 0})
+    );
+    // A non-zero exit is still 200, with stderr.
+    let (status, body) = shell(
+        &server,
+        json!({"command": "sh -c 'echo out; echo err >&2; exit 7'"}),
+    );
+    assert_eq!(
+        (status, body),
+        (
+            200,
+            json!({"stdout": "out\n", "stderr": "err\n", "exit_code": 7})
+        )
+    );
+    // Killed by a signal: Python's negative return code.
+    let (_, body) = shell(&server, json!({"command": "sh -c 'kill -9 $$'"}));
+    assert_eq!(body["exit_code"], -9);
+    // env merges over the server's environment; cwd is a directory beneath the base.
+    let (_, body) = shell(
+        &server,
+        json!({"command": "sh -c 'echo $ABX_T1 $PATH; pwd'", "env": {"ABX_T1": "one"}, "cwd": "sub"}),
+    );
+    let out = body["stdout"].as_str().unwrap();
+    assert!(out.starts_with("one /"), "{out}");
+    let base = std::fs::canonicalize(server.base_dir()).unwrap();
+    assert!(out.ends_with(&format!("{}/sub\n", base.display())), "{out}");
+    // The default cwd is the base directory; arguments with spaces survive.
+    let (_, body) = shell(&server, json!({"command": "ls 'a file'"}));
+    assert_eq!(body["stdout"], "a file\n");
+    // Output that is not UTF-8 is replaced, as Python's errors="replace".
+    let (_, body) = shell(&server, json!({"command": "printf 'a\\377b'"}));
+    assert_eq!(body["stdout"], "a\u{fffd}b");
+
+    for (cwd, why) in [
+        (json!("/etc"), "outside"),
+        (json!("missing"), "missing"),
+        (json!("a file"), "a file"),
+        (json!("../.."), "escaping"),
+    ] {
+        let reply = post(&server, "/shell", json!({"command": "pwd", "cwd": cwd}));
+        assert_eq!(reply.status, 403, "{why}: {}", reply.text());
+        assert_eq!(reply.json()["code"], "path_not_allowed", "{why}");
+        assert_eq!(reply.json()["endpoint"], "shell", "{why}");
+    }
+    for (body, why) in [
+        (json!({}), "command missing"),
+        (json!({"command": "  "}), "blank command"),
+        (json!({"command": 5}), "command not a string"),
+        (json!({"command": "pwd", "cwd": 5}), "cwd not a string"),
+        (json!({"command": "pwd", "env": ["A"]}), "env not an object"),
+        (
+            json!({"command": "pwd", "env": {"A": 1}}),
+            "env value not a string",
+        ),
+    ] {
+        let reply = post(&server, "/shell", body);
+        assert_eq!(reply.status, 400, "{why}: {}", reply.text());
+        assert_eq!(reply.json()["type"], "ValueError", "{why}");
+    }
+    // A shlex failure is 500 here (Python's uncaught ValueError).
+    let (status, body) = shell(&server, json!({"command": "echo 'open"}));
+    assert_eq!(
+        (status, body),
+        (
+            500,
+            json!({"error": "No closing quotation", "type": "ValueError"})
+        )
+    );
+    let (status, body) = shell(&server, json!({"command": "no-such-program-here x"}));
+    assert_eq!(status, 500);
+    assert_eq!(
+        body,
+        json!({"error": "[Errno 2] No such file or directory: 'no-such-program-here'", "type": "FileNotFoundError"})
+    );
+    // A bad timeout is the default, not an error.
+    let (status, body) = shell(&server, json!({"command": "true", "timeout": "soon"}));
+    assert_eq!((status, body["exit_code"].clone()), (200, json!(0)));
+    let (status, body) = shell(&server, json!({"command": "true", "timeout": -1}));
+    assert_eq!((status, body["exit_code"].clone()), (200, json!(0)));
+}
+
+fn a_timeout_kills_the_whole_group(driver: &'static str) {
+    let server = Server::start(driver);
+    // The child forks a sleeping grandchild that would hold the pipes open forever.
+    let started = Instant::now();
+    let (status, body) = shell(
+        &server,
+        json!({"command": "sh -c 'sleep 300 & echo $! > grandchild; wait'", "timeout": 0.5}),
+    );
+    assert_eq!(
+        (status, body),
+        (
+            500,
+            json!({"error": "Command timed out after 0.5s", "type": "TimeoutError"})
+        )
+    );
+    assert!(started.elapsed() < Duration::from_secs(60));
+    let grandchild: i64 = std::fs::read_to_string(server.base_dir().join("grandchild"))
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    assert!(
+        wait_until_dead(grandchild, Duration::from_secs(10)),
+        "grandchild {grandchild} still runs"
+    );
+    let (_, body) = shell(&server, json!({"command": "sleep 5", "timeout": 1}));
+    assert_eq!(body["error"], "Command timed out after 1s");
+}
+
+fn children_inherit_no_server_descriptors(driver: &'static str) {
+    let server = Server::start(driver);
+    // Other connections are open while the child starts; none may leak into it.
+    let _idle: Vec<TcpStream> = (0..3).map(|_| server.connect()).collect();
+    let (_, body) = shell(&server, json!({"command": "ls /proc/self/fd"}));
+    // 0-2 and the descriptor `ls` opened to read the directory.
+    assert_eq!(body["stdout"], "0\n1\n2\n3\n", "{body}");
+    let (_, body) = shell(
+        &server,
+        json!({"command": "sh -c 'cat /proc/self/status | grep -E \"^(SigBlk|SigIgn)\"'"}),
+    );
+    // The server blocks SIGTERM/SIGINT for itself and Rust ignores SIGPIPE; children
+    // must start with neither.
+    let text = body["stdout"].as_str().unwrap();
+    let mask = |name: &str| {
+        let line = text.lines().find(|l| l.starts_with(name)).unwrap();
+        u64::from_str_radix(line.split_whitespace().nth(1).unwrap(), 16).unwrap()
+    };
+    assert_eq!(mask("SigBlk:"), 0, "{text}");
+    for signal in [2, 13, 15] {
+        assert_eq!(
+            mask("SigIgn:") & (1 << (signal - 1)),
+            0,
+            "signal {signal}: {text}"
+        );
+    }
+}
+
+fn no_zombies_after_many_short_runs(driver: &'static str) {
+    let server = Server::start(driver);
+    let threads: Vec<_> = (0..4)
+        .map(|_| {
+            let addr = server.addr;
+            std::thread::spawn(move || {
+                let stream = TcpStream::connect(addr).unwrap();
+                let mut reader = BufReader::new(stream.try_clone().unwrap());
+                let mut writer = stream;
+                let body = r#"{"command":"true"}"#;
+                for _ in 0..250 {
+                    write!(
+                        writer,
+                        "POST /shell HTTP/1.1\r\nHost: t\r\nContent-Length: {}\r\n\r\n{body}",
+                        body.len()
+                    )
+                    .unwrap();
+                    let reply = crate::support::read_reply(&mut reader).unwrap();
+                    assert_eq!(reply.status, 200, "{}", reply.text());
+                }
+            })
+        })
+        .collect();
+    for t in threads {
+        t.join().unwrap();
+    }
+    // Reaping happens when each exit is seen, before the answer: nothing is left.
+    assert_eq!(zombies_of(server.child.id()), Vec::<String>::new());
+}
+
+fn stream_sends_each_line_as_it_is_written(driver: &'static str) {
+    let server = Server::start(driver);
+    let mut reader = open_stream(
+        &server,
+        json!({"command": "sh -c 'echo one; echo err >&2; sleep 1; printf \"two\\nthree\"; exit 3'"}),
+    );
+    // The two pipes race each other; within each, order is kept.
+    let mut before_sleep = vec![read_event(&mut reader), read_event(&mut reader)];
+    let first_at = Instant::now();
+    before_sleep.sort_by(|a, b| a.0.cmp(&b.0));
+    assert_eq!(
+        before_sleep,
+        vec![
+            (
+                "stderr".to_string(),
+                json!({"stream": "stderr", "line": "err"})
+            ),
+            (
+                "stdout".to_string(),
+                json!({"stream": "stdout", "line": "one"})
+            ),
+        ]
+    );
+    let rest = all_events(&mut reader);
+    let two_at = Instant::now();
+    // The first lines were sent while the child slept, not gathered until it finished.
+    assert!(
+        two_at - first_at >= Duration::from_millis(800),
+        "events were not flushed as written"
+    );
+    assert_eq!(
+        rest,
+        vec![
+            (
+                "stdout".to_string(),
+                json!({"stream": "stdout", "line": "two"})
+            ),
+            (
+                "stdout".to_string(),
+                json!({"stream": "stdout", "line": "three"})
+            ),
+            ("exit".to_string(), json!({"exit_code": 3})),
+        ]
+    );
+
+    // Timeout: an error event, and the group is killed.
+    let mut reader = open_stream(
+        &server,
+        json!({"command": "sh -c 'echo $$; exec sleep 300'", "timeout": 0.5}),
+    );
+    let (_, first) = read_event(&mut reader);
+    let pid: i64 = first["line"].as_str().unwrap().parse().unwrap();
+    let (name, data) = read_event(&mut reader);
+    assert_eq!(
+        (name.as_str(), data),
+        (
+            "error",
+            json!({"error": "Command timed out after 0.5s", "type": "TimeoutError"})
+        )
+    );
+    assert!(wait_until_dead(pid, Duration::from_secs(10)));
+
+    // A shlex failure is 400 here, not 500.
+    let reply = post(&server, "/shell/stream", json!({"command": "echo \"open"}));
+    assert_eq!(reply.status, 400);
+    assert_eq!(reply.json()["error"], "No closing quotation");
+    let reply = post(
+        &server,
+        "/shell/stream",
+        json!({"command": "pwd", "cwd": "/"}),
+    );
+    assert_eq!(reply.json()["code"], "path_not_allowed");
+}
+
+fn stream_keeps_each_streams_order(driver: &'static str) {
+    let server = Server::start(driver);
+    let script = "i=0; while [ $i -lt 300 ]; do echo o$i; echo e$i >&2; i=$((i+1)); done";
+    let mut reader = open_stream(&server, json!({"command": format!("sh -c '{script}'")}));
+    let events = all_events(&mut reader);
+    for stream in ["stdout", "stderr"] {
+        let lines: Vec<String> = events
+            .iter()
+            .filter(|(name, _)| name == stream)
+            .map(|(_, d)| d["line"].as_str().unwrap().to_string())
+            .collect();
+        let prefix = &stream[3..4];
+        let expected: Vec<String> = (0..300).map(|i| format!("{prefix}{i}")).collect();
+        assert_eq!(lines, expected, "{stream}");
+    }
+    let (_, body) = shell(&server, json!({"command": format!("sh -c '{script}'")}));
+    let expected: String = (0..300).map(|i| format!("o{i}\n")).collect();
+    assert_eq!(body["stdout"], expected);
+}
+
+fn a_vanished_stream_client_leaves_no_process(driver: &'static str) {
+    let server = Server::start(driver);
+    let mut reader = open_stream(
+        &server,
+        json!({"command": "sh -c 'echo $$; exec sleep 300'"}),
+    );
+    let (_, first) = read_event(&mut reader);
+    let pid: i64 = first["line"].as_str().unwrap().parse().unwrap();
+    assert!(proc_state(pid).is_some_and(|s| s != 'Z'));
+    drop(reader);
+    // The child is silent, so only the connection's hang-up can tell the server.
+    assert!(
+        wait_until_dead(pid, Duration::from_secs(10)),
+        "the child of a closed stream still runs"
+    );
+    assert_eq!(zombies_of(server.child.id()), Vec::<String>::new());
+}
+
+fn background_processes_report_and_take_signals(driver: &'static str) {
+    let server = Server::start(driver);
+    let pid = start(&server, json!({"command": "sleep 30"}));
+    let list = server.get("/process/list").json();
+    assert_eq!(list["processes"].as_array().unwrap().len(), 1);
+    let row = &list["processes"][0];
+    assert_eq!(
+        (row["pid"].as_i64(), &row["command"], &row["state"]),
+        (Some(pid), &json!("sleep 30"), &json!("running"))
+    );
+    assert!(row["started_at"].as_f64().unwrap() > 1.6e9);
+    let got = server.get(&format!("/process/{pid}")).json();
+    assert_eq!(
+        (got["state"].clone(), got["exit_code"].clone()),
+        (json!("running"), Value::Null)
+    );
+
+    for (signal, status) in [(json!(3), 400), (json!("15"), 400), (json!(true), 400)] {
+        let reply = post(
+            &server,
+            &format!("/process/{pid}/signal"),
+            json!({"signal": signal}),
+        );
+        assert_eq!(reply.status, status, "{signal}: {}", reply.text());
+    }
+    let own = server.child.id();
+    for target in [1, own as i64] {
+        let reply = post(
+            &server,
+            &format!("/process/{target}/signal"),
+            json!({"signal": 15}),
+        );
+        assert_eq!(reply.status, 403, "{target}");
+    }
+    assert_eq!(
+        post(&server, "/process/999999999/signal", json!({"signal": 15})).status,
+        404
+    );
+    assert_eq!(server.get("/process/999999999").status, 404);
+    assert_eq!(server.get("/process/abc").status, 400);
+
+    // SIGSTOP-like pause and resume, then terminate.
+    let reply = post(
+        &server,
+        &format!("/process/{pid}/signal"),
+        json!({"signal": 20}),
+    );
+    assert_eq!(reply.json(), json!({"pid": pid, "signal": 20}));
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while proc_state(pid) != Some('T') && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    assert_eq!(proc_state(pid), Some('T'));
+    post(
+        &server,
+        &format!("/process/{pid}/signal"),
+        json!({"signal": 18}),
+    );
+    let reply = post(
+        &server,
+        &format!("/process/{pid}/signal"),
+        json!({"signal": 15}),
+    );
+    assert_eq!(reply.status, 200);
+    let row = wait_exited(&server, pid);
+    assert_eq!(
+        (row["state"].clone(), row["exit_code"].clone()),
+        (json!("exited"), json!(-15))
+    );
+    // Signalling an exited process is accepted and does nothing.
+    assert_eq!(
+        post(
+            &server,
+            &format!("/process/{pid}/signal"),
+            json!({"signal": 9})
+        )
+        .status,
+        200
+    );
+    // The list drops exited rows.
+    assert_eq!(server.get("/process/list").json(), json!({"processes": []}));
+    assert_eq!(server.get(&format!("/process/{pid}")).status, 404);
+    assert_eq!(zombies_of(server.child.id()), Vec::<String>::new());
+
+    // Output that was not captured is 409; bad bodies are 400.
+    let quiet = start(&server, json!({"command": "sleep 30"}));
+    let reply = server.get(&format!("/process/{quiet}/output"));
+    assert_eq!(reply.status, 409, "{}", reply.text());
+    assert_eq!(
+        post(&server, "/process/start", json!({"command": "x 'y"})).status,
+        400
+    );
+    assert_eq!(
+        post(
+            &server,
+            "/process/start",
+            json!({"command": "true", "stdin": "yes"})
+        )
+        .status,
+        400
+    );
+    let reply = post(
+        &server,
+        "/process/start",
+        json!({"command": "no-such-program-here"}),
+    );
+    assert_eq!(
+        (reply.status, reply.json()["type"].clone()),
+        (500, json!("FileNotFoundError"))
+    );
+    post(
+        &server,
+        &format!("/process/{quiet}/signal"),
+        json!({"signal": 9}),
+    );
+}
+
+fn at_most_a_hundred_processes(driver: &'static str) {
+    let server = Server::start(driver);
+    let pids: Vec<i64> = (0..100)
+        .map(|_| start(&server, json!({"command": "sleep 60"})))
+        .collect();
+    let reply = post(&server, "/process/start", json!({"command": "sleep 60"}));
+    assert_eq!(reply.status, 429, "{}", reply.text());
+    assert_eq!(reply.json()["type"], "ResourceError");
+    // An exited row makes room.
+    post(
+        &server,
+        &format!("/process/{}/signal", pids[0]),
+        json!({"signal": 9}),
+    );
+    wait_exited(&server, pids[0]);
+    let extra = start(&server, json!({"command": "sleep 60"}));
+    assert_eq!(server.get(&format!("/process/{}", pids[0])).status, 404);
+    for pid in pids.iter().skip(1).chain([&extra]) {
+        post(
+            &server,
+            &format!("/process/{pid}/signal"),
+            json!({"signal": 9}),
+        );
+    }
+    for pid in pids.iter().chain([&extra]) {
+        assert!(wait_until_dead(*pid, Duration::from_secs(10)));
+    }
+}
+
+fn stdin_round_trips_through_cat(driver: &'static str) {
+    let server = Server::start(driver);
+    let pid = start(
+        &server,
+        json!({"command": "cat", "stdin": true, "capture_output": true}),
+    );
+    let path = format!("/process/{pid}/stdin");
+    let reply = post(&server, &path, json!({"data": "héllo\n"}));
+    assert_eq!(
+        reply.json(),
+        json!({"pid": pid, "written": 7, "closed": false})
+    );
+    for (body, why) in [
+        (json!({}), "nothing given"),
+        (json!({"data": 5}), "data not a string"),
+        (json!({"data_base64": "***"}), "bad base64"),
+        (json!({"eof": "yes"}), "eof not a boolean"),
+    ] {
+        assert_eq!(post(&server, &path, body).status, 400, "{why}");
+    }
+    let reply = post(
+        &server,
+        &path,
+        json!({"data_base64": "AAEC/w==", "eof": true}),
+    );
+    assert_eq!(
+        reply.json(),
+        json!({"pid": pid, "written": 4, "closed": true})
+    );
+    let reply = post(&server, &path, json!({"data": "late"}));
+    assert_eq!(reply.status, 409);
+    let row = wait_exited(&server, pid);
+    assert_eq!(row["exit_code"], 0);
+    let out = server.get(&format!("/process/{pid}/output")).json();
+    let text: String = out["events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["data"].as_str().unwrap())
+        .collect();
+    assert_eq!(text, "héllo\n\u{0}\u{1}\u{2}\u{fffd}");
+    assert_eq!(
+        (out["state"].clone(), out["exit_code"].clone()),
+        (json!("exited"), json!(0))
+    );
+
+    let no_stdin = start(&server, json!({"command": "sleep 30"}));
+    let reply = post(
+        &server,
+        &format!("/process/{no_stdin}/stdin"),
+        json!({"data": "x"}),
+    );
+    assert_eq!(reply.status, 409);
+    post(
+        &server,
+        &format!("/process/{no_stdin}/signal"),
+        json!({"signal": 9}),
+    );
+
+    // A large write waits for the child to read, on the driver, and arrives whole.
+    let pid = start(
+        &server,
+        json!({"command": "wc -c", "stdin": true, "capture_output": true}),
+    );
+    let big = "x".repeat(3 * 1024 * 1024);
+    let reply = post(
+        &server,
+        &format!("/process/{pid}/stdin"),
+        json!({"data": big, "eof": true}),
+    );
+    assert_eq!(reply.json()["written"], 3 * 1024 * 1024);
+    wait_exited(&server, pid);
+    let out = server.get(&format!("/process/{pid}/output")).json();
+    assert_eq!(out["events"][0]["data"], "3145728\n");
+}
+
+fn output_is_never_lost_between_polls(driver: &'static str) {
+    let server = Server::start(driver);
+    // 500 KiB on stdout and a marker on stderr, read only after the process exited.
+    let pid = start(
+        &server,
+        json!({"command": "sh -c 'yes 0123456789abcdef | head -c 512000; echo done >&2'", "capture_output": true}),
+    );
+    wait_exited(&server, pid);
+    let out = server.get(&format!("/process/{pid}/output?since=0")).json();
+    let events = out["events"].as_array().unwrap();
+    let stdout: String = events
+        .iter()
+        .filter(|e| e["stream"] == "stdout")
+        .map(|e| e["data"].as_str().unwrap())
+        .collect();
+    assert_eq!(stdout.len(), 512000);
+    assert!(stdout.starts_with("0123456789abcdef\n0123"));
+    let seqs: Vec<u64> = events.iter().map(|e| e["seq"].as_u64().unwrap()).collect();
+    assert_eq!(seqs, (0..seqs.len() as u64).collect::<Vec<_>>());
+    assert_eq!(out["next"], seqs.len());
+    assert_eq!(out["dropped"], false);
+    assert!(events
+        .iter()
+        .any(|e| e["stream"] == "stderr" && e["data"] == "done\n"));
+    // The cursor: nothing new after `next`.
+    let again = server
+        .get(&format!("/process/{pid}/output?since={}", out["next"]))
+        .json();
+    assert_eq!(again["events"], json!([]));
+    assert_eq!(again["dropped"], false);
+
+    // Over the 1 MiB cap: the oldest events go, and a late reader is told.
+    let pid = start(
+        &server,
+        json!({"command": "sh -c 'yes 0123456789abcdef | head -c 1572864; echo END'", "capture_output": true}),
+    );
+    wait_exited(&server, pid);
+    let out = server.get(&format!("/process/{pid}/output")).json();
+    let kept: String = out["events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["data"].as_str().unwrap())
+        .collect();
+    assert!(
+        kept.len() <= 1024 * 1024 && kept.len() > 900 * 1024,
+        "{}",
+        kept.len()
+    );
+    assert!(kept.ends_with("END\n"));
+    assert_eq!(out["dropped"], true);
+    // A reader whose cursor is still held lost nothing.
+    let first_held = out["events"][0]["seq"].as_u64().unwrap();
+    let current = server
+        .get(&format!("/process/{pid}/output?since={first_held}"))
+        .json();
+    assert_eq!(current["dropped"], false);
+
+    for query in ["since=-1", "since=x", "wait=-2", "wait=abc"] {
+        assert_eq!(
+            server.get(&format!("/process/{pid}/output?{query}")).status,
+            400,
+            "{query}"
+        );
+    }
+}
+
+fn long_polls_return_early_and_never_block_others(driver: &'static str) {
+    let server = Server::start(driver);
+    let pid = start(
+        &server,
+        json!({"command": "sh -c 'sleep 1; echo late; sleep 30'", "capture_output": true}),
+    );
+    let waited = Instant::now();
+    let out = server.get(&format!("/process/{pid}/output?wait=25")).json();
+    assert!(
+        waited.elapsed() < Duration::from_secs(20),
+        "wait did not return on data"
+    );
+    assert_eq!(out["events"][0]["data"], "late\n");
+    assert_eq!(out["state"], "running");
+
+    // A long-poll is pending while 200 /shell calls run concurrently; all answer.
+    let addr = server.addr;
+    let next = out["next"].clone();
+    let poll = std::thread::spawn(move || {
+        let mut stream = TcpStream::connect(addr).unwrap();
+        write!(
+            stream,
+            "GET /process/{pid}/output?since={next}&wait=25 HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n"
+        )
+        .unwrap();
+        let mut reader = BufReader::new(stream);
+        crate::support::read_reply(&mut reader).unwrap().json()
+    });
+    std::thread::sleep(Duration::from_millis(200));
+    let callers: Vec<_> = (0..200)
+        .map(|i| {
+            std::thread::spawn(move || {
+                let mut stream = TcpStream::connect(addr).unwrap();
+                let body = format!(r#"{{"command":"echo {i}"}}"#);
+                write!(
+                    stream,
+                    "POST /shell HTTP/1.1\r\nHost: t\r\nConnection: close\r\nContent-Length: {}\r\n\r\n{body}",
+                    body.len()
+                )
+                .unwrap();
+                let mut reader = BufReader::new(stream);
+                let reply = crate::support::read_reply(&mut reader).unwrap();
+                (i, reply.json())
+            })
+        })
+        .collect();
+    for caller in callers {
+        let (i, body) = caller.join().unwrap();
+        assert_eq!(body["stdout"], format!("{i}\n"));
+    }
+    assert!(!poll.is_finished(), "the long-poll should still be waiting");
+    // The process ends: the pending poll returns at once with the exit.
+    post(
+        &server,
+        &format!("/process/{pid}/signal"),
+        json!({"signal": 9}),
+    );
+    let ended = poll.join().unwrap();
+    assert_eq!(
+        (ended["state"].clone(), ended["exit_code"].clone()),
+        (json!("exited"), json!(-9))
+    );
+}
+
+fn shutdown_ends_background_processes(driver: &'static str) {
+    let mut server = Server::start(driver);
+    let pid = start(&server, json!({"command": "sleep 300"}));
+    let stubborn = start(
+        &server,
+        json!({"command": "sh -c 'trap \"\" TERM; echo ready; while :; do sleep 1; done'", "capture_output": true}),
+    );
+    let out = server
+        .get(&format!("/process/{stubborn}/output?wait=10"))
+        .json();
+    assert_eq!(out["events"][0]["data"], "ready\n");
+    rustix::process::kill_process(
+        rustix::process::Pid::from_raw(server.child.id() as i32).unwrap(),
+        rustix::process::Signal::TERM,
+    )
+    .unwrap();
+    let status = server.child.wait().unwrap();
+    assert!(status.success());
+    // SIGTERM, then SIGKILL for a group that ignores it.
+    assert!(wait_until_dead(pid, Duration::from_secs(10)));
+    assert!(wait_until_dead(stubborn, Duration::from_secs(10)));
+}
+
+on_both_drivers!(
+    shell_runs_commands_as_the_contract_says,
+    a_timeout_kills_the_whole_group,
+    children_inherit_no_server_descriptors,
+    no_zombies_after_many_short_runs,
+    stream_sends_each_line_as_it_is_written,
+    stream_keeps_each_streams_order,
+    a_vanished_stream_client_leaves_no_process,
+    background_processes_report_and_take_signals,
+    at_most_a_hundred_processes,
+    stdin_round_trips_through_cat,
+    output_is_never_lost_between_polls,
+    long_polls_return_early_and_never_block_others,
+    shutdown_ends_background_processes,
+);

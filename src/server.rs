@@ -95,6 +95,9 @@ impl Server {
         let factory = Arc::new(service_factory(state.clone(), shutdown.clone(), slots));
         let workers = runtime::start_workers(per_worker, driver, shutdown.clone(), pool, factory)
             .map_err(|e| format!("cannot start worker threads: {e}"))?;
+        if std::process::id() == 1 {
+            start_orphan_reaper(state.clone());
+        }
         let children_state = state.clone();
         shutdown::spawn_signal_thread(
             shutdown,
@@ -112,6 +115,22 @@ impl Server {
             let _ = worker.join();
         }
         Ok(())
+    }
+}
+
+/// As a container's PID 1 the server inherits every orphaned descendant (a child's
+/// background job outliving it), and nothing else would reap those when they exit.
+/// Twice a second is often enough that zombies never pile up, and costs one `/proc`
+/// scan; the server's own children are reaped the moment they exit, by their pidfds.
+fn start_orphan_reaper(state: Arc<AppState>) {
+    let spawned = std::thread::Builder::new()
+        .name("abx-reaper".into())
+        .spawn(move || loop {
+            std::thread::sleep(std::time::Duration::from_millis(500));
+            state.services.children.reap_orphans();
+        });
+    if let Err(e) = spawned {
+        crate::log!("warning: cannot start the orphan reaper ({e}); orphaned descendants of children will stay zombies");
     }
 }
 

@@ -96,18 +96,19 @@ impl Child {
             let stdin = spec.stdin.then(pipe).transpose()?.map(|(r, w)| (w, r));
             let stdout = spec.capture.then(pipe).transpose()?;
             let stderr = spec.capture.then(pipe).transpose()?;
-            let pid = spawn::spawn(
-                &program_path,
-                &spec.argv,
-                &spec.env,
-                spec.cwd.as_fd(),
-                spawn::Stdio {
-                    stdin: stdin.as_ref().map(|(_, child)| child.as_fd()),
-                    stdout: stdout.as_ref().map(|(_, child)| child.as_fd()),
-                    stderr: stderr.as_ref().map(|(_, child)| child.as_fd()),
-                },
-            )?;
-            registry_for_pool.register(pid);
+            let pid = registry_for_pool.spawn_registered(|| {
+                spawn::spawn(
+                    &program_path,
+                    &spec.argv,
+                    &spec.env,
+                    spec.cwd.as_fd(),
+                    spawn::Stdio {
+                        stdin: stdin.as_ref().map(|(_, child)| child.as_fd()),
+                        stdout: stdout.as_ref().map(|(_, child)| child.as_fd()),
+                        stderr: stderr.as_ref().map(|(_, child)| child.as_fd()),
+                    },
+                )
+            })?;
             let pidfd = match Pid::from_raw(pid)
                 .ok_or_else(|| io::Error::other("posix_spawn returned pid 0"))
                 .and_then(|p| {

@@ -9,7 +9,8 @@
 //! - [`pipe`] and [`run`]: pipes read and written on the worker's driver, as text.
 //! - [`table`] and [`output`]: background processes and their captured output.
 //! - [`env`]: the shared environment view children start with.
-//! - [`ChildRegistry`]: every live group, so shutdown can end them all.
+//! - [`ChildRegistry`]: every live group, so shutdown can end them all, and the reaper
+//!   of orphans re-parented to a PID-1 server.
 
 pub mod child;
 pub mod env;
@@ -25,28 +26,51 @@ pub use env::Environment;
 pub use table::ProcessTable;
 
 use std::collections::HashSet;
+use std::io;
 use std::sync::Mutex;
 
-/// Process-group ids of live children, shared by every thread.
+/// Process-group ids of live children, shared by every thread, and the orphan reaper
+/// for when the server is a container's PID 1.
 #[derive(Default)]
 pub struct ChildRegistry {
-    groups: Mutex<HashSet<i32>>,
+    state: Mutex<Registry>,
+}
+
+#[derive(Default)]
+struct Registry {
+    groups: HashSet<i32>,
+    /// Spawns under way: their pids are not registered yet.
+    spawning: usize,
 }
 
 impl ChildRegistry {
-    /// Records a child started with `setpgid(0, 0)`, whose group id is its pid.
+    /// Runs `spawn` (which returns the new child's pid) and records the child, whose
+    /// group id is its pid. While it runs, the orphan reaper leaves every zombie alone,
+    /// so it can never take the exit status of a child that is not registered yet.
+    pub fn spawn_registered(&self, spawn: impl FnOnce() -> io::Result<i32>) -> io::Result<i32> {
+        self.lock().spawning += 1;
+        let spawned = spawn();
+        let mut state = self.lock();
+        state.spawning -= 1;
+        if let Ok(pid) = spawned {
+            state.groups.insert(pid);
+        }
+        spawned
+    }
+
+    /// Records a child started by other means (tests).
     pub fn register(&self, pgid: i32) {
-        self.lock().insert(pgid);
+        self.lock().groups.insert(pgid);
     }
 
     /// Forgets a group once its leader has been reaped.
     pub fn unregister(&self, pgid: i32) {
-        self.lock().remove(&pgid);
+        self.lock().groups.remove(&pgid);
     }
 
     /// Sends `signal` to every registered group and returns how many there were.
     pub fn signal_all(&self, signal: nix::sys::signal::Signal) -> usize {
-        let groups: Vec<i32> = self.lock().iter().copied().collect();
+        let groups: Vec<i32> = self.lock().groups.iter().copied().collect();
         for pgid in &groups {
             // The group may have exited since; ESRCH is expected and harmless.
             let _ = nix::sys::signal::killpg(nix::unistd::Pid::from_raw(*pgid), signal);
@@ -55,17 +79,74 @@ impl ChildRegistry {
     }
 
     pub fn len(&self) -> usize {
-        self.lock().len()
+        self.lock().groups.len()
     }
 
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashSet<i32>> {
-        // A panic while holding this lock cannot leave the set inconsistent.
-        self.groups.lock().unwrap_or_else(|e| e.into_inner())
+    /// Reaps zombie children of this process that it did not start: descendants of our
+    /// children, re-parented to us when their parent exited, which happens when the
+    /// server is a container's PID 1 (nothing else would ever reap them). Our own
+    /// children are left to their pidfd waits. Returns how many were reaped.
+    pub fn reap_orphans(&self) -> usize {
+        let me = std::process::id() as i32;
+        let mut reaped = 0;
+        for pid in zombie_children(me) {
+            let state = self.lock();
+            if state.spawning > 0 || state.groups.contains(&pid) {
+                continue;
+            }
+            // Under the lock: a spawn cannot register this pid meanwhile.
+            if let Some(pid) = rustix::process::Pid::from_raw(pid) {
+                if let Ok(Some(_)) =
+                    rustix::process::waitpid(Some(pid), rustix::process::WaitOptions::NOHANG)
+                {
+                    reaped += 1;
+                }
+            }
+        }
+        reaped
     }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Registry> {
+        // A panic while holding this lock cannot leave the set inconsistent.
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+/// Pids of zombies whose parent is `parent`, from `/proc`.
+fn zombie_children(parent: i32) -> Vec<i32> {
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    let mut zombies = Vec::new();
+    for entry in entries.flatten() {
+        let Some(pid) = entry
+            .file_name()
+            .to_str()
+            .and_then(|n| n.parse::<i32>().ok())
+        else {
+            continue;
+        };
+        let Ok(stat) = std::fs::read_to_string(entry.path().join("stat")) else {
+            continue;
+        };
+        // The command name may contain spaces and parentheses: parse after the last ')'.
+        let mut fields = stat
+            .rsplit_once(')')
+            .map(|(_, rest)| rest.split_whitespace());
+        let state = fields.as_mut().and_then(|f| f.next());
+        let ppid = fields
+            .as_mut()
+            .and_then(|f| f.next())
+            .and_then(|p| p.parse::<i32>().ok());
+        if state == Some("Z") && ppid == Some(parent) {
+            zombies.push(pid);
+        }
+    }
+    zombies
 }
 
 #[cfg(test)]

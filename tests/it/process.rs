@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use serde_json::{json, Value};
 
 use crate::on_both_drivers;
-use crate::support::{read_event, Reply, Server};
+use crate::support::{read_event, Launch, Reply, Server};
 
 fn post(server: &Server, path: &str, body: Value) -> Reply {
     server.post(path, &body.to_string())
@@ -790,7 +790,46 @@ fn shutdown_ends_background_processes(driver: &'static str) {
     assert!(wait_until_dead(stubborn, Duration::from_secs(10)));
 }
 
+/// The outer pid of the server started under `unshare` (the wrapper's only child).
+fn server_pid_under_unshare(server: &Server) -> u32 {
+    let wrapper = server.child.id();
+    let children =
+        std::fs::read_to_string(format!("/proc/{wrapper}/task/{wrapper}/children")).unwrap();
+    children.split_whitespace().next().unwrap().parse().unwrap()
+}
+
+fn as_pid_1_orphans_are_reaped(driver: &'static str) {
+    let server = Launch::new(driver).pid1().start();
+    let server_pid = server_pid_under_unshare(&server);
+    // `sh` exits at once; its background `sleep` is re-parented to the server (PID 1 of
+    // the namespace) and, when it ends, only the server can reap it.
+    let (_, body) = shell(
+        &server,
+        json!({"command": "sh -c 'sleep 1 >/dev/null 2>&1 & echo $$'"}),
+    );
+    assert_eq!(body["exit_code"], 0, "{body}");
+    let orphans: Vec<u32> =
+        std::fs::read_to_string(format!("/proc/{server_pid}/task/{server_pid}/children"))
+            .unwrap()
+            .split_whitespace()
+            .map(|p| p.parse().unwrap())
+            .collect();
+    assert_eq!(
+        orphans.len(),
+        1,
+        "the orphaned sleep is the server's child now"
+    );
+    let orphan = orphans[0] as i64;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while proc_state(orphan).is_some() && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert_eq!(proc_state(orphan), None, "the orphan was not reaped");
+    assert_eq!(zombies_of(server_pid), Vec::<String>::new());
+}
+
 on_both_drivers!(
+    as_pid_1_orphans_are_reaped,
     shell_runs_commands_as_the_contract_says,
     a_timeout_kills_the_whole_group,
     children_inherit_no_server_descriptors,

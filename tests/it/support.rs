@@ -49,6 +49,8 @@ pub struct Launch {
     pub current_dir: Option<PathBuf>,
     /// A hard limit on open files for the server (`ulimit -n`).
     pub nofile: Option<u64>,
+    /// Run the server as PID 1 of a new PID namespace (`unshare`), as in a container.
+    pub pid1: bool,
 }
 
 impl Launch {
@@ -61,6 +63,7 @@ impl Launch {
             base_dir: None,
             current_dir: None,
             nofile: None,
+            pid1: false,
         }
     }
     pub fn example(driver: &'static str) -> Launch {
@@ -81,8 +84,18 @@ impl Launch {
         self.base_dir = Some(dir.to_path_buf());
         self
     }
+    pub fn pid1(mut self) -> Launch {
+        self.pid1 = true;
+        self
+    }
     fn command(&self, own_base: &Path) -> Command {
-        let mut cmd = Command::new(self.bin);
+        let mut cmd = if self.pid1 {
+            let mut unshare = Command::new("unshare");
+            unshare.args(["--pid", "--fork", "--mount-proc", "--kill-child", self.bin]);
+            unshare
+        } else {
+            Command::new(self.bin)
+        };
         cmd.args([
             "--port",
             "0",

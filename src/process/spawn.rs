@@ -145,17 +145,9 @@ pub fn spawn(
         let mut empty = std::mem::MaybeUninit::<libc::sigset_t>::uninit();
         libc::sigemptyset(empty.as_mut_ptr());
         check(libc::posix_spawnattr_setsigmask(attr_ptr, empty.as_ptr()))?;
-        // Every signal a program may find ignored (Rust ignores SIGPIPE) back to default.
-        let mut defaults = std::mem::MaybeUninit::<libc::sigset_t>::uninit();
-        libc::sigemptyset(defaults.as_mut_ptr());
-        for signal in 1..libc::SIGRTMIN() {
-            if signal != libc::SIGKILL && signal != libc::SIGSTOP {
-                libc::sigaddset(defaults.as_mut_ptr(), signal);
-            }
-        }
         check(libc::posix_spawnattr_setsigdefault(
             attr_ptr,
-            defaults.as_ptr(),
+            &ignored_signals().0,
         ))?;
 
         for (target, source) in [(0, stdio.stdin), (1, stdio.stdout), (2, stdio.stderr)] {
@@ -195,6 +187,40 @@ pub fn spawn(
         Ok(pid)
     }
 }
+
+/// The signals this process ignores (SIG_IGN): Rust's SIGPIPE, and whatever the server
+/// inherited ignored (`nohup` ignores SIGHUP). A child gets them back at their default.
+/// Listing only these, not every signal, saves the spawned child one `sigaction` call
+/// per signal (glibc resets caught signals by itself). Read once: the server changes no
+/// disposition after startup.
+fn ignored_signals() -> &'static SigSet {
+    static IGNORED: std::sync::OnceLock<SigSet> = std::sync::OnceLock::new();
+    IGNORED.get_or_init(|| {
+        // SAFETY: sigemptyset/sigaddset initialise and fill a local set; sigaction with a
+        // null new action only reads the current disposition.
+        unsafe {
+            let mut set = std::mem::MaybeUninit::<libc::sigset_t>::uninit();
+            libc::sigemptyset(set.as_mut_ptr());
+            let mut set = set.assume_init();
+            for signal in 1..libc::SIGRTMIN() {
+                let mut current = std::mem::MaybeUninit::<libc::sigaction>::uninit();
+                if libc::sigaction(signal, std::ptr::null(), current.as_mut_ptr()) == 0
+                    && current.assume_init().sa_sigaction == libc::SIG_IGN
+                {
+                    libc::sigaddset(&mut set, signal);
+                }
+            }
+            libc::sigaddset(&mut set, libc::SIGPIPE);
+            SigSet(set)
+        }
+    })
+}
+
+/// A signal set that can live in a `static` (it is only ever read after creation).
+struct SigSet(libc::sigset_t);
+// SAFETY: a sigset_t is plain data, never mutated after `ignored_signals` builds it.
+unsafe impl Sync for SigSet {}
+unsafe impl Send for SigSet {}
 
 struct AttrGuard(libc::posix_spawnattr_t);
 impl Drop for AttrGuard {

@@ -414,6 +414,36 @@ fn a_vanished_stream_client_leaves_no_process(driver: &'static str) {
     assert_eq!(zombies_of(server.child.id()), Vec::<String>::new());
 }
 
+/// The server's thread count, from `/proc`.
+fn threads_of(pid: u32) -> usize {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let line = status.lines().find(|l| l.starts_with("Threads:")).unwrap();
+    line.split_whitespace().nth(1).unwrap().parse().unwrap()
+}
+
+fn open_streams_cost_no_threads(driver: &'static str) {
+    let server = Launch::new(driver).env("ABX_BLOCKING_THREADS", "4").start();
+    let streams: Vec<BufReader<TcpStream>> = (0..300)
+        .map(|_| {
+            let mut reader = open_stream(
+                &server,
+                json!({"command": "sh -c 'echo up; exec sleep 60'"}),
+            );
+            let (_, first) = read_event(&mut reader);
+            assert_eq!(first["line"], "up");
+            reader
+        })
+        .collect();
+    // Two workers, four pool threads at most, the signal thread and main: far fewer
+    // than the 300 streams, each waiting on its child's pipes and exit.
+    let threads = threads_of(server.child.id());
+    assert!(threads <= 8, "{threads} threads for 300 open streams");
+    assert_eq!(server.get("/health").status, 200);
+    let (_, body) = shell(&server, json!({"command": "echo still"}));
+    assert_eq!(body["stdout"], "still\n");
+    drop(streams);
+}
+
 fn background_processes_report_and_take_signals(driver: &'static str) {
     let server = Server::start(driver);
     let pid = start(&server, json!({"command": "sleep 30"}));
@@ -830,6 +860,7 @@ fn as_pid_1_orphans_are_reaped(driver: &'static str) {
 
 on_both_drivers!(
     as_pid_1_orphans_are_reaped,
+    open_streams_cost_no_threads,
     shell_runs_commands_as_the_contract_says,
     a_timeout_kills_the_whole_group,
     children_inherit_no_server_descriptors,

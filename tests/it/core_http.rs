@@ -188,6 +188,25 @@ fn oversized_body_is_413_before_it_is_read(driver: &'static str) {
         refused = Some(reply.status);
     }
     assert_eq!(refused, Some(413));
+
+    // A body of exactly the limit is read and answered on its merits.
+    let mut stream = server.connect();
+    let limit = 10 * 1024 * 1024;
+    let mut body = vec![b' '; limit];
+    body[0] = b'{';
+    body[limit - 1] = b'}';
+    stream
+        .write_all(
+            format!(
+                "POST /capabilities/check HTTP/1.1\r\nHost: t\r\nContent-Length: {limit}\r\n\r\n"
+            )
+            .as_bytes(),
+        )
+        .unwrap();
+    stream.write_all(&body).unwrap();
+    let reply = read_reply(&mut BufReader::new(stream.try_clone().unwrap())).unwrap();
+    assert_eq!(reply.status, 400, "{}", reply.text());
+    assert_ne!(reply.json()["code"], "payload_too_large");
 }
 
 fn curl_large_body_with_expect_100_continue(driver: &'static str) {
@@ -843,6 +862,7 @@ fn framing_is_strict_and_bodiless_answers_have_no_body(driver: &'static str) {
     let server = Launch::new(driver).env("ABX_SERVER_TOKEN", "t").start();
     for (head, status) in [
         ("POST /capabilities/check HTTP/1.1\r\nHost: t\r\nContent-Length: +2\r\n\r\n{}", 400),
+        ("POST /capabilities/check HTTP/1.1\r\nHost: t\r\nContent-Length: 2\r\nContent-Length: 3\r\n\r\n{} ", 400),
         ("GET /health HTTP/1.1\r\n\r\n", 400),
         ("GET /health HTTP/1.1\nHost: t\n\n", 400),
         ("POST /capabilities/check HTTP/1.1\r\nHost: t\r\nTransfer-Encoding: chunked\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n", 400),

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use serde_json::{json, Value};
 
 use crate::on_both_drivers;
-use crate::support::{open_watch, read_event, read_reply, Launch, Server, TempDir};
+use crate::support::{closes_within, open_watch, read_event, read_reply, Launch, Server, TempDir};
 
 fn b64(data: &[u8]) -> String {
     base64_simd::STANDARD.encode_to_string(data)
@@ -166,6 +166,11 @@ fn upload_and_download_errors(driver: &'static str) {
     assert_eq!(server.get("/download?path=").status, 400);
     let reply = server.get("/download?path=missing.txt");
     assert_eq!(reply.status, 404);
+    let missing = server.base_dir().join("missing.txt");
+    assert_eq!(
+        reply.json(),
+        json!({"error": format!("File not found: {}", missing.display()), "type": "FileNotFoundError"})
+    );
     std::fs::create_dir(server.base_dir().join("dir")).unwrap();
     assert_eq!(server.get("/download?path=dir").status, 404);
     std::fs::write(server.base_dir().join("large.bin"), [1u8; 2000]).unwrap();
@@ -185,10 +190,15 @@ fn upload_and_download_errors(driver: &'static str) {
 }
 
 fn overwrite_keeps_permissions_and_is_atomic(driver: &'static str) {
+    use std::os::unix::fs::MetadataExt;
     let server = Server::start(driver);
     let target = server.base_dir().join("script.sh");
     std::fs::write(&target, b"old").unwrap();
     std::fs::set_permissions(&target, std::fs::Permissions::from_mode(0o750)).unwrap();
+    // A reader holding the old file keeps reading the old bytes: the new content is a
+    // new inode renamed over the name, never a rewrite in place.
+    let old_inode = std::fs::metadata(&target).unwrap().ino();
+    let held = std::fs::File::open(&target).unwrap();
     assert_eq!(
         upload(&server, "script.sh", b"#!/bin/sh\necho new\n").status,
         200
@@ -198,6 +208,17 @@ fn overwrite_keeps_permissions_and_is_atomic(driver: &'static str) {
         std::fs::metadata(&target).unwrap().permissions().mode() & 0o777,
         0o750
     );
+    assert_ne!(std::fs::metadata(&target).unwrap().ino(), old_inode);
+    let mut seen = String::new();
+    std::io::Read::read_to_string(&mut &held, &mut seen).unwrap();
+    assert_eq!(seen, "old");
+    // An overwrite cut off mid-body leaves the old content whole.
+    let mut stream = server.connect();
+    stream.write_all(b"POST /files/upload-stream?path=script.sh HTTP/1.1\r\nHost: t\r\nContent-Type: application/octet-stream\r\nContent-Length: 1000000\r\n\r\n").unwrap();
+    stream.write_all(&[b'x'; 400_000]).unwrap();
+    stream.shutdown(std::net::Shutdown::Write).unwrap();
+    assert!(closes_within(&mut stream, Duration::from_secs(10)));
+    assert_eq!(std::fs::read(&target).unwrap(), b"#!/bin/sh\necho new\n");
     let stray: Vec<_> = std::fs::read_dir(server.base_dir())
         .unwrap()
         .map(|e| e.unwrap().file_name())
@@ -362,20 +383,41 @@ fn interrupted_uploads_leave_nothing(driver: &'static str) {
     let mut server = Server::start(driver);
     let base_dir = server.base_dir().to_path_buf();
     std::fs::create_dir(base_dir.join("up")).unwrap();
-    // The client disconnects halfway through a raw body.
+    // The client stops halfway through a raw body. While the body arrives the server
+    // holds an unnamed temporary file (O_TMPFILE) in the target directory; the server
+    // closing the connection and that descriptor shows it handled the cut.
+    let up = std::fs::canonicalize(base_dir.join("up")).unwrap();
+    let pid = server.child.id();
+    let open_in_up = || {
+        std::fs::read_dir(format!("/proc/{pid}/fd"))
+            .unwrap()
+            .filter_map(|e| std::fs::read_link(e.ok()?.path()).ok())
+            .filter(|target| target.starts_with(&up))
+            .count()
+    };
     let mut stream = server.connect();
     stream.write_all(b"POST /files/upload-stream?path=up/cut.bin HTTP/1.1\r\nHost: t\r\nContent-Type: application/octet-stream\r\nContent-Length: 10000000\r\n\r\n").unwrap();
     stream.write_all(&vec![1u8; 3_000_000]).unwrap();
-    drop(stream);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while open_in_up() == 0 && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    // The temporary file, and the directory it will be linked into.
+    assert!(open_in_up() >= 1, "the upload's temporary file is open");
+    stream.shutdown(std::net::Shutdown::Write).unwrap();
+    assert!(closes_within(&mut stream, Duration::from_secs(10)));
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while open_in_up() > 0 && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    assert_eq!(open_in_up(), 0, "the temporary file was let go");
+    assert_eq!(std::fs::read_dir(base_dir.join("up")).unwrap().count(), 0);
     // ... and halfway through a JSON body.
     let mut stream = server.connect();
     stream.write_all(b"POST /upload HTTP/1.1\r\nHost: t\r\nContent-Length: 5000000\r\n\r\n{\"path\": \"up/json.bin\", \"content_base64\": \"AAAA").unwrap();
-    drop(stream);
+    stream.shutdown(std::net::Shutdown::Write).unwrap();
+    assert!(closes_within(&mut stream, Duration::from_secs(10)));
     // The server is still fine, and the directory is as it was.
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while std::fs::read_dir(base_dir.join("up")).unwrap().count() > 0 && Instant::now() < deadline {
-        std::thread::sleep(Duration::from_millis(50));
-    }
     assert_eq!(std::fs::read_dir(base_dir.join("up")).unwrap().count(), 0);
     assert_eq!(server.get("/health").status, 200);
 
@@ -938,14 +980,19 @@ fn archive_limits(driver: &'static str) {
     );
 }
 
-/// Reads events until one named `name` about entry `entry` arrives (a change can also
-/// touch its directory's mtime, which is reported too).
+/// Reads events until one named `name` about entry `entry` arrives. Other change events
+/// may come first (a change also touches its directory's mtime, which is reported too),
+/// but an event of any other name fails at once instead of waiting for a timeout.
 fn expect_event(reader: &mut impl BufRead, name: &str, entry: &str) -> Value {
     for _ in 0..20 {
         let (got, data) = read_event(reader);
         if got == name && data["name"] == entry {
             return data;
         }
+        assert!(
+            ["created", "modified", "deleted"].contains(&got.as_str()),
+            "unexpected event {got:?} while waiting for {name} of {entry}: {data}"
+        );
     }
     panic!("no {name} event for {entry}");
 }
@@ -1275,7 +1322,7 @@ fn archive_never_carries_a_link_swapped_outside(driver: &'static str) {
     };
     let started = Instant::now();
     let (mut archives, mut with_link) = (0, 0);
-    while started.elapsed() < Duration::from_secs(5) {
+    while started.elapsed() < Duration::from_secs(10) {
         let reply = server.post("/files/archive", r#"{"paths": ["arch"]}"#);
         assert_eq!(reply.status, 200, "{}", reply.text());
         archives += 1;

@@ -239,7 +239,51 @@ fn trickling_bodies_hold_no_memory_and_are_cut_off(driver: &'static str) {
     assert_eq!(server.get("/health").status, 200);
 }
 
+/// With every descriptor in use, a file route answers 503 `resource_exhausted` with
+/// `Retry-After` (not a 500 from deep inside), and works again once descriptors free up.
+fn descriptor_exhaustion_is_503_with_retry_after(driver: &'static str) {
+    const LIMIT: usize = 64;
+    let mut launch = Launch::new(driver);
+    launch.nofile = Some(LIMIT as u64);
+    let server = launch.start();
+    let pid = server.child.id();
+    let open_fds = || {
+        std::fs::read_dir(format!("/proc/{pid}/fd"))
+            .unwrap()
+            .count()
+    };
+    // Keep-alive connections, each answered, until the last descriptor is taken.
+    let mut held = Vec::new();
+    while open_fds() < LIMIT {
+        assert!(held.len() < LIMIT, "the descriptor limit was not reached");
+        let mut stream = server.connect();
+        stream
+            .write_all(b"GET /health HTTP/1.1\r\nHost: t\r\n\r\n")
+            .unwrap();
+        let mut reader = BufReader::new(stream.try_clone().unwrap());
+        assert_eq!(read_reply(&mut reader).unwrap().status, 200);
+        held.push((stream, reader));
+    }
+    let (stream, reader) = held.last_mut().unwrap();
+    for path in ["/files/list?path=.", "/files/stat?path=x"] {
+        stream
+            .write_all(format!("GET {path} HTTP/1.1\r\nHost: t\r\n\r\n").as_bytes())
+            .unwrap();
+        let reply = read_reply(reader).unwrap();
+        assert_eq!(reply.status, 503, "{path}: {}", reply.text());
+        assert_eq!(reply.json()["code"], "resource_exhausted");
+        assert_eq!(reply.header("retry-after"), Some("1"));
+    }
+    held.truncate(held.len() - 4);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while open_fds() >= LIMIT - 2 && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    assert_eq!(server.get("/files/list?path=.").status, 200);
+}
+
 on_both_drivers!(
+    descriptor_exhaustion_is_503_with_retry_after,
     relative_base_dir_is_resolved_against_the_working_directory,
     unusable_base_dirs_refuse_to_start,
     missing_base_dir_behaves_like_the_reference,

@@ -239,4 +239,57 @@ mod tests {
             Some("files:write")
         );
     }
+
+    #[test]
+    fn repeated_identical_credentials_are_one_credential() {
+        let auth = Auth::new(Some("s3cret"));
+        for name in ["x-access-token", "authorization"] {
+            let value = if name == "authorization" {
+                "Bearer s3cret"
+            } else {
+                "s3cret"
+            };
+            assert!(
+                auth.authenticate(&h(&[(name, value), (name, value)]), None, true)
+                    .is_ok(),
+                "{name} twice"
+            );
+        }
+    }
+
+    #[test]
+    fn only_the_bearer_scheme_carries_the_token() {
+        let auth = Auth::new(Some("s3cret"));
+        for value in [
+            "Basic  s3cret",
+            "Token: s3cret",
+            "bearer\ts3cret",
+            "Bearers3cret",
+        ] {
+            assert!(
+                auth.authenticate(&h(&[("authorization", value)]), None, true)
+                    .is_err(),
+                "{value}"
+            );
+        }
+        assert!(auth
+            .authenticate(&h(&[("authorization", "bEaReR s3cret")]), None, true)
+            .is_ok());
+    }
+
+    #[test]
+    fn scopes_are_all_required_unless_wildcard() {
+        let id = |scopes: &[&str]| Identity {
+            id: "x".into(),
+            scopes: scopes.iter().map(|s| s.to_string()).collect(),
+        };
+        let need = |scopes: &[&str]| scopes.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        assert!(id(&["a", "b"]).has_scopes(&need(&["a", "b"])));
+        assert!(!id(&["a"]).has_scopes(&need(&["a", "b"])));
+        assert!(!id(&[]).has_scopes(&need(&["a"])));
+        assert!(id(&[]).has_scopes(&[]));
+        assert!(id(&["*"]).has_scopes(&need(&["anything"])));
+        assert_eq!(id(&["a"]).missing_scope(&need(&["a", "b"])), Some("b"));
+        assert_eq!(id(&["*"]).missing_scope(&need(&["b"])), None);
+    }
 }

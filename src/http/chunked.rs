@@ -750,4 +750,29 @@ mod tests {
             }
         }
     }
+
+    #[test]
+    fn trailers_well_past_a_kibibyte_are_accepted() {
+        let mut body = b"3\r\nabc\r\n0\r\n".to_vec();
+        for i in 0..60 {
+            body.extend_from_slice(format!("X-Trailer-{i}: {}\r\n", "v".repeat(40)).as_bytes());
+        }
+        body.extend_from_slice(b"\r\n");
+        assert!(body.len() > 2048);
+        let mut decoder = ChunkedDecoder::new(1 << 20);
+        let mut out = Vec::new();
+        let mut at = 0;
+        loop {
+            let step = decoder
+                .decode(&body[at..], usize::MAX)
+                .expect("trailers under the cap");
+            out.extend_from_slice(&body[at + step.data.start..at + step.data.end]);
+            at += step.consumed;
+            if step.done {
+                break;
+            }
+            assert!(step.consumed > 0, "no progress");
+        }
+        assert_eq!((out.as_slice(), at), (&b"abc"[..], body.len()));
+    }
 }

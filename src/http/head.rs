@@ -273,4 +273,74 @@ mod tests {
             400
         );
     }
+
+    #[test]
+    fn header_lookup_and_body_presence() {
+        let (head, _) = parse(
+            b"POST /x HTTP/1.1\r\nHost: h\r\nContent-Type: application/json\r\nX-Two: a\r\nX-Two: b\r\nContent-Length: 0\r\n\r\n",
+        )
+        .unwrap()
+        .unwrap();
+        assert_eq!(head.header("content-type"), Some("application/json"));
+        assert_eq!(head.header("x-two"), Some("a"), "the first value");
+        assert_eq!(head.header("x-missing"), None);
+        assert!(!head.has_body(), "Content-Length: 0 is no body");
+        let body = |raw: &[u8]| parse(raw).unwrap().unwrap().0.has_body();
+        assert!(body(
+            b"POST /x HTTP/1.1\r\nHost: h\r\nContent-Length: 1\r\n\r\n"
+        ));
+        assert!(body(
+            b"POST /x HTTP/1.1\r\nHost: h\r\nTransfer-Encoding: chunked\r\n\r\n"
+        ));
+        assert!(!body(b"GET /x HTTP/1.1\r\nHost: h\r\n\r\n"));
+    }
+
+    #[test]
+    fn keep_alive_defaults_and_tokens() {
+        let keep = |raw: &[u8]| parse(raw).unwrap().unwrap().0.keep_alive;
+        assert!(keep(b"GET / HTTP/1.1\r\nHost: h\r\n\r\n"));
+        assert!(!keep(b"GET / HTTP/1.0\r\n\r\n"));
+        assert!(keep(b"GET / HTTP/1.0\r\nConnection: keep-alive\r\n\r\n"));
+        assert!(!keep(
+            b"GET / HTTP/1.1\r\nHost: h\r\nConnection: upgrade, close\r\n\r\n"
+        ));
+        // keep-alive means nothing new on 1.1, and does not undo a close.
+        assert!(!keep(
+            b"GET / HTTP/1.1\r\nHost: h\r\nConnection: close\r\nConnection: keep-alive\r\n\r\n"
+        ));
+        // Host is found among other headers, and only Host counts.
+        assert!(parse(b"GET / HTTP/1.1\r\nAccept: x\r\nHost: h\r\n\r\n").is_ok());
+        assert!(parse(b"GET / HTTP/1.1\r\nAccept: x\r\nHostile: h\r\n\r\n").is_err());
+    }
+
+    /// A head of exactly `MAX_HEAD_BYTES` is served; one byte more is 431, whether it
+    /// arrived whole or is still incomplete.
+    #[test]
+    fn head_size_limit_is_exact() {
+        fn head_of(len: usize, complete: bool) -> Vec<u8> {
+            let start = b"GET / HTTP/1.1\r\nHost: h\r\nX-Pad: ";
+            let end: &[u8] = if complete { b"\r\n\r\n" } else { b"\r\n" };
+            let mut raw = start.to_vec();
+            raw.resize(len - end.len(), b'a');
+            raw.extend_from_slice(end);
+            assert_eq!(raw.len(), len);
+            raw
+        }
+        assert!(parse(&head_of(MAX_HEAD_BYTES, true)).unwrap().is_some());
+        assert_eq!(
+            parse(&head_of(MAX_HEAD_BYTES + 1, true))
+                .unwrap_err()
+                .status,
+            431
+        );
+        assert!(parse(&head_of(MAX_HEAD_BYTES, false)).unwrap().is_none());
+        assert_eq!(
+            parse(&head_of(MAX_HEAD_BYTES + 1, false))
+                .unwrap_err()
+                .status,
+            431
+        );
+        // Well past 1 KiB is still a normal head.
+        assert!(parse(&head_of(8 * 1024, true)).unwrap().is_some());
+    }
 }

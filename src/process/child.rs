@@ -66,10 +66,30 @@ pub struct Child {
 /// What the spawn on the blocking pool hands back (a [`Child`] is tied to its worker).
 struct Started {
     pid: i32,
-    pidfd: OwnedFd,
+    pidfd: Option<OwnedFd>,
     stdin: Option<OwnedFd>,
     stdout: Option<OwnedFd>,
     stderr: Option<OwnedFd>,
+    registry: Arc<ChildRegistry>,
+}
+
+impl Drop for Started {
+    /// Not handed over (the request that asked for it was dropped while the pool
+    /// spawned): kill and reap here, on the pool thread, where the short wait for a
+    /// SIGKILLed child is allowed.
+    fn drop(&mut self) {
+        let Some(pidfd) = self.pidfd.take() else {
+            return;
+        };
+        if let Some(pid) = Pid::from_raw(self.pid) {
+            let _ = rustix::process::kill_process_group(pid, rustix::process::Signal::KILL);
+        }
+        let _ = rustix::process::waitid(
+            rustix::process::WaitId::PidFd(pidfd.as_fd()),
+            WaitIdOptions::EXITED,
+        );
+        self.registry.unregister(self.pid);
+    }
 }
 
 impl Child {
@@ -132,21 +152,26 @@ impl Child {
             // The child's ends close here; the parent keeps its own.
             Ok(Started {
                 pid,
-                pidfd,
+                pidfd: Some(pidfd),
                 stdin: stdin.map(|(parent, _)| parent),
                 stdout: stdout.map(|(parent, _)| parent),
                 stderr: stderr.map(|(parent, _)| parent),
+                registry: registry_for_pool.clone(),
             })
         })
         .await;
-        let started =
+        let mut started =
             started.unwrap_or_else(|_| Err(io::Error::other("the spawn task was cancelled")))?;
+        let pidfd = started
+            .pidfd
+            .take()
+            .ok_or_else(|| io::Error::other("the spawned child was handed over twice"))?;
         Ok(Child {
             pid: started.pid,
-            pidfd: started.pidfd,
-            stdin: started.stdin,
-            stdout: started.stdout,
-            stderr: started.stderr,
+            pidfd,
+            stdin: started.stdin.take(),
+            stdout: started.stdout.take(),
+            stderr: started.stderr.take(),
             exit: None,
             registry: registry.clone(),
             exit_ready: None,

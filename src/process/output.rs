@@ -119,7 +119,10 @@ pub struct Notify {
 #[derive(Default)]
 struct NotifyState {
     version: u64,
-    wakers: Vec<Waker>,
+    /// Waiting futures by id; a future removes its own entry when dropped, so waits
+    /// that end by timeout (a long-poll on a quiet process) leave nothing behind.
+    wakers: Vec<(u64, Waker)>,
+    next_id: u64,
 }
 
 impl Notify {
@@ -140,14 +143,23 @@ impl Notify {
             state.version += 1;
             std::mem::take(&mut state.wakers)
         };
-        for waker in wakers {
+        for (_, waker) in wakers {
             waker.wake();
         }
     }
 
     /// Resolves once the version differs from `seen`.
     pub fn changed(&self, seen: u64) -> Changed<'_> {
-        Changed { notify: self, seen }
+        Changed {
+            notify: self,
+            seen,
+            id: None,
+        }
+    }
+
+    #[cfg(test)]
+    fn waiting(&self) -> usize {
+        self.lock().wakers.len()
     }
 }
 
@@ -155,19 +167,38 @@ impl Notify {
 pub struct Changed<'a> {
     notify: &'a Notify,
     seen: u64,
+    id: Option<u64>,
 }
 
 impl Future for Changed<'_> {
     type Output = ();
-    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
         let mut state = self.notify.lock();
         if state.version != self.seen {
             return Poll::Ready(());
         }
-        if !state.wakers.iter().any(|w| w.will_wake(cx.waker())) {
-            state.wakers.push(cx.waker().clone());
+        let id = match self.id {
+            Some(id) => id,
+            None => {
+                state.next_id += 1;
+                state.next_id
+            }
+        };
+        match state.wakers.iter_mut().find(|(i, _)| *i == id) {
+            Some((_, waker)) => waker.clone_from(cx.waker()),
+            None => state.wakers.push((id, cx.waker().clone())),
         }
+        drop(state);
+        self.id = Some(id);
         Poll::Pending
+    }
+}
+
+impl Drop for Changed<'_> {
+    fn drop(&mut self) {
+        if let Some(id) = self.id {
+            self.notify.lock().wakers.retain(|(i, _)| *i != id);
+        }
     }
 }
 
@@ -208,6 +239,24 @@ mod tests {
         );
         log.push(Stream::Stdout, String::new());
         assert_eq!(log.next_seq(), 3, "empty reads are not events");
+    }
+
+    #[test]
+    fn abandoned_waits_leave_no_wakers() {
+        let notify = Notify::default();
+        let mut cx = Context::from_waker(Waker::noop());
+        for _ in 0..100 {
+            let mut wait = std::pin::pin!(notify.changed(notify.version()));
+            assert!(wait.as_mut().poll(&mut cx).is_pending());
+            assert!(wait.as_mut().poll(&mut cx).is_pending());
+            assert_eq!(notify.waiting(), 1);
+        }
+        assert_eq!(notify.waiting(), 0);
+        let seen = notify.version();
+        let mut wait = std::pin::pin!(notify.changed(seen));
+        assert!(wait.as_mut().poll(&mut cx).is_pending());
+        notify.notify();
+        assert!(wait.as_mut().poll(&mut cx).is_ready());
     }
 
     #[test]

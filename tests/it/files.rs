@@ -849,7 +849,8 @@ fn search_walks_like_os_walk(driver: &'static str) {
     );
 }
 
-/// Unpacks an archive with Python's tarfile/zipfile and returns {name: content}.
+/// Unpacks an archive with Python's tarfile/zipfile and returns {name: content}, plus
+/// {"mode:<name>": permission bits in octal} for every member.
 fn unpack(data: &[u8], format: &str) -> std::collections::BTreeMap<String, Vec<u8>> {
     let dir = TempDir::new("unpack");
     let file = dir.path().join("archive");
@@ -861,12 +862,14 @@ out = {}
 if fmt == "zip":
     z = zipfile.ZipFile(path)
     assert z.testzip() is None
-    for n in z.namelist():
-        if not n.endswith("/"):
-            out[n] = base64.b64encode(z.read(n)).decode()
+    for info in z.infolist():
+        out["mode:" + info.filename.rstrip("/")] = base64.b64encode(oct((info.external_attr >> 16) & 0o7777)[2:].encode()).decode()
+        if not info.filename.endswith("/"):
+            out[info.filename] = base64.b64encode(z.read(info.filename)).decode()
 else:
     t = tarfile.open(path, "r:gz")
     for m in t.getmembers():
+        out["mode:" + m.name] = base64.b64encode(oct(m.mode)[2:].encode()).decode()
         if m.isfile():
             out[m.name] = base64.b64encode(t.extractfile(m).read()).decode()
         elif m.issym():
@@ -908,6 +911,13 @@ fn archives_unpack_to_the_same_files(driver: &'static str) {
     std::fs::write(b.join("single.txt"), b"single").unwrap();
     symlink(outside.path().join("secret"), b.join("proj/leak")).unwrap();
     symlink("README.md", b.join("proj/readme-link")).unwrap();
+    std::fs::set_permissions(
+        b.join("proj/src/main.rs"),
+        std::fs::Permissions::from_mode(0o750),
+    )
+    .unwrap();
+    std::fs::set_permissions(b.join("proj/src"), std::fs::Permissions::from_mode(0o710)).unwrap();
+    std::fs::set_permissions(b.join("proj"), std::fs::Permissions::from_mode(0o755)).unwrap();
     for format in ["tar.gz", "zip"] {
         let reply = server.post(
             "/files/archive",
@@ -923,6 +933,10 @@ fn archives_unpack_to_the_same_files(driver: &'static str) {
         assert_eq!(files["proj/README.md"], b"readme");
         assert_eq!(files["proj/src/main.rs"], noise(50_000, 5));
         assert_eq!(files["single.txt"], b"single");
+        // Permission bits travel, and only they (no file-type bits in the mode).
+        assert_eq!(files["mode:proj/src/main.rs"], b"750", "{format}");
+        assert_eq!(files["mode:proj/src"], b"710", "{format}");
+        assert_eq!(files["mode:proj"], b"755", "{format}");
         assert!(
             !files.keys().any(|k| k.contains("leak")),
             "{format}: outside symlink kept: {:?}",

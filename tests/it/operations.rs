@@ -2,11 +2,12 @@
 //! server whose stderr or stdout is a closed pipe.
 
 use std::io::{BufRead, BufReader, Write};
+use std::net::TcpStream;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use crate::on_both_drivers;
-use crate::support::{read_reply, Launch, TempDir, MAIN_BIN};
+use crate::support::{open_watch, read_event, read_reply, Launch, Server, TempDir, MAIN_BIN};
 
 fn relative_base_dir_is_resolved_against_the_working_directory(driver: &'static str) {
     let work = TempDir::new("cwd");
@@ -239,6 +240,55 @@ fn trickling_bodies_hold_no_memory_and_are_cut_off(driver: &'static str) {
     assert_eq!(server.get("/health").status, 200);
 }
 
+/// Opens keep-alive connections, each answered, until the server holds `limit`
+/// descriptors: after this, anything that needs a new descriptor fails with EMFILE.
+fn take_every_descriptor(server: &Server, limit: usize) -> Vec<(TcpStream, BufReader<TcpStream>)> {
+    let pid = server.child.id();
+    let open_fds = || {
+        std::fs::read_dir(format!("/proc/{pid}/fd"))
+            .unwrap()
+            .count()
+    };
+    let mut held = Vec::new();
+    while open_fds() < limit {
+        assert!(held.len() < limit, "the descriptor limit was not reached");
+        let mut stream = server.connect();
+        stream
+            .write_all(b"GET /health HTTP/1.1\r\nHost: t\r\n\r\n")
+            .unwrap();
+        let mut reader = BufReader::new(stream.try_clone().unwrap());
+        assert_eq!(read_reply(&mut reader).unwrap().status, 200);
+        held.push((stream, reader));
+    }
+    held
+}
+
+/// A watch whose rescan fails (here: no descriptor left to open the directory) says
+/// `error` and never claims the directory was deleted.
+fn a_failed_rescan_is_an_error_not_a_delete(driver: &'static str) {
+    const LIMIT: usize = 64;
+    let mut launch = Launch::new(driver);
+    launch.nofile = Some(LIMIT as u64);
+    let server = launch.start();
+    let watched = server.base_dir().join("w");
+    std::fs::create_dir(&watched).unwrap();
+    std::fs::write(watched.join("a.txt"), b"a").unwrap();
+    let mut watch = open_watch(&server, "path=w&interval=0.1&timeout=60");
+    let held = take_every_descriptor(&server, LIMIT);
+    std::fs::write(watched.join("b.txt"), b"b").unwrap();
+    let (name, data) = read_event(&mut watch);
+    assert_eq!(name, "error", "{data}");
+    assert!(
+        data["error"]
+            .as_str()
+            .unwrap()
+            .contains("Too many open files"),
+        "{data}"
+    );
+    assert!(watched.is_dir());
+    drop(held);
+}
+
 /// With every descriptor in use, a file route answers 503 `resource_exhausted` with
 /// `Retry-After` (not a 500 from deep inside), and works again once descriptors free up.
 fn descriptor_exhaustion_is_503_with_retry_after(driver: &'static str) {
@@ -252,18 +302,7 @@ fn descriptor_exhaustion_is_503_with_retry_after(driver: &'static str) {
             .unwrap()
             .count()
     };
-    // Keep-alive connections, each answered, until the last descriptor is taken.
-    let mut held = Vec::new();
-    while open_fds() < LIMIT {
-        assert!(held.len() < LIMIT, "the descriptor limit was not reached");
-        let mut stream = server.connect();
-        stream
-            .write_all(b"GET /health HTTP/1.1\r\nHost: t\r\n\r\n")
-            .unwrap();
-        let mut reader = BufReader::new(stream.try_clone().unwrap());
-        assert_eq!(read_reply(&mut reader).unwrap().status, 200);
-        held.push((stream, reader));
-    }
+    let mut held = take_every_descriptor(&server, LIMIT);
     let (stream, reader) = held.last_mut().unwrap();
     for path in ["/files/list?path=.", "/files/stat?path=x"] {
         stream
@@ -284,6 +323,7 @@ fn descriptor_exhaustion_is_503_with_retry_after(driver: &'static str) {
 
 on_both_drivers!(
     descriptor_exhaustion_is_503_with_retry_after,
+    a_failed_rescan_is_an_error_not_a_delete,
     relative_base_dir_is_resolved_against_the_working_directory,
     unusable_base_dirs_refuse_to_start,
     missing_base_dir_behaves_like_the_reference,

@@ -1309,6 +1309,45 @@ fn large_trees_fit_a_small_descriptor_limit(driver: &'static str) {
 /// A symlink swapped between an inside and an outside target while archives are built
 /// never yields a member pointing outside: the link is read once and judged on what was
 /// read.
+/// Files deleted and recreated while an archive is built are skipped or included whole;
+/// the archive never fails because an entry vanished between listing and opening.
+fn archive_skips_entries_that_vanish_mid_build(driver: &'static str) {
+    let server = Server::start(driver);
+    let dir = server.base_dir().join("churn");
+    std::fs::create_dir(&dir).unwrap();
+    for i in 0..300 {
+        std::fs::write(dir.join(format!("f{i:03}")), [b'x'; 512]).unwrap();
+    }
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let churner = {
+        let (dir, stop) = (dir.clone(), stop.clone());
+        std::thread::spawn(move || {
+            let mut i = 0;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                let path = dir.join(format!("f{:03}", i % 300));
+                let _ = std::fs::remove_file(&path);
+                let _ = std::fs::write(&path, [b'y'; 512]);
+                i += 1;
+            }
+        })
+    };
+    let started = Instant::now();
+    let mut archives = 0;
+    while started.elapsed() < Duration::from_secs(3) {
+        for format in ["tar.gz", "zip"] {
+            let reply = server.post(
+                "/files/archive",
+                &json!({"paths": ["churn"], "format": format}).to_string(),
+            );
+            assert_eq!(reply.status, 200, "{format}: {}", reply.text());
+            archives += 1;
+        }
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    churner.join().unwrap();
+    assert!(archives > 2);
+}
+
 fn archive_never_carries_a_link_swapped_outside(driver: &'static str) {
     use std::io::Read;
     let outside = TempDir::new("arch-outside");
@@ -1365,6 +1404,7 @@ fn archive_never_carries_a_link_swapped_outside(driver: &'static str) {
 on_both_drivers!(
     open_watches_hold_no_pool_threads,
     archive_never_carries_a_link_swapped_outside,
+    archive_skips_entries_that_vanish_mid_build,
     large_trees_fit_a_small_descriptor_limit,
     search_says_when_it_was_cut_short,
     awkward_files_and_paths,

@@ -313,6 +313,20 @@ fn descriptor_exhaustion_is_503_with_retry_after(driver: &'static str) {
         assert_eq!(reply.json()["code"], "resource_exhausted");
         assert_eq!(reply.header("retry-after"), Some("1"));
     }
+    // Starting a program needs descriptors too (its working directory, its pipes).
+    let body = r#"{"command": "true"}"#;
+    stream
+        .write_all(
+            format!(
+                "POST /shell HTTP/1.1\r\nHost: t\r\nContent-Length: {}\r\n\r\n{body}",
+                body.len()
+            )
+            .as_bytes(),
+        )
+        .unwrap();
+    let reply = read_reply(reader).unwrap();
+    assert_eq!(reply.status, 503, "/shell: {}", reply.text());
+    assert_eq!(reply.json()["code"], "resource_exhausted");
     held.truncate(held.len() - 4);
     let deadline = Instant::now() + Duration::from_secs(10);
     while open_fds() >= LIMIT - 2 && Instant::now() < deadline {

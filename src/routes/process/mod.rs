@@ -273,8 +273,15 @@ async fn spawn(
         .map_err(|e| spawn_error(&e, &program))
 }
 
-/// `[Errno 2] No such file or directory: 'nosuch'`, as Python words it.
+/// `[Errno 2] No such file or directory: 'nosuch'`, as Python words it. Running out of
+/// descriptors (for the pipes) is the same passing 503 the file routes give.
 fn spawn_error(error: &std::io::Error, program: &str) -> ApiError {
+    if matches!(error.raw_os_error(), Some(23 | 24)) {
+        return super::files::fs_error(FsError::Io {
+            error: std::io::Error::from_raw_os_error(error.raw_os_error().unwrap_or(24)),
+            path: program.to_string(),
+        });
+    }
     let kind = crate::api::errno::python_exception(error.raw_os_error());
     let message = match error.raw_os_error() {
         Some(errno) => {

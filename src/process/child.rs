@@ -84,11 +84,7 @@ impl Drop for Started {
         if let Some(pid) = Pid::from_raw(self.pid) {
             let _ = rustix::process::kill_process_group(pid, rustix::process::Signal::KILL);
         }
-        let _ = rustix::process::waitid(
-            rustix::process::WaitId::PidFd(pidfd.as_fd()),
-            WaitIdOptions::EXITED,
-        );
-        self.registry.unregister(self.pid);
+        reap_off_the_loop(self.pid, Some(pidfd), self.registry.clone());
     }
 }
 
@@ -110,10 +106,14 @@ impl Child {
                 .rev()
                 .find(|(name, _)| name == "PATH")
                 .map(|(_, value)| value.as_os_str());
-            let program_path = spawn::find_program(&program, path_var)?;
+            let program_path = spawn::find_program(&program, path_var, spec.cwd.as_fd())?;
             let pipe = || rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC);
             // (parent's end, child's end) of each pipe asked for.
             let stdin = spec.stdin.then(pipe).transpose()?.map(|(r, w)| (w, r));
+            // The server writes stdin on its event loop: its end must never block.
+            if let Some((parent, _)) = &stdin {
+                super::pipe::set_nonblocking(parent)?;
+            }
             let stdout = spec.capture.then(pipe).transpose()?;
             let stderr = spec.capture.then(pipe).transpose()?;
             let pid = registry_for_pool.spawn_registered(|| {
@@ -239,6 +239,36 @@ impl Child {
     }
 }
 
+/// Reaps a child that was sent SIGKILL, on a short-lived thread of its own: the wait is
+/// brief, but it must not block a worker. Without a pidfd the pid itself is waited for
+/// (it cannot be reused before this reap).
+fn reap_off_the_loop(pid: i32, pidfd: Option<OwnedFd>, registry: Arc<ChildRegistry>) {
+    let reap = move || {
+        match &pidfd {
+            Some(fd) => {
+                let _ = rustix::process::waitid(
+                    rustix::process::WaitId::PidFd(fd.as_fd()),
+                    WaitIdOptions::EXITED,
+                );
+            }
+            None => {
+                if let Some(p) = Pid::from_raw(pid) {
+                    let _ =
+                        rustix::process::waitpid(Some(p), rustix::process::WaitOptions::empty());
+                }
+            }
+        }
+        registry.unregister(pid);
+    };
+    if std::thread::Builder::new()
+        .name("abx-reap".into())
+        .spawn(reap)
+        .is_err()
+    {
+        crate::log!("warning: could not start a thread to reap child {pid}");
+    }
+}
+
 impl Child {
     /// Nothing more can be done for this child: its drop must not signal again.
     fn give_up(&mut self) {
@@ -254,10 +284,11 @@ impl Drop for Child {
         // Still running, or ended but not reaped: end the group, then reap off to the
         // side so the zombie does not outlive the request that abandoned it.
         let _ = self.signal_group(rustix::process::Signal::KILL);
-        let Ok(pidfd) = self.pidfd.try_clone() else {
-            return;
-        };
         let (pid, registry) = (self.pid, self.registry.clone());
+        let pidfd = match self.pidfd.try_clone() {
+            Ok(fd) => fd,
+            Err(_) => return reap_off_the_loop(pid, None, registry),
+        };
         if crate::runtime::on_worker() {
             let mut orphan = Child {
                 pid,
@@ -271,18 +302,13 @@ impl Drop for Child {
             };
             monoio::spawn(async move {
                 if orphan.wait().await.is_err() {
+                    // No readiness wait possible (out of descriptors): a thread waits.
                     orphan.give_up();
+                    reap_off_the_loop(orphan.pid, None, orphan.registry.clone());
                 }
             });
         } else {
-            // Outside a worker (unit tests): SIGKILL was sent, so the wait is short.
-            std::thread::spawn(move || {
-                let _ = rustix::process::waitid(
-                    rustix::process::WaitId::PidFd(pidfd.as_fd()),
-                    WaitIdOptions::EXITED,
-                );
-                registry.unregister(pid);
-            });
+            reap_off_the_loop(pid, Some(pidfd), registry);
         }
     }
 }

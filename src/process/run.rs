@@ -12,6 +12,10 @@ use super::pipe::TextReader;
 /// server buffer without bound.
 pub const MAX_LINE_BYTES: usize = 64 * 1024;
 
+/// The most [`Outputs::take_ready`] takes from one pipe: Linux's largest default pipe
+/// buffer (`/proc/sys/fs/pipe-max-size`).
+pub const TAKE_READY_LIMIT: usize = 1024 * 1024;
+
 /// Timeouts beyond this are treated as this (about 31 years): large enough to mean
 /// "never", small enough for every clock.
 const LONGEST_TIMEOUT_SECS: f64 = 1e9;
@@ -35,14 +39,6 @@ impl Outputs {
             stdout: child.stdout.take().map(TextReader::new).transpose()?,
             stderr: child.stderr.take().map(TextReader::new).transpose()?,
         })
-    }
-
-    /// No pipes at all (a child started without capture, or pipes given up on).
-    pub fn closed() -> Outputs {
-        Outputs {
-            stdout: None,
-            stderr: None,
-        }
     }
 
     /// Whether both pipes are at end of file.
@@ -71,12 +67,23 @@ impl Outputs {
             match result {
                 Ok(Some(text)) => return Some(Ok((stream, text))),
                 Ok(None) => {}
-                Err(e) => return Some(Err(e)),
+                // A pipe that cannot be read is given up; the other one is still read,
+                // so the child never blocks on it.
+                Err(e) => {
+                    match stream {
+                        Stream::Stdout => self.stdout = None,
+                        Stream::Stderr => self.stderr = None,
+                    }
+                    return Some(Err(e));
+                }
             }
         }
     }
 
-    /// Everything readable right now from both pipes, without waiting.
+    /// What is readable right now from both pipes, without waiting: at most
+    /// [`TAKE_READY_LIMIT`] bytes per pipe, which covers a full pipe buffer (what a
+    /// process that just exited can have left there), so a descendant that keeps writing
+    /// cannot hold the caller in this loop.
     pub fn take_ready(&mut self) -> io::Result<Vec<(Stream, String)>> {
         let mut out = Vec::new();
         for (stream, reader) in [
@@ -84,11 +91,15 @@ impl Outputs {
             (Stream::Stderr, &mut self.stderr),
         ] {
             if let Some(reader) = reader {
-                while let Some(text) = reader.next_now()? {
-                    if text.is_empty() {
-                        break;
+                let mut taken = 0;
+                while taken < TAKE_READY_LIMIT {
+                    match reader.next_now()? {
+                        Some(text) if !text.is_empty() => {
+                            taken += text.len();
+                            out.push((stream, text));
+                        }
+                        _ => break,
                     }
-                    out.push((stream, text));
                 }
             }
         }

@@ -51,8 +51,14 @@ fn c_string(bytes: &[u8]) -> io::Result<CString> {
 
 /// Where `program` is: itself when it names a path, else the first executable regular
 /// file of that name on `path_var`. `NotFound` (or `PermissionDenied` when only
-/// non-executable candidates exist), as `execvp` reports it.
-pub fn find_program(program: &str, path_var: Option<&OsStr>) -> io::Result<PathBuf> {
+/// non-executable candidates exist), as `execvp` reports it. Relative `PATH` entries
+/// (`.`, empty, `bin`) are looked up in the child's working directory `cwd`, where the
+/// child will resolve them, and returned relative.
+pub fn find_program(
+    program: &str,
+    path_var: Option<&OsStr>,
+    cwd: BorrowedFd<'_>,
+) -> io::Result<PathBuf> {
     if program.contains('/') {
         return Ok(PathBuf::from(program));
     }
@@ -68,9 +74,15 @@ pub fn find_program(program: &str, path_var: Option<&OsStr>) -> io::Result<PathB
             Path::new(OsStr::from_bytes(dir))
         };
         let candidate = dir.join(program);
-        match rustix::fs::stat(&candidate) {
+        // A relative candidate is checked through the working directory's descriptor.
+        let checked = if candidate.is_absolute() {
+            candidate.clone()
+        } else {
+            Path::new(&format!("/proc/self/fd/{}", cwd.as_raw_fd())).join(&candidate)
+        };
+        match rustix::fs::stat(&checked) {
             Ok(st) if rustix::fs::FileType::from_raw_mode(st.st_mode).is_file() => {
-                if rustix::fs::access(&candidate, rustix::fs::Access::EXEC_OK).is_ok() {
+                if rustix::fs::access(&checked, rustix::fs::Access::EXEC_OK).is_ok() {
                     return Ok(candidate);
                 }
                 denied = true;
@@ -244,19 +256,32 @@ mod tests {
 
     #[test]
     fn programs_are_found_on_the_childs_path() {
+        let root = std::fs::File::open("/").unwrap();
+        let cwd = std::os::fd::AsFd::as_fd(&root);
         assert_eq!(
-            find_program("sh", Some(OsStr::new("/nonexistent:/bin"))).unwrap(),
+            find_program("sh", Some(OsStr::new("/nonexistent:/bin")), cwd).unwrap(),
             PathBuf::from("/bin/sh")
         );
         assert_eq!(
-            find_program("./x", None).unwrap(),
+            find_program("./x", None, cwd).unwrap(),
             PathBuf::from("./x"),
             "a name with a slash is not searched"
         );
-        let missing = find_program("no-such-program-here", None).unwrap_err();
+        let missing = find_program("no-such-program-here", None, cwd).unwrap_err();
         assert_eq!(missing.raw_os_error(), Some(libc::ENOENT));
         // /etc/passwd exists but is not executable.
-        let denied = find_program("passwd", Some(OsStr::new("/etc"))).unwrap_err();
+        let denied = find_program("passwd", Some(OsStr::new("/etc")), cwd).unwrap_err();
         assert_eq!(denied.raw_os_error(), Some(libc::EACCES));
+        // A relative entry is searched in the child's directory, not the server's.
+        let usr = std::fs::File::open("/usr").unwrap();
+        assert_eq!(
+            find_program(
+                "sh",
+                Some(OsStr::new("bin")),
+                std::os::fd::AsFd::as_fd(&usr)
+            )
+            .unwrap(),
+            PathBuf::from("bin/sh")
+        );
     }
 }

@@ -364,7 +364,7 @@ async fn supervise(
     managed: Arc<Managed>,
     timeout: Option<Duration>,
 ) {
-    let deadline = timeout.map(|t| Instant::now() + t);
+    let mut deadline = timeout.map(|t| Instant::now() + t);
     let mut exited = false;
     loop {
         if exited && outputs.is_done() {
@@ -372,19 +372,28 @@ async fn supervise(
         }
         let until_deadline = deadline.map(|d| d.saturating_duration_since(Instant::now()));
         monoio::select! {
-            piece = outputs.next(), if !outputs.is_done() => match piece {
-                Some(Ok(piece)) => managed.record(vec![piece], None),
-                // A read error on a pipe: stop reading it; the exit still comes.
-                Some(Err(_)) | None => outputs = Outputs::closed(),
+            piece = outputs.next(), if !outputs.is_done() => {
+                // A pipe that failed is given up by `Outputs`; the other is still read,
+                // and the exit still comes.
+                if let Some(Ok(piece)) = piece {
+                    managed.record(vec![piece], None);
+                }
             },
-            code = child.wait(), if !exited => {
-                let code = code.unwrap_or(ExitCode(-9));
-                let rest = outputs.take_ready().unwrap_or_default();
-                exited = true;
-                managed.record(rest, Some(code));
+            code = child.wait(), if !exited => match code {
+                Ok(code) => {
+                    let rest = outputs.take_ready().unwrap_or_default();
+                    exited = true;
+                    managed.record(rest, Some(code));
+                }
+                // The exit could not be awaited (no descriptor for the readiness wait):
+                // the process still runs; look again shortly rather than invent an exit.
+                Err(_) => monoio::time::sleep(Duration::from_millis(100)).await,
             },
             _ = sleep_or_never(until_deadline), if !exited => {
                 let _ = child.signal_group(rustix::process::Signal::KILL);
+                // Killed once; the exit follows (a process in uninterruptible sleep
+                // takes its time, and is not signalled again in a loop meanwhile).
+                deadline = None;
             },
         }
     }

@@ -150,6 +150,22 @@ thread_local! {
     static ON_WORKER: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
 }
 
+/// Lets every other ready task on this worker run once before continuing (monoio has
+/// no scheduling budget, so a loop whose I/O never waits must step aside itself).
+pub async fn yield_now() {
+    let mut yielded = false;
+    std::future::poll_fn(|cx| {
+        if yielded {
+            std::task::Poll::Ready(())
+        } else {
+            yielded = true;
+            cx.waker().wake_by_ref();
+            std::task::Poll::Pending
+        }
+    })
+    .await
+}
+
 /// Whether the calling thread is a worker running its monoio runtime, where tasks may
 /// be spawned (code that also runs in plain threads, such as `Drop`, asks first).
 pub fn on_worker() -> bool {
@@ -251,10 +267,14 @@ async fn accept_loop<S: Service>(
                     shutdown::raise_local_drain();
                     break;
                 }
-                // EMFILE/ENFILE: back off instead of spinning; others are per-connection.
-                if matches!(e, rustix::io::Errno::MFILE | rustix::io::Errno::NFILE) {
-                    monoio::time::sleep(Duration::from_millis(50)).await;
-                }
+                // Never spin on a failing accept: EMFILE/ENFILE wait for descriptors to
+                // free up; anything else (ENOBUFS, ENOMEM) gets a short pause.
+                let pause = if matches!(e, rustix::io::Errno::MFILE | rustix::io::Errno::NFILE) {
+                    50
+                } else {
+                    5
+                };
+                monoio::time::sleep(Duration::from_millis(pause)).await;
             }
         }
     }

@@ -649,6 +649,27 @@ fn stdin_round_trips_through_cat(driver: &'static str) {
         json!({"signal": 9}),
     );
 
+    // A write larger than the pipe to a child that echoes it back: the write waits on
+    // the driver while the same worker keeps reading the child's output (one worker, so
+    // a blocking write would deadlock the server).
+    let one_worker = Launch::new(driver).arg("--workers").arg("1").start();
+    let pid = start(
+        &one_worker,
+        json!({"command": "cat", "stdin": true, "capture_output": true}),
+    );
+    let big = "y".repeat(3 * 1024 * 1024);
+    let reply = post(
+        &one_worker,
+        &format!("/process/{pid}/stdin"),
+        json!({"data": big, "eof": true}),
+    );
+    assert_eq!(reply.json()["written"], 3 * 1024 * 1024, "{}", reply.text());
+    let row = wait_exited(&one_worker, pid);
+    assert_eq!(row["exit_code"], 0);
+    assert_eq!(one_worker.get("/health").status, 200);
+    let out = one_worker.get(&format!("/process/{pid}/output")).json();
+    assert_eq!(out["dropped"], true, "3 MiB echoed through a 1 MiB capture");
+
     // A large write waits for the child to read, on the driver, and arrives whole.
     let pid = start(
         &server,

@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use serde_json::{json, Value};
 
-use super::{spawn, split, RunRequest};
+use super::{spawn_in, split, working_dir, RunRequest};
 use crate::api::ApiError;
 use crate::app::Call;
 use crate::http::Response;
@@ -41,6 +41,8 @@ pub async fn start(call: Call) -> Result<Response, ApiError> {
         _ => None,
     };
     let argv = split(&request.command, 400)?;
+    // A bad cwd is 403 even when the table is full.
+    let cwd = working_dir(&call, request.cwd.as_deref()).await?;
     let table = &call.services().processes;
     let slot = table.reserve().map_err(|TableFull| {
         ApiError::new(
@@ -51,7 +53,7 @@ pub async fn start(call: Call) -> Result<Response, ApiError> {
             ),
         )
     })?;
-    let child = spawn(&call, argv, &request, stdin, capture).await?;
+    let child = spawn_in(&call, argv, &request, cwd, stdin, capture).await?;
     let managed = table
         .insert(slot, child, request.command.clone(), capture, timeout)
         .map_err(|e| crate::api::errno::os_error(&e, None))?;

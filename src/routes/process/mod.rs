@@ -259,6 +259,18 @@ async fn spawn(
     capture: bool,
 ) -> Result<Child, ApiError> {
     let cwd = working_dir(call, request.cwd.as_deref()).await?;
+    spawn_in(call, argv, request, cwd, stdin, capture).await
+}
+
+/// Spawns `argv` in the working directory `cwd` (from [`working_dir`]).
+async fn spawn_in(
+    call: &Call,
+    argv: Vec<String>,
+    request: &RunRequest,
+    cwd: OwnedFd,
+    stdin: bool,
+    capture: bool,
+) -> Result<Child, ApiError> {
     let services = call.services();
     let program = argv[0].clone();
     let spec = Spawn {

@@ -88,7 +88,9 @@ async fn stream_lines(
         };
         let (stream, text) = match next {
             Next::Piece(Some(Ok(piece))) => piece,
-            Next::Piece(_) => break,
+            // A pipe that failed was given up by `Outputs`; the other is still read.
+            Next::Piece(Some(Err(_))) => continue,
+            Next::Piece(None) => break,
             Next::Tick => {
                 if last_sent.elapsed() >= HEARTBEAT {
                     if tx.send_raw(b": keep-alive\n\n".to_vec()).await.is_err() {
@@ -106,8 +108,10 @@ async fn stream_lines(
             if send_line(&mut tx, stream, line).await.is_err() {
                 return;
             }
+            // Only what was sent counts: a child printing without newlines still gets
+            // its keep-alive comments.
+            last_sent = Instant::now();
         }
-        last_sent = Instant::now();
     }
     for stream in [Stream::Stdout, Stream::Stderr] {
         if let Some(line) = lines[stream as usize].finish() {

@@ -182,11 +182,6 @@ impl Child {
         self.pid
     }
 
-    /// The exit code once [`Child::wait`] or [`Child::try_wait`] has collected it.
-    pub fn exit_code(&self) -> Option<ExitCode> {
-        self.exit
-    }
-
     /// Collects the exit if the child has ended, without waiting.
     pub fn try_wait(&mut self) -> io::Result<Option<ExitCode>> {
         if self.exit.is_some() {

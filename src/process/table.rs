@@ -210,10 +210,6 @@ impl Managed {
         self.lock().exit
     }
 
-    pub fn captures_output(&self) -> bool {
-        self.lock().output.is_some()
-    }
-
     fn fully_read(&self) -> bool {
         let state = self.lock();
         state

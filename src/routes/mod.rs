@@ -11,6 +11,12 @@ pub mod process;
 use crate::api::{Group, Param};
 use crate::app::Endpoint;
 
+/// A JSON Schema object with `required` fields and `properties`, for the OpenAPI
+/// document's success bodies.
+fn schema_object(required: &[&str], properties: serde_json::Value) -> serde_json::Value {
+    serde_json::json!({"type": "object", "required": required, "properties": properties})
+}
+
 /// Every built-in endpoint, in the order `/capabilities` lists them.
 pub fn builtin_endpoints() -> Vec<Endpoint> {
     let mut endpoints = Vec::new();

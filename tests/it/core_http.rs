@@ -290,12 +290,7 @@ fn silent_and_slow_clients_are_dropped(driver: &'static str) {
         .unwrap();
     assert!(closes_within(&mut stream, Duration::from_secs(10)));
     // An idle keep-alive connection.
-    let mut stream = server.connect();
-    stream
-        .write_all(b"GET /health HTTP/1.1\r\nHost: t\r\n\r\n")
-        .unwrap();
-    let mut reader = BufReader::new(stream.try_clone().unwrap());
-    assert_eq!(read_reply(&mut reader).unwrap().status, 200);
+    let (mut stream, _reader) = crate::support::answered_connection(&server);
     assert!(closes_within(&mut stream, Duration::from_secs(10)));
     // The server itself is fine.
     assert_eq!(server.get("/health").status, 200);

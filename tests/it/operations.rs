@@ -7,7 +7,9 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use crate::on_both_drivers;
-use crate::support::{open_watch, read_event, read_reply, Launch, Server, TempDir, MAIN_BIN};
+use crate::support::{
+    answered_connection, open_watch, read_event, read_reply, Launch, Server, TempDir, MAIN_BIN,
+};
 
 fn relative_base_dir_is_resolved_against_the_working_directory(driver: &'static str) {
     let work = TempDir::new("cwd");
@@ -252,13 +254,7 @@ fn take_every_descriptor(server: &Server, limit: usize) -> Vec<(TcpStream, BufRe
     let mut held = Vec::new();
     while open_fds() < limit {
         assert!(held.len() < limit, "the descriptor limit was not reached");
-        let mut stream = server.connect();
-        stream
-            .write_all(b"GET /health HTTP/1.1\r\nHost: t\r\n\r\n")
-            .unwrap();
-        let mut reader = BufReader::new(stream.try_clone().unwrap());
-        assert_eq!(read_reply(&mut reader).unwrap().status, 200);
-        held.push((stream, reader));
+        held.push(answered_connection(server));
     }
     held
 }

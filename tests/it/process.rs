@@ -1,14 +1,14 @@
 //! The process group against the real binary: `/shell`, `/shell/stream` and
 //! `/process/*`, with real children, real pipes and `/proc` as the witness.
 
-use std::io::{BufRead, BufReader, Write};
+use std::io::{BufReader, Write};
 use std::net::TcpStream;
 use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 
 use crate::on_both_drivers;
-use crate::support::{read_event, Launch, Reply, Server};
+use crate::support::{open_event_stream, read_event, Launch, Reply, Server};
 
 fn post(server: &Server, path: &str, body: Value) -> Reply {
     server.post(path, &body.to_string())
@@ -62,35 +62,12 @@ fn zombies_of(parent: u32) -> Vec<String> {
 
 /// Opens `POST /shell/stream` over HTTP/1.0 (the body ends when the stream does).
 fn open_stream(server: &Server, body: Value) -> BufReader<TcpStream> {
-    let mut stream = server.connect();
     let body = body.to_string();
-    stream
-        .write_all(
-            format!(
-                "POST /shell/stream HTTP/1.0\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
-                body.len()
-            )
-            .as_bytes(),
-        )
-        .unwrap();
-    stream
-        .set_read_timeout(Some(Duration::from_secs(30)))
-        .unwrap();
-    let mut reader = BufReader::new(stream);
-    let mut status = String::new();
-    reader.read_line(&mut status).unwrap();
-    assert!(status.contains(" 200 "), "{status}");
-    loop {
-        let mut line = String::new();
-        reader.read_line(&mut line).unwrap();
-        if line.trim_end().is_empty() {
-            break;
-        }
-        if line.to_ascii_lowercase().starts_with("content-type:") {
-            assert!(line.contains("text/event-stream"), "{line}");
-        }
-    }
-    reader
+    let request = format!(
+        "POST /shell/stream HTTP/1.0\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    open_event_stream(server, request.as_bytes())
 }
 
 /// Every event until the stream ends.

@@ -385,20 +385,46 @@ pub fn read_event(reader: &mut impl BufRead) -> (String, Value) {
     }
 }
 
-/// Opens `GET /files/watch?<query>` over HTTP/1.0 and waits for its `ready` event.
-pub fn open_watch(server: &Server, query: &str) -> BufReader<TcpStream> {
+/// Sends `request` (an HTTP/1.0 request, so the body ends when the stream does), checks
+/// for a 200 event stream and returns the reader positioned at the first event.
+pub fn open_event_stream(server: &Server, request: &[u8]) -> BufReader<TcpStream> {
     let mut stream = server.connect();
-    stream
-        .write_all(format!("GET /files/watch?{query} HTTP/1.0\r\n\r\n").as_bytes())
-        .unwrap();
+    stream.write_all(request).unwrap();
     stream
         .set_read_timeout(Some(Duration::from_secs(30)))
         .unwrap();
     let mut reader = BufReader::new(stream);
     let mut status = String::new();
     reader.read_line(&mut status).unwrap();
-    assert!(status.contains("200"), "{status}");
+    assert!(status.contains(" 200 "), "{status}");
+    loop {
+        let mut line = String::new();
+        reader.read_line(&mut line).unwrap();
+        if line.trim_end().is_empty() {
+            return reader;
+        }
+        if line.to_ascii_lowercase().starts_with("content-type:") {
+            assert!(line.contains("text/event-stream"), "{line}");
+        }
+    }
+}
+
+/// Opens `GET /files/watch?<query>` over HTTP/1.0 and waits for its `ready` event.
+pub fn open_watch(server: &Server, query: &str) -> BufReader<TcpStream> {
+    let request = format!("GET /files/watch?{query} HTTP/1.0\r\n\r\n");
+    let mut reader = open_event_stream(server, request.as_bytes());
     let (name, data) = read_event(&mut reader);
     assert_eq!(name, "ready", "{data}");
     reader
+}
+
+/// A keep-alive connection that has been answered one `GET /health`.
+pub fn answered_connection(server: &Server) -> (TcpStream, BufReader<TcpStream>) {
+    let mut stream = server.connect();
+    stream
+        .write_all(b"GET /health HTTP/1.1\r\nHost: t\r\n\r\n")
+        .unwrap();
+    let mut reader = BufReader::new(stream.try_clone().unwrap());
+    assert_eq!(read_reply(&mut reader).unwrap().status, 200);
+    (stream, reader)
 }

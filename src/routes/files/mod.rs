@@ -192,9 +192,8 @@ pub fn endpoints() -> Vec<Endpoint> {
 mod schema {
     use serde_json::{json, Value};
 
-    fn object(required: &[&str], properties: Value) -> Value {
-        json!({"type": "object", "required": required, "properties": properties})
-    }
+    use super::super::schema_object as object;
+
     pub fn path_bytes() -> Value {
         object(
             &["path", "bytes"],

@@ -310,9 +310,8 @@ fn spawn_error(error: &std::io::Error, program: &str) -> ApiError {
 mod schema {
     use serde_json::{json, Value};
 
-    fn object(required: &[&str], properties: Value) -> Value {
-        json!({"type": "object", "required": required, "properties": properties})
-    }
+    use super::super::schema_object as object;
+
     fn process_properties() -> Value {
         json!({
             "pid": {"type": "integer"}, "command": {"type": "string"},

@@ -71,14 +71,7 @@ async fn stream_lines(
     loop {
         let now = Instant::now();
         if now >= deadline {
-            let _ = child.kill().await;
-            let _ = tx
-                .send(
-                    "error",
-                    &json!({"error": timed_out.message, "type": timed_out.kind}),
-                )
-                .await;
-            return;
+            return time_out(&mut child, &mut tx, &timed_out).await;
         }
         let wake = (deadline - now).min(HEARTBEAT.saturating_sub(last_sent.elapsed()));
         let next = monoio::select! {
@@ -137,16 +130,19 @@ async fn stream_lines(
                 )
                 .await;
         }
-        None => {
-            let _ = child.kill().await;
-            let _ = tx
-                .send(
-                    "error",
-                    &json!({"error": timed_out.message, "type": timed_out.kind}),
-                )
-                .await;
-        }
+        None => time_out(&mut child, &mut tx, &timed_out).await,
     }
+}
+
+/// The timeout passed: kill the group, then say so as the stream's last event.
+async fn time_out(child: &mut Child, tx: &mut sse::SseSender, timed_out: &ApiError) {
+    let _ = child.kill().await;
+    let _ = tx
+        .send(
+            "error",
+            &json!({"error": timed_out.message, "type": timed_out.kind}),
+        )
+        .await;
 }
 
 enum Next {

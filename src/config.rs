@@ -53,6 +53,11 @@ pub struct Config {
     pub blocking_threads: usize,
     /// How long shutdown waits for in-flight requests.
     pub shutdown_grace: Duration,
+    /// `ABX_PYTHON_APP`: the Python program whose commands and routes this server
+    /// serves (set by the `agent_sandbox` package's `start`; see `crate::bridge`).
+    pub python_app: Option<String>,
+    /// How long the Python worker may leave a ping unanswered before it is restarted.
+    pub bridge_hang_timeout: Duration,
 }
 
 /// Raw JSON body cap from the contract (413 `payload_too_large`).
@@ -77,6 +82,8 @@ impl Default for Config {
             read_timeout: Duration::from_secs(30),
             blocking_threads: 64,
             shutdown_grace: Duration::from_secs(10),
+            python_app: None,
+            bridge_hang_timeout: Duration::from_secs(10),
         }
     }
 }
@@ -216,6 +223,24 @@ const SETTINGS: &[Setting] = &[
         default: "path of a policy document",
         apply: |c, _, v| {
             c.policy_path = Some(PathBuf::from(v));
+            Ok(())
+        },
+    },
+    Setting {
+        flag: None,
+        var: "ABX_PYTHON_APP",
+        default: "set by `agent_sandbox.start`",
+        apply: |c, _, v| {
+            c.python_app = Some(v.to_string());
+            Ok(())
+        },
+    },
+    Setting {
+        flag: None,
+        var: "ABX_BRIDGE_HANG_TIMEOUT",
+        default: "`10` seconds",
+        apply: |c, src, v| {
+            c.bridge_hang_timeout = parse_seconds(src, v)?;
             Ok(())
         },
     },

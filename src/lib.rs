@@ -2,17 +2,21 @@
 //! HTTP API. See `docs/architecture.md` for how the pieces fit.
 //!
 //! The public surface is the embedding API: [`Server`], [`Config`], [`Endpoint`],
-//! [`handler`], [`Call`], [`Response`], [`ApiError`], [`Group`], [`Method`], [`Param`] and
-//! the server-sent events channel ([`sse`]). Everything else is internal.
+//! [`handler`], [`Call`], [`Response`], [`ApiError`], [`Group`], [`Method`], [`Param`],
+//! named commands ([`Command`], [`CommandArg`], [`ArgType`], [`CommandError`]) and the
+//! server-sent events channel ([`sse`]). Everything else is internal.
 
 mod api;
 mod app;
+mod bridge;
+mod commands;
 pub mod config;
 mod fs;
 mod http;
 #[doc(hidden)]
 pub mod log;
 mod process;
+mod pytext;
 mod routes;
 mod runtime;
 mod server;
@@ -20,6 +24,7 @@ mod timefmt;
 
 pub use api::{ApiError, Group, Method, Param};
 pub use app::{handler, Call, Endpoint};
+pub use commands::{ArgType, Command, CommandArg, CommandError};
 pub use config::Config;
 pub use http::Response;
 pub use server::Server;

@@ -15,8 +15,12 @@ use std::sync::Arc;
 
 use crate::api::{Group, Listener, Method};
 use crate::app::dispatch::service_factory;
+use crate::app::state::Extras;
 use crate::app::{AppState, Endpoint, Handler};
+use crate::bridge::{Bridge, BridgeOptions, PythonApp};
+use crate::commands::Command;
 use crate::config::{Config, IoDriverChoice};
+use crate::process::ChildRegistry;
 use crate::routes::builtin_endpoints;
 use crate::runtime::{self, blocking::BlockingPool, shutdown, shutdown::Shutdown, DriverChoice};
 
@@ -24,6 +28,8 @@ use crate::runtime::{self, blocking::BlockingPool, shutdown, shutdown::Shutdown,
 pub struct Server {
     config: Config,
     custom: Vec<Endpoint>,
+    commands: Vec<Command>,
+    group_switches: Vec<(Group, bool)>,
 }
 
 impl Server {
@@ -31,7 +37,33 @@ impl Server {
         Server {
             config,
             custom: Vec::new(),
+            commands: Vec::new(),
+            group_switches: Vec::new(),
         }
+    }
+
+    /// Registers a named command (`GET /commands`, `POST /commands/{name}`). The
+    /// registry is frozen when the server starts; a name registered twice keeps the
+    /// later registration.
+    pub fn command(mut self, command: Command) -> Server {
+        self.commands.push(command);
+        self
+    }
+
+    /// Turns a group on in code (Python's `default_table().enable_group`): below the
+    /// policy document and `ABX_SERVER_ENABLED_GROUPS`, above the defaults.
+    pub fn enable_group(mut self, group: Group) -> Server {
+        self.group_switches.push((group, true));
+        self
+    }
+
+    /// Turns a group off in code (`disable_group`). The core group cannot be turned off.
+    pub fn disable_group(mut self, group: Group) -> Result<Server, String> {
+        if group == Group::Core {
+            return Err("the core group cannot be disabled".into());
+        }
+        self.group_switches.push((group, false));
+        Ok(self)
     }
 
     /// Adds a custom route with the contract's defaults (auth required, not streaming);
@@ -62,7 +94,18 @@ impl Server {
         let (driver, fallback_note) = runtime::choose_driver(choice)?;
         let mut endpoints = builtin_endpoints();
         endpoints.extend(self.custom);
-        let state = Arc::new(AppState::build(self.config, endpoints, driver)?);
+        let mut extras = Extras {
+            commands: self.commands,
+            group_switches: self.group_switches,
+            ..Extras::default()
+        };
+        if let Some(app) = &self.config.python_app {
+            let (bridge, children) = start_python(app, &self.config, &mut endpoints, &mut extras)?;
+            extras.bridge = Some(bridge);
+            extras.children = Some(children);
+        }
+        let bridge = extras.bridge.clone();
+        let state = Arc::new(AppState::build(self.config, endpoints, driver, extras)?);
         check_kernel()?;
         check_base_dir(state.services.base.path())?;
         let config = &state.config;
@@ -103,6 +146,9 @@ impl Server {
             shutdown,
             state.config.shutdown_grace,
             Box::new(move || {
+                if let Some(bridge) = &bridge {
+                    bridge.stop();
+                }
                 let children = &children_state.services.children;
                 if children.signal_all(nix::sys::signal::Signal::SIGTERM) > 0 {
                     std::thread::sleep(std::time::Duration::from_millis(200));
@@ -116,6 +162,34 @@ impl Server {
         }
         Ok(())
     }
+}
+
+/// Starts the Python worker of `ABX_PYTHON_APP` and declares what its manifest
+/// registered: commands, custom routes and group switches.
+fn start_python(
+    app: &str,
+    config: &Config,
+    endpoints: &mut Vec<Endpoint>,
+    extras: &mut Extras,
+) -> Result<(Arc<Bridge>, Arc<ChildRegistry>), String> {
+    let app = PythonApp::from_env_value(app)?;
+    let children = Arc::new(ChildRegistry::default());
+    let options = BridgeOptions {
+        links: config.workers,
+        hang_timeout: config.bridge_hang_timeout,
+        startup_timeout: std::time::Duration::from_secs(120),
+    };
+    let (bridge, manifest) = Bridge::start(app, options, children.clone())?;
+    let described = |e: String| format!("the Python worker's registrations: {e}");
+    extras
+        .commands
+        .extend(manifest.commands().map_err(described)?);
+    extras
+        .group_switches
+        .extend(manifest.group_switches().map_err(described)?);
+    endpoints
+        .extend(crate::routes::commands::python::endpoints(&manifest.routes).map_err(described)?);
+    Ok((bridge, children))
 }
 
 /// As a container's PID 1 the server inherits every orphaned descendant (a child's

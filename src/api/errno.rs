@@ -45,7 +45,10 @@ mod tests {
         assert_eq!(python_exception(Some(21)), "IsADirectoryError");
         assert_eq!(python_exception(None), "OSError");
         let error = os_error(&std::io::Error::from_raw_os_error(20), Some("/a"));
-        assert_eq!((error.status, error.kind), (500, "NotADirectoryError"));
+        assert_eq!(
+            (error.status, error.kind.as_ref()),
+            (500, "NotADirectoryError")
+        );
         assert!(error.message.ends_with(": '/a'"));
     }
 }

@@ -2,6 +2,8 @@
 //! dispatcher renders it, in one place, to the envelope its endpoint's [`ErrorStyle`]
 //! names.
 
+use std::borrow::Cow;
+
 use serde_json::{Map, Value};
 
 /// The two JSON error envelopes the contract uses.
@@ -21,7 +23,7 @@ pub enum ErrorStyle {
 pub struct ApiError {
     pub status: u16,
     pub message: String,
-    pub kind: &'static str,
+    pub kind: Cow<'static, str>,
     pub code: Option<&'static str>,
     /// Further fields of the envelope, such as `endpoint`, `rule` or `param`.
     pub extra: Vec<(&'static str, Value)>,
@@ -30,11 +32,15 @@ pub struct ApiError {
 }
 
 impl ApiError {
-    pub fn new(status: u16, kind: &'static str, message: impl Into<String>) -> Self {
+    pub fn new(
+        status: u16,
+        kind: impl Into<Cow<'static, str>>,
+        message: impl Into<String>,
+    ) -> Self {
         ApiError {
             status,
             message: message.into(),
-            kind,
+            kind: kind.into(),
             code: None,
             extra: Vec::new(),
             headers: Vec::new(),
@@ -96,7 +102,7 @@ impl ApiError {
             ErrorStyle::Contract => {
                 let mut map = Map::new();
                 map.insert("error".into(), Value::String(self.message.clone()));
-                map.insert("type".into(), Value::String(self.kind.into()));
+                map.insert("type".into(), Value::String(self.kind.to_string()));
                 if let Some(code) = self.code {
                     map.insert("code".into(), Value::String(code.into()));
                 }

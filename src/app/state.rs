@@ -3,6 +3,7 @@
 //! through two narrow views: [`Services`] (what domain code needs) and [`Catalog`] (the
 //! route table and its decisions, for the discovery routes).
 
+use std::sync::Arc;
 use std::time::Instant;
 
 use super::auth::{Auth, Identity};
@@ -10,6 +11,8 @@ use super::endpoint::Endpoint;
 use super::policy::{Decision, Policy};
 use super::router::Router;
 use crate::api::{Group, Listener};
+use crate::bridge::Bridge;
+use crate::commands::{self, Command};
 use crate::config::Config;
 use crate::fs::BaseDir;
 use crate::process::{ChildRegistry, Environment, ProcessTable};
@@ -24,11 +27,15 @@ pub struct Services {
     /// `ABX_MAX_UPLOAD_SIZE`: decoded upload bytes.
     pub max_upload_size: u64,
     /// Process groups of children we started, ended at shutdown.
-    pub children: std::sync::Arc<ChildRegistry>,
+    pub children: Arc<ChildRegistry>,
     /// The environment children start with (`POST /env` changes it).
     pub environment: Environment,
     /// Background processes started by `/process/start`.
     pub processes: ProcessTable,
+    /// Named commands (`/commands`), frozen at startup.
+    pub commands: commands::Registry,
+    /// The Python worker behind Python commands and routes, when serving a `commands.py`.
+    pub bridge: Option<Arc<Bridge>>,
     pub started: Instant,
 }
 
@@ -50,6 +57,17 @@ pub struct AppState {
     pub catalog: Catalog,
 }
 
+/// What the embedding program (or the Python worker's manifest) adds to the built-ins.
+#[derive(Default)]
+pub struct Extras {
+    pub commands: Vec<Command>,
+    /// `enable_group` / `disable_group` calls, in order.
+    pub group_switches: Vec<(Group, bool)>,
+    pub bridge: Option<Arc<Bridge>>,
+    /// The registry the bridge's worker was registered in, if it already exists.
+    pub children: Option<Arc<ChildRegistry>>,
+}
+
 /// Whether a caller may use an endpoint, and if not, the refusal's code, rule and reason.
 pub struct Access<'a> {
     pub allowed: bool,
@@ -65,6 +83,7 @@ impl AppState {
         config: Config,
         endpoints: Vec<Endpoint>,
         driver: IoDriver,
+        extras: Extras,
     ) -> Result<AppState, String> {
         let policy = match &config.policy_path {
             Some(path) => Policy::load(path)?,
@@ -82,7 +101,14 @@ impl AppState {
             .map_err(|e| format!("ABX_SERVER_POLICY: {e}"))?;
         let decisions: Vec<Decision> = endpoints
             .iter()
-            .map(|ep| policy.decide(&ep.spec, ep.unavailable(), &config.enabled_groups))
+            .map(|ep| {
+                policy.decide_with(
+                    &ep.spec,
+                    ep.unavailable(),
+                    &config.enabled_groups,
+                    &extras.group_switches,
+                )
+            })
             .collect();
         let empty: Vec<&str> = Group::ALL
             .into_iter()
@@ -109,6 +135,12 @@ impl AppState {
                 base_dir.display()
             ));
         }
+        let (commands, replaced) = commands::Registry::new(extras.commands);
+        for name in replaced {
+            warnings.push(format!(
+                "command '{name}' is registered twice; the later registration wins"
+            ));
+        }
         let router = Router::new(&endpoints, Listener::Api)?;
         let auth = Auth::new(config.token.as_deref());
         Ok(AppState {
@@ -116,9 +148,11 @@ impl AppState {
                 base: BaseDir::new(base_dir),
                 driver,
                 max_upload_size: config.max_upload_size,
-                children: Default::default(),
+                children: extras.children.unwrap_or_default(),
                 environment: Environment::from_process(),
                 processes: ProcessTable::default(),
+                commands,
+                bridge: extras.bridge,
                 started: Instant::now(),
             },
             catalog: Catalog {

@@ -7,7 +7,9 @@ use std::time::Duration;
 
 use agent_sandbox::config::{Config, Parsed};
 use agent_sandbox::sse;
-use agent_sandbox::{handler, ApiError, Endpoint, Group, Method, Response, Server};
+use agent_sandbox::{
+    handler, ApiError, Command, CommandArg, CommandError, Endpoint, Group, Method, Response, Server,
+};
 use serde_json::json;
 
 fn main() -> ExitCode {
@@ -20,6 +22,47 @@ fn main() -> ExitCode {
         }
     };
     let server = Server::new(config)
+        // The contract's named-command example, as a Rust program registers it.
+        .command(
+            Command::new("hello", |args| async move {
+                let name = args.get("name").and_then(|v| v.as_str()).unwrap_or("World");
+                Ok(json!(format!("Hello, {name}!")))
+            })
+            .description("Say hello.")
+            .arg(CommandArg::string("name").default("World")),
+        )
+        .command(Command::new("_debug_info", |_| async { Ok(json!({"ok": true})) }).hidden(true))
+        // Echoes its bound arguments, so tests can see every coercion rule.
+        .command(
+            Command::new("types", |args| async move {
+                Ok(serde_json::Value::Object(args))
+            })
+            .description("Echo typed arguments.")
+            .arg(
+                CommandArg::integer("count")
+                    .required()
+                    .description("How many."),
+            )
+            .arg(CommandArg::float("ratio").default(0.5))
+            .arg(CommandArg::boolean("loud").default(false))
+            .arg(CommandArg::string("label")),
+        )
+        .command(
+            Command::new("divide", |args| async move {
+                let a = args.get("a").and_then(|v| v.as_i64()).unwrap_or(0);
+                let b = args.get("b").and_then(|v| v.as_i64()).unwrap_or(0);
+                if b == 0 {
+                    return Err(CommandError::new("ZeroDivisionError", "division by zero"));
+                }
+                Ok(json!(a / b))
+            })
+            .arg(CommandArg::integer("a").required())
+            .arg(CommandArg::integer("b").required()),
+        )
+        .command(
+            Command::new("admin_only", |_| async { Ok(json!("secret")) })
+                .scopes(&["example:admin"]),
+        )
         .route(
             Method::Get,
             "/hello/{name}",

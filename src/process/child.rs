@@ -126,6 +126,7 @@ impl Child {
                         stdin: stdin.as_ref().map(|(_, child)| child.as_fd()),
                         stdout: stdout.as_ref().map(|(_, child)| child.as_fd()),
                         stderr: stderr.as_ref().map(|(_, child)| child.as_fd()),
+                        extra: Vec::new(),
                     },
                 )
             })?;

@@ -13,8 +13,9 @@
 //! 3. stdin/stdout/stderr from the given pipes, or `/dev/null`;
 //! 4. `fchdir` into the working directory descriptor, which was opened beneath the base
 //!    directory, so a rename or symlink swap after the check cannot redirect it;
-//! 5. every other descriptor closed (`closefrom(3)`), as Python's `close_fds=True`:
-//!    the server's sockets, io_uring rings and other children's pipes stay out of it;
+//! 5. every other descriptor closed (`closefrom(3)`, or past the extra descriptors
+//!    the caller passes on), as Python's `close_fds=True`: the server's sockets,
+//!    io_uring rings and other children's pipes stay out of it;
 //! 6. `execve` with exactly the environment given.
 //!
 //! The program is looked up on the child's `PATH` (Python does the same when `env` is
@@ -33,11 +34,14 @@ use std::path::{Path, PathBuf};
 /// `PATH` when the child's environment has none (Python's `os.defpath`).
 const DEFAULT_PATH: &str = "/bin:/usr/bin";
 
-/// The descriptors a child gets as 0, 1 and 2; `None` is `/dev/null`.
+/// The descriptors a child gets as 0, 1 and 2 (`None` is `/dev/null`), and any it gets
+/// from 3 on, in order (the Python bridge's sockets).
+#[derive(Default)]
 pub struct Stdio<'a> {
     pub stdin: Option<BorrowedFd<'a>>,
     pub stdout: Option<BorrowedFd<'a>>,
     pub stderr: Option<BorrowedFd<'a>>,
+    pub extra: Vec<BorrowedFd<'a>>,
 }
 
 fn c_string(bytes: &[u8]) -> io::Result<CString> {
@@ -125,6 +129,15 @@ pub fn spawn(
     let mut envp_ptrs: Vec<*mut libc::c_char> = envp.iter().map(|e| e.as_ptr() as *mut _).collect();
     envp_ptrs.push(std::ptr::null_mut());
     let dev_null = c"/dev/null";
+    // An extra descriptor whose number lies in the target range 3..3+n could be
+    // overwritten by an earlier dup2 before its own turn: move every source above the
+    // range first (close-on-exec copies, closed again when this function returns).
+    let first_free = 3 + stdio.extra.len() as i32;
+    let extra: Vec<std::os::fd::OwnedFd> = stdio
+        .extra
+        .iter()
+        .map(|fd| rustix::io::fcntl_dupfd_cloexec(fd, first_free).map_err(io::Error::from))
+        .collect::<io::Result<_>>()?;
 
     let check = |rc: libc::c_int| -> io::Result<()> {
         if rc == 0 {
@@ -178,13 +191,20 @@ pub fn spawn(
                 ))?,
             }
         }
+        for (target, source) in (3..).zip(&extra) {
+            check(libc::posix_spawn_file_actions_adddup2(
+                actions_ptr,
+                source.as_raw_fd(),
+                target,
+            ))?;
+        }
         check(libc::posix_spawn_file_actions_addfchdir_np(
             actions_ptr,
             cwd.as_raw_fd(),
         ))?;
         check(libc::posix_spawn_file_actions_addclosefrom_np(
             actions_ptr,
-            3,
+            first_free,
         ))?;
 
         let mut pid: libc::pid_t = 0;

@@ -4,6 +4,7 @@
 //! `endpoints()`; the router, `/capabilities`, `/capabilities/check` and the policy
 //! engine all read the same list.
 
+pub mod commands;
 pub mod core;
 pub mod files;
 pub mod process;
@@ -21,6 +22,7 @@ fn schema_object(required: &[&str], properties: serde_json::Value) -> serde_json
 pub fn builtin_endpoints() -> Vec<Endpoint> {
     let mut endpoints = Vec::new();
     endpoints.extend(core::endpoints());
+    endpoints.extend(commands::endpoints());
     endpoints.extend(files::endpoints());
     endpoints.extend(process::endpoints());
     // The terminal's WebSocket (port ABX_PTY_PORT), listed as the contract lists it.

@@ -3,6 +3,7 @@
 
 mod support;
 
+mod commands;
 mod core_http;
 mod files;
 mod operations;

@@ -51,6 +51,15 @@ pub struct Launch {
     pub nofile: Option<u64>,
     /// Run the server as PID 1 of a new PID namespace (`unshare`), as in a container.
     pub pid1: bool,
+    /// Start `python3 <script>` (a template's `commands.py`) instead of the binary; the
+    /// script's `start()` execs the binary. Settings go by environment, which outranks
+    /// the script's `start(9000)`.
+    pub python: Option<PathBuf>,
+}
+
+/// The uninstalled `agent_sandbox` package of this repository.
+pub fn python_package_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("python")
 }
 
 impl Launch {
@@ -64,6 +73,15 @@ impl Launch {
             current_dir: None,
             nofile: None,
             pid1: false,
+            python: None,
+        }
+    }
+    /// Serves the template script `script` through the Python bridge.
+    pub fn python(driver: &'static str, script: &Path) -> Launch {
+        Launch {
+            python: Some(script.to_path_buf()),
+            current_dir: script.parent().map(Path::to_path_buf),
+            ..Launch::new(driver)
         }
     }
     pub fn example(driver: &'static str) -> Launch {
@@ -89,6 +107,21 @@ impl Launch {
         self
     }
     fn command(&self, own_base: &Path) -> Command {
+        if let Some(script) = &self.python {
+            let mut cmd = Command::new("python3");
+            cmd.arg(script).args(&self.args);
+            cmd.env("PYTHONPATH", python_package_dir())
+                .env("ABX_SERVER_BIN", self.bin)
+                .env("ABX_SERVER_HOST", "127.0.0.1")
+                .env("ABX_SERVER_PORT", "0")
+                .env("ABX_SERVER_WORKERS", "2")
+                .env("ABX_IO_DRIVER", self.driver)
+                .env(
+                    "ABX_SERVER_BASE_DIR",
+                    self.base_dir.as_deref().unwrap_or(own_base),
+                );
+            return self.finish(cmd);
+        }
         let mut cmd = if self.pid1 {
             let mut unshare = Command::new("unshare");
             unshare.args(["--pid", "--fork", "--mount-proc", "--kill-child", self.bin]);
@@ -109,6 +142,10 @@ impl Launch {
         cmd.arg("--base-dir")
             .arg(self.base_dir.as_deref().unwrap_or(own_base));
         cmd.args(&self.args);
+        self.finish(cmd)
+    }
+    /// The environment, limits and pipes every launch shares.
+    fn finish(&self, mut cmd: Command) -> Command {
         for var in [
             "ABX_SERVER_TOKEN",
             "ABX_SERVER_ENABLED_GROUPS",

@@ -184,6 +184,19 @@ impl Policy {
         unavailable: Option<&str>,
         env_groups: &[Group],
     ) -> Decision {
+        self.decide_with(endpoint, unavailable, env_groups, &[])
+    }
+
+    /// [`Policy::decide`] with the embedding program's own group switches
+    /// (`enable_group` / `disable_group` on its route table, in call order), which rank
+    /// below the policy document and the environment and above the defaults.
+    pub fn decide_with(
+        &self,
+        endpoint: &EndpointSpec,
+        unavailable: Option<&str>,
+        env_groups: &[Group],
+        code_groups: &[(Group, bool)],
+    ) -> Decision {
         let id = endpoint.id.as_str();
         let group = endpoint.group;
         let (scopes, scopes_rule) = match self.endpoints.get(id).and_then(|r| r.scopes.clone()) {
@@ -222,6 +235,15 @@ impl Policy {
         }
         if env_groups.contains(&group) {
             return decided(true, "env:ABX_SERVER_ENABLED_GROUPS".into(), None);
+        }
+        if let Some((_, enabled)) = code_groups.iter().rev().find(|(gr, _)| *gr == group) {
+            if *enabled {
+                return decided(true, format!("code:enable_group:{g}"), None);
+            }
+            let message = format!(
+                "Endpoint '{id}' is disabled: the server's route table turns group '{g}' off (disable_group). Enable the group (policy groups: {{{g}: true}}) or this endpoint (policy endpoints.{id}.enabled: true)"
+            );
+            return decided(false, format!("code:disable_group:{g}"), Some(message));
         }
         if group.opt_in() {
             let message = format!(

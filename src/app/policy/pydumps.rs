@@ -18,7 +18,7 @@ fn write_value(out: &mut String, value: &Value) {
         Value::Bool(b) => out.push_str(if *b { "true" } else { "false" }),
         Value::Number(n) => {
             if let Some(f) = n.as_f64().filter(|_| n.is_f64()) {
-                write_float(out, f);
+                crate::pytext::write_float(out, f);
             } else {
                 let _ = write!(out, "{n}");
             }
@@ -48,23 +48,6 @@ fn write_value(out: &mut String, value: &Value) {
             }
             out.push('}');
         }
-    }
-}
-
-/// Python's float repr: shortest round-trip digits, `1.0` for integral values, and
-/// exponent form (`1e-07`, `1e+16`) outside [1e-4, 1e16).
-fn write_float(out: &mut String, f: f64) {
-    let abs = f.abs();
-    if f == f.trunc() && abs < 1e16 {
-        let _ = write!(out, "{f:.1}");
-    } else if (1e-4..1e16).contains(&abs) {
-        let _ = write!(out, "{f}");
-    } else {
-        let text = format!("{f:e}");
-        let (mantissa, exponent) = text.split_once('e').unwrap_or((&text, "0"));
-        let exponent: i32 = exponent.parse().unwrap_or(0);
-        let sign = if exponent < 0 { '-' } else { '+' };
-        let _ = write!(out, "{mantissa}e{sign}{:02}", exponent.abs());
     }
 }
 

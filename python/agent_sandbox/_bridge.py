@@ -1,0 +1,165 @@
+"""The worker side of the bridge (docs/python-bridge.md).
+
+The agent-sandbox server starts the template's script again with ABX_BRIDGE_FDS set;
+when the script calls start()/serve(), this module takes over: it sends the manifest
+on the control socket (the first descriptor), answers pings there, and serves calls on
+the others, one thread per call as ThreadingHTTPServer would.
+"""
+
+import json
+import os
+import socket
+import sys
+import threading
+from concurrent.futures import ThreadPoolExecutor
+
+# Events a streaming route may run ahead of the client; the server grants one more per
+# event it has passed on, so a slow client cannot make either side buffer without bound.
+STREAM_WINDOW = 16
+MAX_CALL_THREADS = 256
+
+
+def _encode(value):
+    return json.dumps(value, default=str, allow_nan=False)
+
+
+def _error_body(exc):
+    return _encode({"error": str(exc), "type": type(exc).__name__})
+
+
+class _Stream:
+    def __init__(self):
+        self.credit = threading.Semaphore(STREAM_WINDOW)
+        self.cancelled = False
+
+
+class _Link:
+    """One call socket: requests in, answers out, many calls in flight."""
+
+    def __init__(self, server, sock, executor):
+        self.server = server
+        self.sock = sock
+        self.executor = executor
+        self.send_lock = threading.Lock()
+        self.streams = {}
+
+    def send_line(self, text):
+        data = (text + "\n").encode()
+        with self.send_lock:
+            self.sock.sendall(data)
+
+    def answer(self, call_id, status, body_json):
+        self.send_line('{"id":%d,"status":%d,"body":%s}' % (call_id, status, body_json))
+
+    def serve(self):
+        reader = self.sock.makefile("rb")
+        for line in reader:
+            message = json.loads(line)
+            call_id = message["id"]
+            op = message.get("op")
+            if op == "command":
+                self.executor.submit(self.run_command, call_id, message)
+            elif op == "route":
+                self.executor.submit(self.run_route, call_id, message)
+            elif op == "ack":
+                stream = self.streams.get(call_id)
+                if stream is not None:
+                    stream.credit.release()
+            elif op == "cancel":
+                stream = self.streams.get(call_id)
+                if stream is not None:
+                    stream.cancelled = True
+                    stream.credit.release()
+        # The server closed the socket: it is going away.
+        os._exit(0)
+
+    def run_command(self, call_id, message):
+        try:
+            command = self.server.registry.get(message["name"])
+            if command is None:
+                self.answer(call_id, 404, _encode({"error": f"Unknown command: {message['name']}", "type": "ValueError"}))
+                return
+            try:
+                result = command.func(**message.get("args", {}))
+                body = _encode({"result": result})
+            except (Exception, SystemExit) as exc:  # a command's failure is its caller's 500
+                self.answer(call_id, 500, _error_body(exc))
+                return
+            self.answer(call_id, 200, body)
+        except OSError:
+            pass  # the socket is gone; the server no longer waits for this answer
+
+    def run_route(self, call_id, message):
+        try:
+            route = self.server.table.get(message["route"])
+            if route is None:
+                self.answer(call_id, 404, _encode({"error": f"Unknown route: {message['route']}", "type": "ValueError"}))
+                return
+            from .server import Request, ServerResponse, SSEResponse
+
+            try:
+                response = route.func(Request(message.get("request", {})))
+                if isinstance(response, SSEResponse):
+                    self.stream(call_id, response.event_iterator)
+                    return
+                if isinstance(response, ServerResponse):
+                    status, body = response.status, _encode(response.body)
+                elif isinstance(response, dict):
+                    status, body = 200, _encode(response)
+                else:
+                    raise TypeError(f"route {route.name} returned {type(response).__name__}; return ServerResponse or SSEResponse")
+            except (Exception, SystemExit) as exc:
+                self.answer(call_id, 500, _error_body(exc))
+                return
+            self.answer(call_id, status, body)
+        except OSError:
+            pass
+
+    def stream(self, call_id, events):
+        state = _Stream()
+        self.streams[call_id] = state
+        try:
+            for chunk in events:
+                state.credit.acquire()
+                if state.cancelled:
+                    return
+                if isinstance(chunk, bytes):
+                    chunk = chunk.decode("utf-8", "replace")
+                chunk = str(chunk)
+                if not chunk.endswith("\n\n"):
+                    # An unterminated event would run into the next one.
+                    chunk = chunk.rstrip("\n") + "\n\n"
+                self.send_line(_encode({"id": call_id, "event": chunk}))
+            self.send_line('{"id":%d,"end":true}' % call_id)
+        except (Exception, SystemExit) as exc:
+            if not state.cancelled:
+                self.send_line(_encode({"id": call_id, "end": True,
+                                        "error": {"message": str(exc), "type": type(exc).__name__}}))
+        finally:
+            self.streams.pop(call_id, None)
+            close = getattr(events, "close", None)
+            if close is not None:
+                try:
+                    close()
+                except Exception:
+                    pass
+
+
+def run_worker(server):
+    """Serves the bridge for ``server`` (a SandboxServer) until the server goes away."""
+    fds = [int(fd) for fd in os.environ.pop("ABX_BRIDGE_FDS").split(",")]
+    for fd in fds:
+        # Subprocesses a command starts must not hold the server's sockets open.
+        os.set_inheritable(fd, False)
+    control = socket.socket(fileno=fds[0])
+    control.sendall((json.dumps({"manifest": server.manifest()}) + "\n").encode())
+    executor = ThreadPoolExecutor(max_workers=MAX_CALL_THREADS, thread_name_prefix="abx-call")
+    for fd in fds[1:]:
+        link = _Link(server, socket.socket(fileno=fd), executor)
+        threading.Thread(target=link.serve, name=f"abx-link-{fd}", daemon=True).start()
+    sys.stdout.flush()
+    for line in control.makefile("rb"):
+        message = json.loads(line)
+        if "ping" in message:
+            control.sendall(b'{"pong":%d}\n' % message["ping"])
+    os._exit(0)

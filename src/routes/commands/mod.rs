@@ -1,0 +1,128 @@
+//! `commands`: `GET /commands` and `POST /commands/{name}`, over the frozen command
+//! registry. Rust commands run on this worker; Python ones go over the bridge. Both are
+//! bound by the same rules ([`crate::commands::coerce`]), so callers cannot tell them
+//! apart.
+
+pub mod python;
+
+use serde::Serialize;
+use serde_json::value::RawValue;
+use serde_json::{json, Map, Value};
+
+use super::schema_object;
+use crate::api::{ApiError, Group, Method, Param};
+use crate::app::{handler, Call, Endpoint};
+use crate::bridge::link::{self, Answer};
+use crate::bridge::BridgeError;
+use crate::commands::{coerce, CommandArg, Implementation};
+use crate::http::response::JSON_CONTENT_TYPE;
+use crate::http::Response;
+
+pub fn endpoints() -> Vec<Endpoint> {
+    vec![
+        Endpoint::new(Method::Get, "/commands", Group::Commands, handler(list))
+            .id("commands_list")
+            .summary("Visible named commands with their arguments (hidden ones and those the caller lacks scopes for are left out).")
+            .returns(schema_object(&["commands"], json!({"commands": {"type": "array"}}))),
+        Endpoint::new(Method::Post, "/commands/{name}", Group::Commands, handler(run))
+            .id("commands_run")
+            .summary("Run a named command with a JSON object of arguments; answers {\"result\": ...}.")
+            .params(&[Param::path("name")])
+            .returns(schema_object(&["result"], json!({"result": {}})))
+            .also_answers(&[400, 403, 404, 500, 503]),
+    ]
+}
+
+#[derive(Serialize)]
+struct Listed<'a> {
+    name: &'a str,
+    description: &'a str,
+    args: &'a [CommandArg],
+}
+
+/// `GET /commands`.
+async fn list(call: Call) -> Result<Response, ApiError> {
+    let identity = &call.identity;
+    let commands: Vec<Listed<'_>> = call
+        .services()
+        .commands
+        .all()
+        .iter()
+        .filter(|c| !c.hidden && identity.has_scopes(&c.scopes))
+        .map(|c| Listed {
+            name: &c.name,
+            description: &c.description,
+            args: &c.args,
+        })
+        .collect();
+    Ok(Response::ok(&json!({ "commands": commands })))
+}
+
+/// `POST /commands/{name}`.
+async fn run(call: Call) -> Result<Response, ApiError> {
+    let name = call.path_param("name").unwrap_or_default().to_string();
+    let Some(command) = call.services().commands.get(&name) else {
+        return Err(ApiError::new(
+            404,
+            "ValueError",
+            format!("Unknown command: {name}. GET /commands lists the commands you can run"),
+        ));
+    };
+    if let Some(scope) = call.identity.missing_scope(&command.scopes) {
+        return Err(ApiError::new(
+            403,
+            "PermissionError",
+            format!(
+                "Command '{name}' needs scope '{scope}', which the caller '{}' does not have",
+                call.identity.id
+            ),
+        )
+        .with_code("missing_scope"));
+    }
+    let body: Map<String, Value> = call.json()?;
+    let args = coerce::bind(&command.args, &body).map_err(|e| ApiError::bad_request(e.0))?;
+    match &command.implementation {
+        Implementation::Native(run) => match run(args).await {
+            Ok(result) => Ok(Response::ok(&json!({ "result": result }))),
+            Err(error) => Err(ApiError::new(500, error.type_name, error.message)),
+        },
+        Implementation::Python => {
+            let bridge = call.services().bridge.as_ref().ok_or_else(|| {
+                ApiError::internal(
+                    "RuntimeError",
+                    "this command is implemented in Python, but no Python worker is configured",
+                )
+            })?;
+            let request = json!({"op": "command", "name": name, "args": args});
+            match link::call(bridge, &request).await.map_err(bridge_error)? {
+                Answer::Response { status, body } => Ok(raw_json(status, body)),
+                Answer::Stream(_) => Err(ApiError::internal(
+                    "RuntimeError",
+                    "the Python worker answered a command with an event stream",
+                )),
+            }
+        }
+    }
+}
+
+/// A JSON body the Python worker produced, passed on as it is.
+pub(crate) fn raw_json(status: u16, body: Box<RawValue>) -> Response {
+    let text: Box<str> = body.into();
+    Response::raw(status, JSON_CONTENT_TYPE, text.into_string().into_bytes())
+}
+
+/// A call the Python worker could not answer: 500 when it died or hung with the call
+/// in flight, 503 when none came up in time.
+pub(crate) fn bridge_error(error: BridgeError) -> ApiError {
+    match error {
+        BridgeError::Lost(why) => ApiError::internal(
+            "RuntimeError",
+            format!("The Python worker ended while running this call: {why}. It has been restarted; the call was not completed"),
+        )
+        .with_code("worker_lost"),
+        BridgeError::Unavailable(why) => {
+            ApiError::new(503, "RuntimeError", why).with_code("worker_unavailable")
+        }
+        BridgeError::Protocol(why) => ApiError::internal("RuntimeError", why).with_code("worker_protocol"),
+    }
+}

@@ -8,10 +8,10 @@ the others, one thread per call as ThreadingHTTPServer would.
 
 import json
 import os
+import queue
 import socket
 import sys
 import threading
-from concurrent.futures import ThreadPoolExecutor
 
 # Events a streaming route may run ahead of the client; the server grants one more per
 # event it has passed on, so a slow client cannot make either side buffer without bound.
@@ -25,6 +25,37 @@ def _encode(value):
 
 def _error_body(exc):
     return _encode({"error": str(exc), "type": type(exc).__name__})
+
+
+class _Pool:
+    """Threads that run calls: one more is started whenever a call arrives and none is
+    idle, up to MAX_CALL_THREADS, so concurrent calls never wait for each other (as with
+    ThreadingHTTPServer's thread per request) while a steady load reuses threads. A
+    SimpleQueue hand-off costs less than concurrent.futures' per-call Future."""
+
+    def __init__(self):
+        self.jobs = queue.SimpleQueue()
+        self.lock = threading.Lock()
+        self.idle = 0
+        self.threads = 0
+
+    def submit(self, function, *args):
+        with self.lock:
+            start = self.idle == 0 and self.threads < MAX_CALL_THREADS
+            if start:
+                self.threads += 1
+            else:
+                self.idle -= 1
+        if start:
+            threading.Thread(target=self.work, name=f"abx-call-{self.threads}", daemon=True).start()
+        self.jobs.put((function, args))
+
+    def work(self):
+        while True:
+            function, args = self.jobs.get()
+            function(*args)
+            with self.lock:
+                self.idle += 1
 
 
 class _Stream:
@@ -153,7 +184,7 @@ def run_worker(server):
         os.set_inheritable(fd, False)
     control = socket.socket(fileno=fds[0])
     control.sendall((json.dumps({"manifest": server.manifest()}) + "\n").encode())
-    executor = ThreadPoolExecutor(max_workers=MAX_CALL_THREADS, thread_name_prefix="abx-call")
+    executor = _Pool()
     for fd in fds[1:]:
         link = _Link(server, socket.socket(fileno=fd), executor)
         threading.Thread(target=link.serve, name=f"abx-link-{fd}", daemon=True).start()

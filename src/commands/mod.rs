@@ -216,6 +216,17 @@ impl Registry {
         &self.commands
     }
 
+    /// What `GET /commands` lists for a caller: not hidden, and every scope held
+    /// (`holds` answers for a command's scopes).
+    pub fn listed<'a>(
+        &'a self,
+        holds: impl Fn(&[String]) -> bool + 'a,
+    ) -> impl Iterator<Item = &'a Command> + 'a {
+        self.commands
+            .iter()
+            .filter(move |c| !c.hidden && holds(&c.scopes))
+    }
+
     pub fn is_empty(&self) -> bool {
         self.commands.is_empty()
     }
@@ -228,6 +239,26 @@ impl Registry {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn hidden_and_scoped_commands_are_not_listed() {
+        let ok = |_| async { Ok(Value::Null) };
+        let (registry, _) = Registry::new(vec![
+            Command::new("open", ok),
+            Command::new("_secret", ok).hidden(true),
+            Command::new("admin", ok).scopes(&["example:admin"]),
+        ]);
+        let listed = |scopes: &[&str]| -> Vec<String> {
+            let held: Vec<String> = scopes.iter().map(|s| s.to_string()).collect();
+            registry
+                .listed(move |required| required.iter().all(|r| held.contains(r)))
+                .map(|c| c.name.clone())
+                .collect()
+        };
+        assert_eq!(listed(&[]), ["open"]);
+        assert_eq!(listed(&["example:admin"]), ["open", "admin"]);
+        assert!(registry.get("_secret").is_some(), "hidden commands still run");
+    }
 
     #[test]
     fn a_later_registration_replaces_an_earlier_one_in_place() {

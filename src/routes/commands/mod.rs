@@ -46,9 +46,7 @@ async fn list(call: Call) -> Result<Response, ApiError> {
     let commands: Vec<Listed<'_>> = call
         .services()
         .commands
-        .all()
-        .iter()
-        .filter(|c| !c.hidden && identity.has_scopes(&c.scopes))
+        .listed(|scopes| identity.has_scopes(scopes))
         .map(|c| Listed {
             name: &c.name,
             description: &c.description,

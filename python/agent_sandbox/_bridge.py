@@ -12,6 +12,7 @@ import queue
 import socket
 import sys
 import threading
+import traceback
 
 # Events a streaming route may run ahead of the client; the server grants one more per
 # event it has passed on, so a slow client cannot make either side buffer without bound.
@@ -24,7 +25,11 @@ def _encode(value):
 
 
 def _error_body(exc):
-    return _encode({"error": str(exc), "type": type(exc).__name__})
+    try:
+        message = str(exc)
+    except Exception:
+        message = f"<{type(exc).__name__} whose str() failed>"
+    return _encode({"error": message, "type": type(exc).__name__})
 
 
 class _Pool:
@@ -53,7 +58,12 @@ class _Pool:
     def work(self):
         while True:
             function, args = self.jobs.get()
-            function(*args)
+            try:
+                function(*args)
+            except BaseException:
+                # A call that cannot even answer (its socket broke mid-write, an
+                # exception whose str() raises) must not take the thread down with it.
+                traceback.print_exc()
             with self.lock:
                 self.idle += 1
 
@@ -83,6 +93,17 @@ class _Link:
         self.send_line('{"id":%d,"status":%d,"body":%s}' % (call_id, status, body_json))
 
     def serve(self):
+        try:
+            self._serve()
+        except BaseException:
+            # A broken call socket would leave the server's calls on it waiting forever:
+            # end the worker instead, and the supervisor starts a fresh one.
+            traceback.print_exc()
+            os._exit(70)
+        # The server closed the socket: it is going away.
+        os._exit(0)
+
+    def _serve(self):
         reader = self.sock.makefile("rb")
         for line in reader:
             message = json.loads(line)
@@ -101,8 +122,6 @@ class _Link:
                 if stream is not None:
                     stream.cancelled = True
                     stream.credit.release()
-        # The server closed the socket: it is going away.
-        os._exit(0)
 
     def run_command(self, call_id, message):
         try:

@@ -196,10 +196,11 @@ def command(name=None, description="", hidden=False, scopes=(), args=None):
 class ServerResponse:
     """A custom route's answer: a status and a JSON body."""
 
-    def __init__(self, status=200, body=None, headers=None):
+    def __init__(self, status=200, body=None):
         self.status = int(status)
+        if not 100 <= self.status <= 599:
+            raise ValueError(f"an HTTP status is 100-599, not {status}")
         self.body = {} if body is None else body
-        self.headers = dict(headers or {})
 
     @classmethod
     def ok(cls, body=None):

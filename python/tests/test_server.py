@@ -98,7 +98,9 @@ class RouteRegistration(unittest.TestCase):
             table.route("GET", "no-slash")
 
     def test_responses(self):
-        self.assertEqual(vars(ServerResponse.ok({"a": 1})), {"status": 200, "body": {"a": 1}, "headers": {}})
+        self.assertEqual(vars(ServerResponse.ok({"a": 1})), {"status": 200, "body": {"a": 1}})
+        with self.assertRaises(ValueError):
+            ServerResponse(1000)
         error = ServerResponse.error(409, "taken")
         self.assertEqual((error.status, error.body), (409, {"error": "taken", "type": "ValueError"}))
         self.assertEqual(SSEResponse.event("tick", {"n": 1}), 'event: tick\ndata: {"n": 1}\n\n')

@@ -257,7 +257,10 @@ mod tests {
         };
         assert_eq!(listed(&[]), ["open"]);
         assert_eq!(listed(&["example:admin"]), ["open", "admin"]);
-        assert!(registry.get("_secret").is_some(), "hidden commands still run");
+        assert!(
+            registry.get("_secret").is_some(),
+            "hidden commands still run"
+        );
     }
 
     #[test]

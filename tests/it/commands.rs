@@ -431,7 +431,29 @@ fn a_script_that_never_starts_is_a_clear_error(driver: &'static str) {
     assert!(stderr.contains("did not register"), "{stderr}");
 }
 
+fn a_private_registry_is_served(driver: &'static str) {
+    let dir = TempDir::new("private");
+    let script = dir.path().join("commands.py");
+    std::fs::write(
+        &script,
+        "from agent_sandbox.server import CommandRegistry, SandboxServer, command\n\
+         @command()\ndef global_one():\n    return 'not served'\n\
+         registry = CommandRegistry()\n\
+         @registry.command('private', description='Mine.')\ndef private(n: int = 2):\n    return n * 'x'\n\
+         SandboxServer(registry=registry).serve(port=9000)\n",
+    )
+    .unwrap();
+    let server = Launch::python(driver, &script).start();
+    assert_eq!(names(&server.get("/commands").json()), ["private"]);
+    assert_eq!(
+        run(&server, "private", json!({"n": "3"})),
+        (200, json!({"result": "xxx"}))
+    );
+    assert_eq!(run(&server, "global_one", json!({})).0, 404);
+}
+
 on_both_drivers!(
+    a_private_registry_is_served,
     rust_commands_follow_the_contract,
     python_commands_bind_like_rust_commands,
     a_crashing_python_worker_is_restarted,

@@ -105,6 +105,12 @@ async fn run(call: Call) -> Result<Response, ApiError> {
 
 /// A JSON body the Python worker produced, passed on as it is.
 pub(crate) fn raw_json(status: u16, body: Box<RawValue>) -> Response {
+    // The package refuses other statuses; a worker that sends one anyway is a 500.
+    let status = if (100..=599).contains(&status) {
+        status
+    } else {
+        500
+    };
     let text: Box<str> = body.into();
     Response::raw(status, JSON_CONTENT_TYPE, text.into_string().into_bytes())
 }

@@ -12,6 +12,7 @@ mod bridge;
 mod commands;
 pub mod config;
 mod fs;
+mod git;
 mod http;
 #[doc(hidden)]
 pub mod log;
@@ -20,6 +21,7 @@ mod pytext;
 mod routes;
 mod runtime;
 mod server;
+mod system;
 mod timefmt;
 
 pub use api::{ApiError, Group, Method, Param};

@@ -108,6 +108,9 @@ class _Link:
         for line in reader:
             message = json.loads(line)
             call_id = message["id"]
+            if "env" in message:
+                # POST /env on the server: later calls (and what they spawn) see it.
+                os.environ.update(message["env"])
             op = message.get("op")
             if op == "command":
                 self.executor.submit(self.run_command, call_id, message)

@@ -76,6 +76,12 @@ impl ApiError {
         Self::new(500, kind, message)
     }
 
+    /// Replaces the exception name in `type`.
+    pub fn with_kind(mut self, kind: &'static str) -> Self {
+        self.kind = Cow::Borrowed(kind);
+        self
+    }
+
     pub fn with_code(mut self, code: &'static str) -> Self {
         self.code = Some(code);
         self

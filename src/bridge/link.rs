@@ -20,6 +20,7 @@ use serde_json::value::RawValue;
 
 use super::{Bridge, BridgeError};
 use crate::process::pipe::{self, PipeReader};
+use crate::process::Environment;
 
 /// How long a call waits for a worker to come up (a restart, or the first start).
 const WAIT_FOR_WORKER: Duration = Duration::from_secs(30);
@@ -75,10 +76,25 @@ impl Drop for EventStream {
 }
 
 /// Sends `request` (a JSON object; the link adds its `id`) and waits for the answer.
-pub async fn call<T: Serialize>(bridge: &Arc<Bridge>, request: &T) -> Result<Answer, BridgeError> {
+/// Variables set in `environment` since this link last passed them on travel with the
+/// call, so the worker's `os.environ` (and what its commands spawn) sees them first.
+pub async fn call<T: Serialize>(
+    bridge: &Arc<Bridge>,
+    environment: &Environment,
+    request: &T,
+) -> Result<Answer, BridgeError> {
     let body = serde_json::to_vec(request)
         .map_err(|e| BridgeError::Protocol(format!("cannot encode the call: {e}")))?;
     let link = link(bridge).await?;
+    let env_changes = (link.env_version.get() != environment.version()).then(|| {
+        let (version, changes) = environment.changes();
+        link.env_version.set(version);
+        let object: serde_json::Map<String, serde_json::Value> = changes
+            .into_iter()
+            .map(|(name, value)| (name, serde_json::Value::String(value)))
+            .collect();
+        serde_json::to_vec(&object).unwrap_or_else(|_| b"{}".to_vec())
+    });
     let id = link.next_id.get();
     link.next_id.set(id + 1);
     let (tx, rx) = oneshot::channel();
@@ -91,6 +107,10 @@ pub async fn call<T: Serialize>(bridge: &Arc<Bridge>, request: &T) -> Result<Ans
     let mut line = Vec::with_capacity(body.len() + 24);
     line.extend_from_slice(b"{\"id\":");
     line.extend_from_slice(itoa::Buffer::new().format(id).as_bytes());
+    if let Some(env) = env_changes {
+        line.extend_from_slice(b",\"env\":");
+        line.extend_from_slice(&env);
+    }
     if body.len() > 2 {
         line.push(b',');
     }
@@ -133,6 +153,8 @@ struct Link {
     pending: RefCell<HashMap<u64, Waiter>>,
     next_id: Cell<u64>,
     closed: Cell<bool>,
+    /// The environment version last passed on over this link.
+    env_version: Cell<u64>,
 }
 
 thread_local! {
@@ -194,6 +216,7 @@ impl Link {
             pending: RefCell::new(HashMap::new()),
             next_id: Cell::new(1),
             closed: Cell::new(false),
+            env_version: Cell::new(0),
         });
         monoio::spawn(write_loop(link.clone(), fd, queue));
         monoio::spawn(read_loop(link.clone(), reader));

@@ -9,6 +9,9 @@ use std::sync::{Arc, RwLock};
 /// The shared environment view.
 pub struct Environment {
     vars: RwLock<Arc<Vec<(OsString, OsString)>>>,
+    /// What callers set since startup, in order, and a counter bumped by each `set`:
+    /// the Python bridge passes these on to its long-running worker.
+    changes: RwLock<(u64, Vec<(String, String)>)>,
 }
 
 impl Environment {
@@ -16,6 +19,7 @@ impl Environment {
     pub fn from_process() -> Environment {
         Environment {
             vars: RwLock::new(Arc::new(std::env::vars_os().collect())),
+            changes: RwLock::default(),
         }
     }
 
@@ -38,8 +42,30 @@ impl Environment {
 
     /// Sets variables for every child started from now on.
     pub fn set(&self, updates: &[(String, String)]) {
+        let mut changes = self.changes.write().unwrap_or_else(|e| e.into_inner());
         let merged = self.with(updates);
         *self.vars.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(merged);
+        changes.0 += 1;
+        for (name, value) in updates {
+            match changes.1.iter_mut().find(|(n, _)| n == name) {
+                Some(slot) => slot.1 = value.clone(),
+                None => changes.1.push((name.clone(), value.clone())),
+            }
+        }
+    }
+
+    /// How many times `set` ran: compare with a remembered value to see whether
+    /// [`Environment::changes`] has something new.
+    pub fn version(&self) -> u64 {
+        self.changes.read().unwrap_or_else(|e| e.into_inner()).0
+    }
+
+    /// Every variable set since startup (the latest value of each), with the version.
+    pub fn changes(&self) -> (u64, Vec<(String, String)>) {
+        self.changes
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
     }
 }
 
@@ -51,6 +77,7 @@ mod tests {
     fn overrides_replace_and_add() {
         let env = Environment {
             vars: RwLock::new(Arc::new(vec![("A".into(), "1".into())])),
+            changes: RwLock::default(),
         };
         let merged = env.with(&[("A".into(), "2".into()), ("B".into(), "3".into())]);
         assert_eq!(

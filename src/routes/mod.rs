@@ -6,8 +6,10 @@
 
 pub mod commands;
 pub mod core;
+pub mod dev_tools;
 pub mod files;
 pub mod process;
+pub mod system;
 
 use crate::api::{Group, Param};
 use crate::app::Endpoint;
@@ -25,6 +27,8 @@ pub fn builtin_endpoints() -> Vec<Endpoint> {
     endpoints.extend(commands::endpoints());
     endpoints.extend(files::endpoints());
     endpoints.extend(process::endpoints());
+    endpoints.extend(system::endpoints());
+    endpoints.extend(dev_tools::endpoints());
     // The terminal's WebSocket (port ABX_PTY_PORT), listed as the contract lists it.
     endpoints.push(
         Endpoint::unavailable_websocket(

@@ -366,7 +366,7 @@ fn python_routes_are_endpoints(driver: &'static str) {
     let reply = server.request("GET", "/off/thing", &auth, None);
     assert_eq!(reply.status, 404);
     assert_eq!(reply.json()["code"], "endpoint_disabled");
-    assert_eq!(reply.json()["rule"], "code:disable_group:system");
+    assert_eq!(reply.json()["rule"], "code:disable_group:file_ops");
     // Custom routes are not commands.
     let listing = server.request("GET", "/commands", &auth, None).json();
     assert!(!names(&listing).iter().any(|n| n.contains("hello/")));
@@ -431,6 +431,23 @@ fn a_script_that_never_starts_is_a_clear_error(driver: &'static str) {
     assert!(stderr.contains("did not register"), "{stderr}");
 }
 
+fn python_commands_see_post_env(driver: &'static str) {
+    let server = bridge_server(driver);
+    assert_eq!(
+        run(&server, "getenv", json!({"name": "BRIDGE_SET_LATER"})).1["result"],
+        json!({"os_environ": null, "child": null})
+    );
+    let reply = server.post("/env", r#"{"vars": {"BRIDGE_SET_LATER": 42}}"#);
+    assert_eq!(reply.status, 200, "{}", reply.text());
+    // Whichever server worker takes the call, its link passes the change on first.
+    for _ in 0..4 {
+        assert_eq!(
+            run(&server, "getenv", json!({"name": "BRIDGE_SET_LATER"})).1["result"],
+            json!({"os_environ": "42", "child": "42"})
+        );
+    }
+}
+
 fn a_private_registry_is_served(driver: &'static str) {
     let dir = TempDir::new("private");
     let script = dir.path().join("commands.py");
@@ -453,6 +470,7 @@ fn a_private_registry_is_served(driver: &'static str) {
 }
 
 on_both_drivers!(
+    python_commands_see_post_env,
     a_private_registry_is_served,
     rust_commands_follow_the_contract,
     python_commands_bind_like_rust_commands,

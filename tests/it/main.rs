@@ -8,3 +8,4 @@ mod core_http;
 mod files;
 mod operations;
 mod process;
+mod system;

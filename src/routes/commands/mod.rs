@@ -92,7 +92,10 @@ async fn run(call: Call) -> Result<Response, ApiError> {
                 )
             })?;
             let request = json!({"op": "command", "name": name, "args": args});
-            match link::call(bridge, &request).await.map_err(bridge_error)? {
+            match link::call(bridge, &call.services().environment, &request)
+                .await
+                .map_err(bridge_error)?
+            {
                 Answer::Response { status, body } => Ok(raw_json(status, body)),
                 Answer::Stream(_) => Err(ApiError::internal(
                     "RuntimeError",

@@ -95,7 +95,10 @@ async fn serve(call: Call, route: String, streaming: bool) -> Result<Response, A
         identity: json!({"id": call.identity.id, "scopes": call.identity.scopes}),
     };
     let message = json!({"op": "route", "route": route, "request": request});
-    match link::call(&bridge, &message).await.map_err(bridge_error)? {
+    match link::call(&bridge, &call.services().environment, &message)
+        .await
+        .map_err(bridge_error)?
+    {
         Answer::Response { status, body } => Ok(raw_json(status, body)),
         Answer::Stream(mut events) => {
             if !streaming {

@@ -225,7 +225,7 @@ fn split(command: &str, status: u16) -> Result<Vec<String>, ApiError> {
 }
 
 /// The working directory: the caller's (confined, existing directory) or the base.
-async fn working_dir(call: &Call, cwd: Option<&str>) -> Result<OwnedFd, ApiError> {
+pub(crate) async fn working_dir(call: &Call, cwd: Option<&str>) -> Result<OwnedFd, ApiError> {
     let base = &call.services().base;
     let input = cwd.unwrap_or(".");
     let caller = base.confine(input).map_err(super::files::fs_error)?;
@@ -287,7 +287,7 @@ async fn spawn_in(
 
 /// `[Errno 2] No such file or directory: 'nosuch'`, as Python words it. Running out of
 /// descriptors (for the pipes) is the same passing 503 the file routes give.
-fn spawn_error(error: &std::io::Error, program: &str) -> ApiError {
+pub(crate) fn spawn_error(error: &std::io::Error, program: &str) -> ApiError {
     if matches!(error.raw_os_error(), Some(23 | 24)) {
         return super::files::fs_error(FsError::Io {
             error: std::io::Error::from_raw_os_error(error.raw_os_error().unwrap_or(24)),
@@ -304,6 +304,45 @@ fn spawn_error(error: &std::io::Error, program: &str) -> ApiError {
         None => error.to_string(),
     };
     ApiError::internal(kind, message)
+}
+
+/// How a helper program (git, pip, a language runtime) ended.
+pub(crate) enum ProgramRun {
+    Completed(crate::process::run::Completed),
+    /// The program is not installed (not on the child's `PATH`).
+    Missing,
+    TimedOut,
+}
+
+/// Runs `argv` in `cwd` with the shared environment plus `env`, capturing at most
+/// `max_output` bytes of each stream, killing its group after `timeout`.
+pub(crate) async fn run_program(
+    call: &Call,
+    argv: Vec<String>,
+    cwd: OwnedFd,
+    env: &[(String, String)],
+    timeout: std::time::Duration,
+    max_output: usize,
+) -> Result<ProgramRun, ApiError> {
+    let services = call.services();
+    let program = argv[0].clone();
+    let spec = Spawn {
+        argv,
+        cwd,
+        env: services.environment.with(env),
+        stdin: false,
+        capture: true,
+    };
+    let child = match Child::spawn(spec, &services.children).await {
+        Ok(child) => child,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(ProgramRun::Missing),
+        Err(e) => return Err(spawn_error(&e, &program)),
+    };
+    match crate::process::run::run_to_end(child, timeout, max_output).await {
+        Ok(crate::process::run::RunEnd::Completed(done)) => Ok(ProgramRun::Completed(done)),
+        Ok(crate::process::run::RunEnd::TimedOut) => Ok(ProgramRun::TimedOut),
+        Err(error) => Err(crate::api::errno::os_error(&error, None)),
+    }
 }
 
 /// JSON Schemas of the success bodies, for the OpenAPI document.

@@ -1,0 +1,253 @@
+//! `dev_tools` (opt-in): `POST /code/run` and git's status and diff of a directory
+//! beneath the base. Every program goes through the one spawn path, with a timeout
+//! that kills its whole process group.
+
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
+
+use super::process::{run_program, working_dir, ProgramRun};
+use super::schema_object;
+use crate::api::{ApiError, Group, Method, Param};
+use crate::app::{handler, Call, Endpoint};
+use crate::git;
+use crate::http::Response;
+use crate::system::round_to;
+
+const CODE_DEFAULT_TIMEOUT: f64 = 30.0;
+const CODE_MAX_TIMEOUT: f64 = 300.0;
+/// Each of stdout and stderr of a code run is kept up to this (as `/shell`).
+const CODE_MAX_OUTPUT: usize = super::process::SHELL_MAX_OUTPUT_BYTES;
+const GIT_TIMEOUT: Duration = Duration::from_secs(30);
+/// `GET /git/diff` cuts the patch here and says so on a last line.
+const DIFF_LIMIT: usize = 1024 * 1024;
+const SECURITY_NOTE: &str =
+    "Security relies on container isolation, not application-level restrictions";
+
+pub fn endpoints() -> Vec<Endpoint> {
+    vec![
+        Endpoint::new(Method::Post, "/code/run", Group::DevTools, handler(code_run))
+            .id("code_run")
+            .summary("Run a snippet of Python, Node.js or bash and answer with its output.")
+            .params(&[
+                Param::body("code", "string", true),
+                Param::body("language", "string", false),
+                Param::body("timeout", "number", false),
+            ])
+            .limit("timeout_seconds", CODE_MAX_TIMEOUT as u64)
+            .returns(schema_object(
+                &["stdout", "stderr", "exit_code", "language", "execution_time_ms", "_security_note"],
+                json!({
+                    "stdout": {"type": "string"}, "stderr": {"type": "string"}, "exit_code": {"type": "integer"},
+                    "language": {"type": "string"}, "execution_time_ms": {"type": "number"},
+                    "_security_note": {"type": "string"},
+                }),
+            ))
+            .also_answers(&[400, 408, 500]),
+        Endpoint::new(Method::Get, "/git/status", Group::DevTools, handler(git_status))
+            .id("git_status")
+            .summary("Branch and changed files of the repository containing path.")
+            .params(&[Param::query("path", "string", false)])
+            .returns(schema_object(&["branch", "clean", "files"], json!({
+                "branch": {"type": "string"}, "clean": {"type": "boolean"}, "files": {"type": "array"},
+            })))
+            .also_answers(&[400, 403, 408, 500]),
+        Endpoint::new(Method::Get, "/git/diff", Group::DevTools, handler(git_diff))
+            .id("git_diff")
+            .summary("Unified diff (cut at 1 MiB) and its stats, of the worktree or the index.")
+            .params(&[
+                Param::query("path", "string", false),
+                Param::query("staged", "string", false),
+                Param::query("file", "string", false),
+            ])
+            .returns(schema_object(&["diff", "stats"], json!({
+                "diff": {"type": "string"}, "stats": {"type": "object"},
+            })))
+            .also_answers(&[400, 403, 408, 500]),
+    ]
+}
+
+/// `POST /code/run`.
+async fn code_run(call: Call) -> Result<Response, ApiError> {
+    let body: Value = call.json()?;
+    let code = match body.get("code") {
+        Some(Value::String(code)) if !code.is_empty() => code.clone(),
+        Some(Value::String(_)) | None | Some(Value::Null) => {
+            return Err(ApiError::bad_request("code is required"))
+        }
+        Some(_) => return Err(ApiError::bad_request("code must be a string")),
+    };
+    let language = match body.get("language") {
+        None | Some(Value::Null) => "python".to_string(),
+        Some(Value::String(l)) => l.clone(),
+        Some(_) => return Err(ApiError::bad_request("language must be a string")),
+    };
+    let (program, flag) = match language.as_str() {
+        "python" => ("python3", "-c"),
+        "node" => ("node", "-e"),
+        "bash" => ("bash", "-c"),
+        _ => {
+            return Err(ApiError::bad_request(format!(
+                "Unsupported language: {language} (use python, node or bash)"
+            )))
+        }
+    };
+    let timeout = match body.get("timeout") {
+        None | Some(Value::Null) => CODE_DEFAULT_TIMEOUT,
+        Some(Value::Number(n)) if n.as_f64().is_some_and(|t| t > 0.0) => n
+            .as_f64()
+            .unwrap_or(CODE_DEFAULT_TIMEOUT)
+            .min(CODE_MAX_TIMEOUT),
+        Some(_) => {
+            return Err(ApiError::bad_request(
+                "timeout must be a number of seconds above 0 (at most 300 are used)",
+            ))
+        }
+    };
+    if code.contains('\0') {
+        return Err(ApiError::bad_request("code contains a NUL byte"));
+    }
+    let cwd = working_dir(&call, None).await?;
+    let argv = vec![program.to_string(), flag.to_string(), code];
+    let started = Instant::now();
+    let run = run_program(
+        &call,
+        argv,
+        cwd,
+        &[],
+        Duration::from_secs_f64(timeout),
+        CODE_MAX_OUTPUT,
+    )
+    .await?;
+    let elapsed_ms = round_to(started.elapsed().as_secs_f64() * 1000.0, 2);
+    match run {
+        ProgramRun::Completed(done) => {
+            let mut answer = json!({
+                "stdout": done.stdout,
+                "stderr": done.stderr,
+                "exit_code": done.exit.0,
+                "language": language,
+                "execution_time_ms": elapsed_ms,
+                "_security_note": SECURITY_NOTE,
+            });
+            if done.truncated {
+                answer["truncated"] = Value::Bool(true);
+            }
+            Ok(Response::ok(&answer))
+        }
+        ProgramRun::TimedOut => Err(ApiError::new(
+            408,
+            "TimeoutError",
+            format!("Execution timed out after {}s", crate::pytext::str_of(&json!(timeout))),
+        )),
+        ProgramRun::Missing => Err(ApiError::internal(
+            "FileNotFoundError",
+            format!("Runtime not found: {program} (install it in the sandbox image to run {language} code)"),
+        )),
+    }
+}
+
+/// Runs `git <args>` in the confined directory `path` and returns its stdout; git's
+/// own failure is 400 `GitError` with what it said.
+async fn run_git(
+    call: &Call,
+    path: Option<&str>,
+    args: &[&str],
+    limit: usize,
+) -> Result<(String, bool), ApiError> {
+    let cwd = working_dir(call, path).await?;
+    let mut argv = vec![
+        "git".to_string(),
+        "--no-pager".into(),
+        "-c".into(),
+        "core.quotepath=off".into(),
+        "-c".into(),
+        "color.ui=false".into(),
+    ];
+    argv.extend(args.iter().map(|a| a.to_string()));
+    // Never prompt, and never take the index lock only to refresh stat data.
+    let env = [
+        ("GIT_TERMINAL_PROMPT".to_string(), "0".to_string()),
+        ("GIT_OPTIONAL_LOCKS".to_string(), "0".to_string()),
+        ("LC_ALL".to_string(), "C".to_string()),
+    ];
+    match run_program(call, argv, cwd, &env, GIT_TIMEOUT, limit).await? {
+        ProgramRun::Completed(done) if done.exit.0 == 0 => Ok((done.stdout, done.truncated)),
+        ProgramRun::Completed(done) => {
+            let said = done.stderr.trim();
+            Err(ApiError::bad_request(if said.is_empty() {
+                format!("git exited with status {}", done.exit.0)
+            } else {
+                said.to_string()
+            })
+            .with_kind("GitError"))
+        }
+        ProgramRun::TimedOut => Err(ApiError::new(
+            408,
+            "TimeoutError",
+            format!("git timed out after {}s", GIT_TIMEOUT.as_secs()),
+        )),
+        ProgramRun::Missing => Err(ApiError::internal(
+            "FileNotFoundError",
+            "git is not installed (install git in the sandbox image)",
+        )),
+    }
+}
+
+/// `GET /git/status?path=.`.
+async fn git_status(call: Call) -> Result<Response, ApiError> {
+    let path = call.query("path").map(str::to_string);
+    let (out, _) = run_git(
+        &call,
+        path.as_deref(),
+        &["status", "--porcelain=v2", "-z", "--branch"],
+        64 * 1024 * 1024,
+    )
+    .await?;
+    let status = git::parse_status(&out).map_err(|e| {
+        ApiError::internal(
+            "RuntimeError",
+            format!("cannot read git's status output: {e}"),
+        )
+    })?;
+    Ok(Response::ok(&json!({
+        "branch": status.branch,
+        "clean": status.files.is_empty(),
+        "files": status.files,
+    })))
+}
+
+/// `GET /git/diff?path=.&staged=true&file=...`.
+async fn git_diff(call: Call) -> Result<Response, ApiError> {
+    let path = call.query("path").map(str::to_string);
+    let staged = call
+        .query("staged")
+        .is_some_and(|v| matches!(v.to_ascii_lowercase().as_str(), "true" | "yes" | "1"));
+    let file = call.query("file").map(str::to_string);
+    let mut args = vec!["diff", "--no-ext-diff", "--no-textconv"];
+    if staged {
+        args.push("--staged");
+    }
+    let mut numstat = args.clone();
+    numstat.extend(["--numstat", "-z"]);
+    let mut pathspec = vec!["--"];
+    if let Some(file) = file.as_deref() {
+        pathspec.push(file);
+    }
+    args.extend(&pathspec);
+    numstat.extend(&pathspec);
+    let (patch, stats) = monoio::join!(
+        run_git(&call, path.as_deref(), &args, DIFF_LIMIT),
+        run_git(&call, path.as_deref(), &numstat, 64 * 1024 * 1024)
+    );
+    let (mut diff, truncated) = patch?;
+    let stats = git::parse_numstat(&stats?.0);
+    if truncated {
+        diff.push_str("\n... diff truncated at 1 MiB ...\n");
+    }
+    let mut answer = json!({"diff": diff, "stats": stats});
+    if truncated {
+        answer["truncated"] = Value::Bool(true);
+    }
+    Ok(Response::ok(&answer))
+}

@@ -1,0 +1,340 @@
+//! `system`: facts about the sandbox (`/system/info`, `/system/metrics`), the
+//! environment children start with (`GET`/`POST /env`), listening ports and installed
+//! packages. `/proc` and `statvfs` are read on the blocking pool; helper programs (pip,
+//! npm, python3) go through the one spawn path.
+
+use std::collections::HashSet;
+use std::sync::OnceLock;
+use std::time::Duration;
+
+use serde_json::{json, Map, Value};
+
+use super::process::{run_program, working_dir, ProgramRun};
+use super::schema_object;
+use crate::api::{ApiError, Group, Method, Param};
+use crate::app::{handler, Call, Endpoint};
+use crate::http::Response;
+use crate::pytext::str_of;
+use crate::system::{self, ports, round_to, Disk, Memory, Uname};
+
+/// How long `GET /packages` lets pip or npm run.
+const PACKAGES_TIMEOUT: Duration = Duration::from_secs(10);
+/// Words that keep a variable out of `GET /env` (compared in upper case).
+const SECRET_WORDS: [&str; 5] = ["TOKEN", "SECRET", "KEY", "PASSWORD", "CREDENTIAL"];
+/// Variables `POST /env` may not change; any `ABX_` name is refused too.
+const PROTECTED_VARS: [&str; 4] = ["PATH", "HOME", "USER", "SHELL"];
+
+pub fn endpoints() -> Vec<Endpoint> {
+    vec![
+        Endpoint::new(Method::Get, "/system/info", Group::System, handler(info))
+            .id("system_info")
+            .summary("OS, architecture, CPUs, memory, disk, Python version and host name.")
+            .returns(schema_object(
+                &["os", "arch", "cpu_count", "memory_total_mb", "memory_available_mb", "disk_total_gb", "disk_free_gb", "python_version", "hostname"],
+                json!({
+                    "os": {"type": "string"}, "arch": {"type": "string"}, "cpu_count": {"type": "integer"},
+                    "memory_total_mb": {"type": "integer"}, "memory_available_mb": {"type": "integer"},
+                    "disk_total_gb": {"type": "number"}, "disk_free_gb": {"type": "number"},
+                    "python_version": {"type": ["string", "null"]}, "hostname": {"type": "string"},
+                }),
+            )),
+        Endpoint::new(Method::Get, "/system/metrics", Group::System, handler(metrics))
+            .id("system_metrics")
+            .summary("Load averages, memory and disk use, and the server's uptime.")
+            .returns(schema_object(
+                &["cpu_load_1m", "cpu_load_5m", "cpu_load_15m", "memory_used_mb", "memory_total_mb", "memory_percent", "disk_used_gb", "disk_total_gb", "disk_percent", "uptime_seconds"],
+                json!({
+                    "cpu_load_1m": {"type": "number"}, "cpu_load_5m": {"type": "number"}, "cpu_load_15m": {"type": "number"},
+                    "memory_used_mb": {"type": "integer"}, "memory_total_mb": {"type": "integer"}, "memory_percent": {"type": "number"},
+                    "disk_used_gb": {"type": "number"}, "disk_total_gb": {"type": "number"}, "disk_percent": {"type": "number"},
+                    "uptime_seconds": {"type": "number"},
+                }),
+            )),
+        Endpoint::new(Method::Get, "/env", Group::System, handler(env_get))
+            .id("env_get")
+            .summary("The environment children start with; names that look like secrets are left out.")
+            .params(&[Param::query("filter", "string", false)])
+            .returns(schema_object(&["variables"], json!({"variables": {"type": "object"}}))),
+        Endpoint::new(Method::Post, "/env", Group::System, handler(env_set))
+            .id("env_set")
+            .summary("Set variables for every child started from now on.")
+            .params(&[Param::body("vars", "object", true)])
+            .returns(schema_object(&["updated"], json!({"updated": {"type": "array"}})))
+            .also_answers(&[400, 403]),
+        Endpoint::new(Method::Get, "/ports", Group::System, handler(ports_get))
+            .id("ports")
+            .summary("Listening TCP ports, with the pid holding each where it can be seen.")
+            .returns(schema_object(&["listening"], json!({"listening": {"type": "array"}}))),
+        Endpoint::new(Method::Get, "/packages", Group::System, handler(packages))
+            .id("packages")
+            .summary("Installed pip or npm packages.")
+            .params(&[Param::query("manager", "string", false)])
+            .returns(schema_object(&["manager", "packages"], json!({"manager": {"type": "string"}, "packages": {"type": "array"}})))
+            .also_answers(&[400, 500]),
+    ]
+}
+
+/// Runs `work` on the blocking pool; a failure is a 500 `OSError`.
+async fn off_the_loop<T: Send + 'static>(
+    work: impl FnOnce() -> std::io::Result<T> + Send + 'static,
+) -> Result<T, ApiError> {
+    monoio::spawn_blocking(work)
+        .await
+        .unwrap_or_else(|_| Err(std::io::Error::other("the blocking task was cancelled")))
+        .map_err(|e| crate::api::errno::os_error(&e, None))
+}
+
+const GIB: f64 = 1024.0 * 1024.0 * 1024.0;
+
+/// `GET /system/info`.
+async fn info(call: Call) -> Result<Response, ApiError> {
+    let (memory, disk, uname, cpus) = off_the_loop(|| {
+        Ok((
+            Memory::read()?,
+            Disk::of(std::path::Path::new("/"))?,
+            Uname::read(),
+            system::cpu_count(),
+        ))
+    })
+    .await?;
+    Ok(Response::ok(&json!({
+        "os": uname.sysname,
+        "arch": uname.machine,
+        "cpu_count": cpus,
+        "memory_total_mb": memory.total_kib / 1024,
+        "memory_available_mb": memory.available_kib / 1024,
+        "disk_total_gb": round_to(disk.total as f64 / GIB, 2),
+        "disk_free_gb": round_to(disk.free as f64 / GIB, 2),
+        "python_version": python_version(&call).await,
+        "hostname": uname.nodename,
+    })))
+}
+
+/// The version of `python3` on the children's `PATH` (this server is not Python, so
+/// this is the interpreter a template's code would get), or `null` without one.
+/// Remembered once found.
+async fn python_version(call: &Call) -> Option<String> {
+    static FOUND: OnceLock<String> = OnceLock::new();
+    if let Some(version) = FOUND.get() {
+        return Some(version.clone());
+    }
+    let cwd = working_dir(call, None).await.ok()?;
+    let argv = vec!["python3".to_string(), "--version".to_string()];
+    match run_program(call, argv, cwd, &[], Duration::from_secs(10), 4096).await {
+        Ok(ProgramRun::Completed(done)) if done.exit.0 == 0 => {
+            // "Python 3.11.7" (older versions print it on stderr).
+            let text = if done.stdout.trim().is_empty() {
+                done.stderr
+            } else {
+                done.stdout
+            };
+            let version = text.trim().strip_prefix("Python ")?.to_string();
+            Some(FOUND.get_or_init(|| version).clone())
+        }
+        _ => None,
+    }
+}
+
+/// `GET /system/metrics`.
+async fn metrics(call: Call) -> Result<Response, ApiError> {
+    let uptime = call.services().started.elapsed().as_secs_f64();
+    let (load, memory, disk) = off_the_loop(|| {
+        Ok((
+            system::load_average()?,
+            Memory::read()?,
+            Disk::of(std::path::Path::new("/"))?,
+        ))
+    })
+    .await?;
+    let used_kib = memory.total_kib.saturating_sub(memory.available_kib);
+    let percent = |part: f64, whole: f64| {
+        if whole > 0.0 {
+            round_to(part / whole * 100.0, 1)
+        } else {
+            0.0
+        }
+    };
+    Ok(Response::ok(&json!({
+        "cpu_load_1m": load[0],
+        "cpu_load_5m": load[1],
+        "cpu_load_15m": load[2],
+        "memory_used_mb": used_kib / 1024,
+        "memory_total_mb": memory.total_kib / 1024,
+        "memory_percent": percent(used_kib as f64, memory.total_kib as f64),
+        "disk_used_gb": round_to(disk.used as f64 / GIB, 2),
+        "disk_total_gb": round_to(disk.total as f64 / GIB, 2),
+        "disk_percent": percent(disk.used as f64, disk.total as f64),
+        "uptime_seconds": round_to(uptime, 2),
+    })))
+}
+
+fn looks_secret(name: &str) -> bool {
+    let upper = name.to_uppercase();
+    SECRET_WORDS.iter().any(|word| upper.contains(word))
+}
+
+/// `GET /env`.
+async fn env_get(call: Call) -> Result<Response, ApiError> {
+    let allowed: Option<HashSet<&str>> = call.query("filter").map(|list| {
+        list.split(',')
+            .map(str::trim)
+            .filter(|n| !n.is_empty())
+            .collect()
+    });
+    let snapshot = call.services().environment.snapshot();
+    let mut variables = Map::new();
+    for (name, value) in snapshot.iter() {
+        let name = name.to_string_lossy();
+        if looks_secret(&name) || allowed.as_ref().is_some_and(|a| !a.contains(name.as_ref())) {
+            continue;
+        }
+        variables.insert(
+            name.into_owned(),
+            Value::String(value.to_string_lossy().into_owned()),
+        );
+    }
+    Ok(Response::ok(&json!({ "variables": variables })))
+}
+
+/// `POST /env`.
+async fn env_set(call: Call) -> Result<Response, ApiError> {
+    let body: Value = call.json()?;
+    let Some(Value::Object(vars)) = body.get("vars") else {
+        return Err(ApiError::bad_request(
+            "vars must be an object of variable names to values",
+        ));
+    };
+    // Every name is checked before any is set: a refused request changes nothing.
+    for name in vars.keys() {
+        let upper = name.to_uppercase();
+        if PROTECTED_VARS.contains(&upper.as_str()) || upper.starts_with("ABX_") {
+            return Err(ApiError::new(
+                403,
+                "PermissionError",
+                format!("Cannot set protected variable: {name} (PATH, HOME, USER, SHELL and ABX_* cannot be changed)"),
+            ));
+        }
+        if name.is_empty() || name.contains('=') || name.contains('\0') {
+            return Err(ApiError::bad_request(format!(
+                "'{name}' is not a variable name (names are non-empty, without '=' or NUL)"
+            )));
+        }
+    }
+    let updates: Vec<(String, String)> = vars
+        .iter()
+        .map(|(name, value)| (name.clone(), str_of(value)))
+        .collect();
+    if let Some((name, _)) = updates.iter().find(|(_, v)| v.contains('\0')) {
+        return Err(ApiError::bad_request(format!(
+            "the value of {name} contains a NUL byte"
+        )));
+    }
+    call.services().environment.set(&updates);
+    let names: Vec<&String> = vars.keys().collect();
+    Ok(Response::ok(&json!({ "updated": names })))
+}
+
+/// `GET /ports`.
+async fn ports_get(_call: Call) -> Result<Response, ApiError> {
+    let rows = off_the_loop(|| {
+        let mut sockets = ports::listening();
+        let inodes: HashSet<u64> = sockets.iter().map(|s| s.inode).collect();
+        let owners = ports::owners(&inodes);
+        sockets.sort();
+        let mut seen = HashSet::new();
+        let mut rows = Vec::new();
+        for socket in sockets {
+            let pid = owners.get(&socket.inode).copied();
+            // SO_REUSEPORT listeners (this server has one per worker) are one port.
+            if seen.insert((socket.port, socket.protocol, socket.address, pid)) {
+                rows.push(json!({
+                    "port": socket.port,
+                    "protocol": socket.protocol,
+                    "address": socket.address.to_string(),
+                    "pid": pid,
+                }));
+            }
+        }
+        Ok(rows)
+    })
+    .await?;
+    Ok(Response::ok(&json!({ "listening": rows })))
+}
+
+/// `GET /packages?manager=pip|npm`.
+async fn packages(call: Call) -> Result<Response, ApiError> {
+    let manager = call.query("manager").unwrap_or("pip").to_string();
+    let argv: &[&str] = match manager.as_str() {
+        "pip" => &[
+            "python3",
+            "-m",
+            "pip",
+            "list",
+            "--format",
+            "json",
+            "--disable-pip-version-check",
+        ],
+        "npm" => &["npm", "list", "--json", "--depth=0", "--loglevel=silent"],
+        _ => {
+            return Err(ApiError::bad_request(format!(
+                "Unknown package manager: {manager} (use pip or npm)"
+            )))
+        }
+    };
+    let argv: Vec<String> = argv.iter().map(|a| a.to_string()).collect();
+    let cwd = working_dir(&call, None).await?;
+    let env = [("PIP_NO_INPUT".to_string(), "1".to_string())];
+    let done = match run_program(&call, argv, cwd, &env, PACKAGES_TIMEOUT, 64 * 1024 * 1024).await?
+    {
+        ProgramRun::Missing => {
+            return Ok(Response::ok(&json!({"manager": manager, "packages": []})));
+        }
+        ProgramRun::TimedOut => {
+            return Err(ApiError::internal(
+                "TimeoutError",
+                format!(
+                    "{manager} list timed out after {}s",
+                    PACKAGES_TIMEOUT.as_secs()
+                ),
+            ))
+        }
+        ProgramRun::Completed(done) => done,
+    };
+    let parsed: Option<Value> = serde_json::from_str(done.stdout.trim()).ok();
+    let packages: Vec<Value> = match (manager.as_str(), parsed) {
+        ("pip", Some(Value::Array(items))) => items
+            .into_iter()
+            .filter_map(|item| {
+                Some(json!({"name": item.get("name")?.as_str()?, "version": item.get("version")?.as_str()?}))
+            })
+            .collect(),
+        ("npm", Some(doc)) => doc
+            .get("dependencies")
+            .and_then(Value::as_object)
+            .map(|deps| {
+                deps.iter()
+                    .map(|(name, dep)| {
+                        json!({"name": name, "version": dep.get("version").and_then(Value::as_str)})
+                    })
+                    .collect()
+            })
+            .unwrap_or_default(),
+        // `python3` without pip answers "No module named pip": nothing is installed
+        // through it, as with a missing binary.
+        ("pip", None) if done.stderr.contains("No module named pip") => Vec::new(),
+        _ => {
+            let said = done.stderr.trim();
+            return Err(ApiError::internal(
+                "RuntimeError",
+                format!(
+                    "{manager} list exited with status {} and no package list{}{said}",
+                    done.exit.0,
+                    if said.is_empty() { "" } else { ": " }
+                ),
+            ));
+        }
+    };
+    Ok(Response::ok(
+        &json!({"manager": manager, "packages": packages}),
+    ))
+}

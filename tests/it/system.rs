@@ -1,0 +1,583 @@
+//! The system and dev_tools groups against the real binary: `/proc` as the witness for
+//! `/system/*` and `/ports`, real children for `/env`, `/packages` and `/code/run`, and
+//! real git repositories made in temporary directories.
+
+use std::path::Path;
+use std::process::Command;
+
+use serde_json::{json, Value};
+
+use crate::on_both_drivers;
+use crate::support::{Launch, Server, TempDir};
+
+fn get(server: &Server, path: &str) -> (u16, Value) {
+    let reply = server.get(path);
+    (reply.status, reply.json())
+}
+
+fn post(server: &Server, path: &str, body: Value) -> (u16, Value) {
+    let reply = server.post(path, &body.to_string());
+    (reply.status, reply.json())
+}
+
+fn meminfo_mib(field: &str) -> u64 {
+    let text = std::fs::read_to_string("/proc/meminfo").unwrap();
+    let kib: u64 = text
+        .lines()
+        .find_map(|l| l.strip_prefix(field)?.strip_prefix(':'))
+        .and_then(|r| r.split_whitespace().next()?.parse().ok())
+        .unwrap();
+    kib / 1024
+}
+
+fn system_info_and_metrics_read_the_kernel(driver: &'static str) {
+    let server = Server::start(driver);
+    let (status, info) = get(&server, "/system/info");
+    assert_eq!(status, 200, "{info}");
+    assert_eq!(info["os"], "Linux");
+    assert_eq!(info["arch"], std::env::consts::ARCH);
+    let online = std::fs::read_to_string("/sys/devices/system/cpu/online").unwrap();
+    let cpus: u64 = online
+        .trim()
+        .split(',')
+        .map(|range| match range.split_once('-') {
+            Some((a, b)) => b.parse::<u64>().unwrap() - a.parse::<u64>().unwrap() + 1,
+            None => 1,
+        })
+        .sum();
+    assert_eq!(info["cpu_count"], cpus);
+    assert_eq!(info["memory_total_mb"], meminfo_mib("MemTotal"));
+    assert!(info["memory_available_mb"].as_u64().unwrap() <= meminfo_mib("MemTotal"));
+    assert!(info["disk_total_gb"].as_f64().unwrap() >= info["disk_free_gb"].as_f64().unwrap());
+    let hostname = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap();
+    assert_eq!(info["hostname"], hostname.trim());
+    let python = Command::new("python3").arg("--version").output().unwrap();
+    let python = String::from_utf8_lossy(&python.stdout)
+        .trim()
+        .replace("Python ", "");
+    assert_eq!(info["python_version"], python.as_str());
+
+    let (status, first) = get(&server, "/system/metrics");
+    assert_eq!(status, 200, "{first}");
+    for key in [
+        "cpu_load_1m",
+        "cpu_load_5m",
+        "cpu_load_15m",
+        "memory_percent",
+        "disk_used_gb",
+        "disk_total_gb",
+        "disk_percent",
+        "uptime_seconds",
+    ] {
+        assert!(first[key].is_number(), "{key}: {first}");
+    }
+    assert_eq!(first["memory_total_mb"], meminfo_mib("MemTotal"));
+    let percent = first["memory_percent"].as_f64().unwrap();
+    assert!((0.0..=100.0).contains(&percent));
+    std::thread::sleep(std::time::Duration::from_millis(200));
+    let (_, later) = get(&server, "/system/metrics");
+    assert!(
+        later["uptime_seconds"].as_f64().unwrap()
+            >= first["uptime_seconds"].as_f64().unwrap() + 0.1,
+        "uptime counts from the server's start: {first} then {later}"
+    );
+}
+
+fn env_hides_secrets_and_sets_for_later_children(driver: &'static str) {
+    let server = Launch::new(driver)
+        .env("MY_API_TOKEN", "t0ps3cret")
+        .env("aws_secret_thing", "x")
+        .env("db_Password", "x")
+        .env("SSH_KEY_PATH", "x")
+        .env("GIT_CREDENTIALS", "x")
+        .env("PLAIN_SETTING", "visible")
+        .start();
+    let (status, listed) = get(&server, "/env");
+    assert_eq!(status, 200);
+    let vars = listed["variables"].as_object().unwrap();
+    assert_eq!(vars["PLAIN_SETTING"], "visible");
+    for hidden in [
+        "MY_API_TOKEN",
+        "aws_secret_thing",
+        "db_Password",
+        "SSH_KEY_PATH",
+        "GIT_CREDENTIALS",
+    ] {
+        assert!(!vars.contains_key(hidden), "{hidden} is listed");
+    }
+    assert!(!listed.to_string().contains("t0ps3cret"));
+    let (_, filtered) = get(&server, "/env?filter=PLAIN_SETTING,MY_API_TOKEN,NOT_SET");
+    assert_eq!(filtered, json!({"variables": {"PLAIN_SETTING": "visible"}}));
+
+    // Values are stored with Python's str(), and later children see them.
+    let (status, body) = post(
+        &server,
+        "/env",
+        json!({"vars": {"NEW_NUMBER": 1.5, "NEW_LIST": [1, null], "new_flag": true, "PLAIN_SETTING": "changed"}}),
+    );
+    assert_eq!(
+        (status, &body),
+        (
+            200,
+            &json!({"updated": ["NEW_NUMBER", "NEW_LIST", "new_flag", "PLAIN_SETTING"]})
+        )
+    );
+    let (_, shell) = post(&server, "/shell", json!({"command": "env"}));
+    let out = shell["stdout"].as_str().unwrap();
+    for line in [
+        "NEW_NUMBER=1.5",
+        "NEW_LIST=[1, None]",
+        "new_flag=True",
+        "PLAIN_SETTING=changed",
+    ] {
+        assert!(out.lines().any(|l| l == line), "{line} missing from {out}");
+    }
+    let (_, listed) = get(&server, "/env?filter=NEW_LIST");
+    assert_eq!(listed, json!({"variables": {"NEW_LIST": "[1, None]"}}));
+    // Protected names, in any case, refuse the whole request.
+    for name in [
+        "PATH",
+        "home",
+        "User",
+        "SHELL",
+        "ABX_SERVER_TOKEN",
+        "abx_anything",
+    ] {
+        let (status, body) = post(
+            &server,
+            "/env",
+            json!({"vars": {"SET_BEFORE": "1", name: "x"}}),
+        );
+        assert_eq!(
+            (status, body["type"].as_str()),
+            (403, Some("PermissionError")),
+            "{name}: {body}"
+        );
+    }
+    let (_, listed) = get(&server, "/env?filter=SET_BEFORE");
+    assert_eq!(
+        listed,
+        json!({"variables": {}}),
+        "a refused request sets nothing"
+    );
+    for bad in [
+        json!({}),
+        json!({"vars": ["A"]}),
+        json!({"vars": "A=1"}),
+        json!({"vars": {"A=B": "1"}}),
+    ] {
+        assert_eq!(post(&server, "/env", bad.clone()).0, 400, "{bad}");
+    }
+}
+
+fn ports_show_the_servers_own_port_and_pid(driver: &'static str) {
+    let server = Server::start(driver);
+    let (status, body) = get(&server, "/ports");
+    assert_eq!(status, 200);
+    let rows = body["listening"].as_array().unwrap();
+    let ours: Vec<&Value> = rows
+        .iter()
+        .filter(|r| r["port"] == server.addr.port())
+        .collect();
+    assert_eq!(
+        ours,
+        [
+            &json!({"port": server.addr.port(), "protocol": "tcp", "address": "127.0.0.1", "pid": server.child.id()})
+        ],
+        "one row for the port, whatever the number of workers: {body}"
+    );
+    // A listener of another process, on IPv6.
+    let other = std::net::TcpListener::bind("[::1]:0").unwrap();
+    let (_, body) = get(&server, "/ports");
+    let port = other.local_addr().unwrap().port();
+    let row = body["listening"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["port"] == port)
+        .cloned()
+        .unwrap_or_else(|| panic!("{port} not in {body}"));
+    assert_eq!(
+        row,
+        json!({"port": port, "protocol": "tcp6", "address": "::1", "pid": std::process::id()})
+    );
+}
+
+/// A directory with fake `python3` and `npm` programs, put first on the server's PATH.
+fn fake_programs(dir: &Path, script: &str) {
+    for name in ["python3", "npm"] {
+        let path = dir.join(name);
+        std::fs::write(&path, format!("#!/bin/sh\n{script}\n")).unwrap();
+        let mut perms = std::fs::metadata(&path).unwrap().permissions();
+        std::os::unix::fs::PermissionsExt::set_mode(&mut perms, 0o755);
+        std::fs::set_permissions(&path, perms).unwrap();
+    }
+}
+
+fn packages_list_pip_and_npm(driver: &'static str) {
+    let server = Server::start(driver);
+    let (status, body) = get(&server, "/packages");
+    assert_eq!((status, &body["manager"]), (200, &json!("pip")), "{body}");
+    assert!(
+        body["packages"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|p| p["name"] == "pip"),
+        "{body}"
+    );
+    assert_eq!(get(&server, "/packages?manager=cargo").0, 400);
+
+    // npm's JSON, and pip's, as the programs print them.
+    let bin = TempDir::new("fakebin");
+    fake_programs(
+        bin.path(),
+        r#"case "$0" in *npm) echo '{"name":"x","dependencies":{"left-pad":{"version":"1.3.0"},"@scope/y":{"version":"2.0.0"}}}';; *) echo '[{"name":"requests","version":"2.32.0"}]';; esac"#,
+    );
+    let path = format!("{}:/usr/bin:/bin", bin.path().display());
+    let faked = Launch::new(driver).env("PATH", &path).start();
+    assert_eq!(
+        get(&faked, "/packages?manager=npm").1,
+        json!({"manager": "npm", "packages": [{"name": "left-pad", "version": "1.3.0"}, {"name": "@scope/y", "version": "2.0.0"}]})
+    );
+    assert_eq!(
+        get(&faked, "/packages?manager=pip").1,
+        json!({"manager": "pip", "packages": [{"name": "requests", "version": "2.32.0"}]})
+    );
+
+    // Neither program installed: empty lists.
+    let empty = TempDir::new("nobin");
+    let missing = Launch::new(driver)
+        .env("PATH", empty.path().to_str().unwrap())
+        .start();
+    for manager in ["pip", "npm"] {
+        assert_eq!(
+            get(&missing, &format!("/packages?manager={manager}")),
+            (200, json!({"manager": manager, "packages": []}))
+        );
+    }
+}
+
+fn packages_time_out_after_ten_seconds(driver: &'static str) {
+    let bin = TempDir::new("slowbin");
+    fake_programs(bin.path(), "exec sleep 60");
+    let path = format!("{}:/usr/bin:/bin", bin.path().display());
+    let server = Launch::new(driver).env("PATH", &path).start();
+    let (status, body) = get(&server, "/packages?manager=npm");
+    assert_eq!(
+        (status, body),
+        (
+            500,
+            json!({"error": "npm list timed out after 10s", "type": "TimeoutError"})
+        )
+    );
+}
+
+fn dev_tools(driver: &'static str) -> Launch {
+    Launch::new(driver).env("ABX_SERVER_ENABLED_GROUPS", "dev_tools")
+}
+
+fn code_runs_in_three_languages(driver: &'static str) {
+    let off = Server::start(driver);
+    let (status, body) = post(&off, "/code/run", json!({"code": "print(1)"}));
+    assert_eq!(
+        (status, body["code"].as_str()),
+        (404, Some("endpoint_disabled")),
+        "dev_tools is opt-in"
+    );
+
+    let server = dev_tools(driver).start();
+    let (status, body) = post(
+        &server,
+        "/code/run",
+        json!({"code": "import sys; print('hello'); print('err', file=sys.stderr); sys.exit(3)"}),
+    );
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(
+        (
+            &body["stdout"],
+            &body["stderr"],
+            &body["exit_code"],
+            &body["language"]
+        ),
+        (
+            &json!("hello\n"),
+            &json!("err\n"),
+            &json!(3),
+            &json!("python")
+        )
+    );
+    assert!(body["execution_time_ms"].as_f64().unwrap() > 0.0);
+    assert_eq!(
+        body["_security_note"],
+        "Security relies on container isolation, not application-level restrictions"
+    );
+    let (_, body) = post(
+        &server,
+        "/code/run",
+        json!({"code": "echo $((6 * 7)) $0", "language": "bash"}),
+    );
+    assert_eq!(body["stdout"], "42 bash\n");
+    let node_installed = Command::new("node").arg("--version").output().is_ok();
+    let (status, body) = post(
+        &server,
+        "/code/run",
+        json!({"code": "console.log(6 * 7)", "language": "node"}),
+    );
+    if node_installed {
+        assert_eq!((status, &body["stdout"]), (200, &json!("42\n")), "{body}");
+    } else {
+        assert_eq!(
+            (status, body["type"].as_str()),
+            (500, Some("FileNotFoundError")),
+            "{body}"
+        );
+    }
+    // A missing runtime is a 500 naming it.
+    let empty = TempDir::new("nobin");
+    let bare = dev_tools(driver)
+        .env("PATH", empty.path().to_str().unwrap())
+        .start();
+    let (status, body) = post(&bare, "/code/run", json!({"code": "1", "language": "node"}));
+    assert_eq!(
+        (status, body["type"].as_str()),
+        (500, Some("FileNotFoundError")),
+        "{body}"
+    );
+    assert!(body["error"]
+        .as_str()
+        .unwrap()
+        .starts_with("Runtime not found: node"));
+
+    let (status, body) = post(
+        &server,
+        "/code/run",
+        json!({"code": "sleep 30", "language": "bash", "timeout": 0.5}),
+    );
+    assert_eq!(
+        (status, body),
+        (
+            408,
+            json!({"error": "Execution timed out after 0.5s", "type": "TimeoutError"})
+        )
+    );
+    for bad in [
+        json!({}),
+        json!({"code": ""}),
+        json!({"code": 1}),
+        json!({"code": "1", "language": "ruby"}),
+        json!({"code": "1", "timeout": "soon"}),
+        json!({"code": "1", "timeout": -1}),
+    ] {
+        assert_eq!(post(&server, "/code/run", bad.clone()).0, 400, "{bad}");
+    }
+}
+
+fn git(dir: &Path, args: &[&str]) -> String {
+    let out = Command::new("git")
+        .args([
+            "-c",
+            "user.name=Test",
+            "-c",
+            "user.email=test@example.com",
+            "-c",
+            "init.defaultBranch=main",
+            "-c",
+            "commit.gpgsign=false",
+        ])
+        .args(args)
+        .current_dir(dir)
+        .env("GIT_CONFIG_GLOBAL", "/dev/null")
+        .output()
+        .unwrap();
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// A repository at `base/repo` with one change of every kind.
+fn messy_repository(base: &Path) -> std::path::PathBuf {
+    let repo = base.join("repo");
+    std::fs::create_dir_all(&repo).unwrap();
+    git(&repo, &["init", "-q"]);
+    for (name, text) in [
+        ("kept.txt", "one\ntwo\n"),
+        ("gone.txt", "bye\n"),
+        ("old name.txt", "moving\n"),
+        ("conflict.txt", "base\n"),
+    ] {
+        std::fs::write(repo.join(name), text).unwrap();
+    }
+    git(&repo, &["add", "."]);
+    git(&repo, &["commit", "-qm", "first"]);
+    // A conflict: both branches change conflict.txt.
+    git(&repo, &["checkout", "-qb", "side"]);
+    std::fs::write(repo.join("conflict.txt"), "side\n").unwrap();
+    git(&repo, &["commit", "-qam", "side"]);
+    git(&repo, &["checkout", "-q", "main"]);
+    std::fs::write(repo.join("conflict.txt"), "main\n").unwrap();
+    git(&repo, &["commit", "-qam", "main"]);
+    git(&repo, &["merge", "-q", "side"]);
+    std::fs::write(repo.join("kept.txt"), "one\nTWO\nthree\n").unwrap();
+    std::fs::remove_file(repo.join("gone.txt")).unwrap();
+    git(&repo, &["mv", "old name.txt", "new name.txt"]);
+    std::fs::write(repo.join("staged new.txt"), "new\n").unwrap();
+    git(&repo, &["add", "staged new.txt"]);
+    std::fs::write(repo.join("line\nbreak.txt"), "odd\n").unwrap();
+    repo
+}
+
+fn git_status_names_every_kind_of_change(driver: &'static str) {
+    let base = TempDir::new("gitbase");
+    let repo = messy_repository(base.path());
+    let server = dev_tools(driver).base_dir(base.path()).start();
+    let (status, body) = get(&server, "/git/status?path=repo");
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["branch"], "main");
+    assert_eq!(body["clean"], false);
+    let mut files: Vec<(String, String)> = body["files"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|f| {
+            (
+                f["path"].as_str().unwrap().to_string(),
+                f["status"].as_str().unwrap().to_string(),
+            )
+        })
+        .collect();
+    files.sort();
+    assert_eq!(
+        files,
+        [
+            ("conflict.txt", "unmerged"),
+            ("gone.txt", "deleted"),
+            ("kept.txt", "modified"),
+            ("line\nbreak.txt", "untracked"),
+            ("new name.txt", "renamed"),
+            ("staged new.txt", "added"),
+        ]
+        .map(|(p, s)| (p.to_string(), s.to_string()))
+    );
+    let renamed = body["files"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|f| f["status"] == "renamed")
+        .unwrap();
+    assert_eq!(renamed["original_path"], "old name.txt");
+
+    // A clean repository.
+    git(&repo, &["merge", "--abort"]);
+    git(&repo, &["reset", "-q", "--hard"]);
+    std::fs::remove_file(repo.join("line\nbreak.txt")).unwrap();
+    assert_eq!(
+        get(&server, "/git/status?path=repo").1,
+        json!({"branch": "main", "clean": true, "files": []})
+    );
+    // Not a repository: git's own words, 400 GitError.
+    std::fs::create_dir(base.path().join("plain")).unwrap();
+    let (status, body) = get(&server, "/git/status?path=plain");
+    assert_eq!(
+        (status, body["type"].as_str()),
+        (400, Some("GitError")),
+        "{body}"
+    );
+    assert!(
+        body["error"]
+            .as_str()
+            .unwrap()
+            .contains("not a git repository"),
+        "{body}"
+    );
+    let (status, body) = get(&server, "/git/status?path=/etc");
+    assert_eq!(
+        (status, body["code"].as_str()),
+        (403, Some("path_not_allowed")),
+        "{body}"
+    );
+    // git missing: 500.
+    let empty = TempDir::new("nobin");
+    let bare = dev_tools(driver)
+        .base_dir(base.path())
+        .env("PATH", empty.path().to_str().unwrap())
+        .start();
+    let (status, body) = get(&bare, "/git/status?path=repo");
+    assert_eq!(
+        (status, body["type"].as_str()),
+        (500, Some("FileNotFoundError")),
+        "{body}"
+    );
+}
+
+fn git_diff_with_stats_staged_and_cut(driver: &'static str) {
+    let base = TempDir::new("gitdiff");
+    let repo = base.path().join("repo");
+    std::fs::create_dir(&repo).unwrap();
+    git(&repo, &["init", "-q"]);
+    std::fs::write(repo.join("a.txt"), "one\ntwo\n").unwrap();
+    std::fs::write(repo.join("b.txt"), "bee\n").unwrap();
+    git(&repo, &["add", "."]);
+    git(&repo, &["commit", "-qm", "first"]);
+    std::fs::write(repo.join("a.txt"), "one\nTWO\nthree\n").unwrap();
+    std::fs::write(repo.join("b.txt"), "").unwrap();
+    git(&repo, &["add", "b.txt"]);
+    let server = dev_tools(driver).base_dir(base.path()).start();
+
+    let (status, body) = get(&server, "/git/diff?path=repo");
+    assert_eq!(status, 200, "{body}");
+    let diff = body["diff"].as_str().unwrap();
+    assert!(diff.starts_with("diff --git a/a.txt b/a.txt\n"), "{diff}");
+    assert!(diff.contains("\n-two\n+TWO\n+three\n"), "{diff}");
+    assert_eq!(
+        body["stats"],
+        json!({"files_changed": 1, "insertions": 2, "deletions": 1})
+    );
+    let (_, staged) = get(&server, "/git/diff?path=repo&staged=yes");
+    assert!(
+        staged["diff"].as_str().unwrap().contains("-bee\n"),
+        "{staged}"
+    );
+    assert_eq!(
+        staged["stats"],
+        json!({"files_changed": 1, "insertions": 0, "deletions": 1})
+    );
+    let (_, none) = get(&server, "/git/diff?path=repo&file=b.txt");
+    assert_eq!(
+        none,
+        json!({"diff": "", "stats": {"files_changed": 0, "insertions": 0, "deletions": 0}})
+    );
+
+    // Over 1 MiB: cut, with a last line saying so.
+    let big: String = (0..40_000)
+        .map(|i| format!("line {i} of a long file\n"))
+        .collect();
+    std::fs::write(repo.join("big.txt"), "").unwrap();
+    git(&repo, &["add", "big.txt"]);
+    git(&repo, &["commit", "-qm", "big"]);
+    std::fs::write(repo.join("big.txt"), &big).unwrap();
+    let (_, cut) = get(&server, "/git/diff?path=repo&file=big.txt");
+    let diff = cut["diff"].as_str().unwrap();
+    assert!(diff.len() < 1024 * 1024 + 100, "{}", diff.len());
+    assert!(diff.ends_with("\n... diff truncated at 1 MiB ...\n"));
+    assert_eq!(cut["truncated"], true);
+    assert_eq!(
+        cut["stats"],
+        json!({"files_changed": 1, "insertions": 40_000, "deletions": 0})
+    );
+    let (status, body) = get(&server, "/git/diff?path=.");
+    assert_eq!(
+        (status, body["type"].as_str()),
+        (400, Some("GitError")),
+        "{body}"
+    );
+}
+
+on_both_drivers!(
+    system_info_and_metrics_read_the_kernel,
+    env_hides_secrets_and_sets_for_later_children,
+    ports_show_the_servers_own_port_and_pid,
+    packages_list_pip_and_npm,
+    packages_time_out_after_ten_seconds,
+    code_runs_in_three_languages,
+    git_status_names_every_kind_of_change,
+    git_diff_with_stats_staged_and_cut,
+);

@@ -1,6 +1,7 @@
 """The benchmark's stand-in for agent_sandbox.server (Python reference server).
 
-It implements only the benchmarked routes (health, file_ops, /shell, named commands), the
+It implements only the benchmarked routes (health, file_ops, /shell, named commands,
+/system/metrics, /ports, /git/status), the
 way the contract describes the original: standard library only, ThreadingHTTPServer +
 BaseHTTPRequestHandler, json, base64, shlex + subprocess.run(shell=False), plain open().
 No policy engine, capabilities document or SSE routes.
@@ -18,6 +19,7 @@ import json
 import os
 import shlex
 import shutil
+import socket
 import stat
 import subprocess
 import tarfile
@@ -442,6 +444,71 @@ class Handler(BaseHTTPRequestHandler):
                 "stderr": proc.stderr.decode(errors="replace"), "exit_code": proc.returncode}
 
 
+    # --- system and dev_tools -----------------------------------------------------------
+
+    def system_metrics(self, path):
+        load = os.getloadavg()
+        mem = {}
+        with open("/proc/meminfo") as f:
+            for line in f:
+                name, _, rest = line.partition(":")
+                mem[name] = int(rest.split()[0])
+        total, available = mem["MemTotal"] // 1024, mem.get("MemAvailable", mem["MemFree"]) // 1024
+        disk = shutil.disk_usage("/")
+        return {"cpu_load_1m": load[0], "cpu_load_5m": load[1], "cpu_load_15m": load[2],
+                "memory_used_mb": total - available, "memory_total_mb": total,
+                "memory_percent": round((total - available) / total * 100, 1),
+                "disk_used_gb": round(disk.used / 2**30, 2), "disk_total_gb": round(disk.total / 2**30, 2),
+                "disk_percent": round(disk.used / disk.total * 100, 1),
+                "uptime_seconds": round(time.time() - STARTED, 2)}
+
+    def ports(self, path):
+        listening = []
+        for name, protocol in (("/proc/net/tcp", "tcp"), ("/proc/net/tcp6", "tcp6")):
+            try:
+                with open(name) as f:
+                    rows = f.readlines()[1:]
+            except OSError:
+                continue
+            for row in rows:
+                fields = row.split()
+                if fields[3] != "0A":
+                    continue
+                address, port = fields[1].split(":")
+                raw = bytes.fromhex(address)
+                if len(raw) == 4:
+                    text = socket.inet_ntop(socket.AF_INET, raw[::-1])
+                else:
+                    words = b"".join(raw[i:i + 4][::-1] for i in range(0, 16, 4))
+                    text = socket.inet_ntop(socket.AF_INET6, words)
+                listening.append({"port": int(port, 16), "protocol": protocol, "address": text, "pid": None})
+        return {"listening": listening}
+
+    def git_status(self, path):
+        cwd = self.resolve(self.query.get("path") or ".")
+        try:
+            proc = subprocess.run(["git", "status", "--porcelain"], cwd=cwd, capture_output=True,
+                                  timeout=30)
+        except FileNotFoundError:
+            raise ApiError(500, "git is not installed", "FileNotFoundError")
+        except subprocess.TimeoutExpired:
+            raise ApiError(408, "git timed out after 30s", "TimeoutError")
+        if proc.returncode != 0:
+            raise ApiError(400, proc.stderr.decode(errors="replace").strip(), "GitError")
+        names = {"M": "modified", "A": "added", "D": "deleted", "R": "renamed", "C": "copied",
+                 "U": "unmerged", "?": "untracked"}
+        files = []
+        for line in proc.stdout.decode(errors="replace").splitlines():
+            code, name = line[:2], line[3:]
+            status = next((names[c] for c in code if c in names), "modified")
+            files.append({"path": name.split(" -> ")[-1], "status": status})
+        branch = subprocess.run(["git", "rev-parse", "--abbrev-ref", "HEAD"], cwd=cwd,
+                                capture_output=True, timeout=30).stdout.decode().strip()
+        return {"branch": branch, "clean": not files, "files": files}
+
+
+STARTED = time.time()
+
 # (method, path) -> endpoint id, which is also the Handler method serving it.
 ROUTES = {
     ("GET", "/health"): "health", ("GET", "/commands"): "commands_list",
@@ -452,6 +519,8 @@ ROUTES = {
     ("POST", "/files/upload-stream"): "files_upload_stream",
     ("GET", "/files/download-stream"): "files_download_stream",
     ("POST", "/files/archive"): "files_archive", ("POST", "/shell"): "shell",
+    ("GET", "/system/metrics"): "system_metrics", ("GET", "/ports"): "ports",
+    ("GET", "/git/status"): "git_status",
 }
 
 

@@ -17,19 +17,29 @@ import traceback
 # Events a streaming route may run ahead of the client; the server grants one more per
 # event it has passed on, so a slow client cannot make either side buffer without bound.
 STREAM_WINDOW = 16
-MAX_CALL_THREADS = 256
+# ThreadingHTTPServer starts a thread per request without a bound; this is a bound
+# high enough that only a runaway stops new calls from starting (they then queue).
+MAX_CALL_THREADS = 1024
 
 
 def _encode(value):
     return json.dumps(value, default=str, allow_nan=False)
 
 
-def _error_body(exc):
+def _clean_text(text):
+    """Text as valid UTF-8: lone surrogates (a surrogateescape'd file name) become '?'."""
+    return text.encode("utf-8", "replace").decode("utf-8")
+
+
+def _message(exc):
     try:
-        message = str(exc)
-    except Exception:
-        message = f"<{type(exc).__name__} whose str() failed>"
-    return _encode({"error": message, "type": type(exc).__name__})
+        return _clean_text(str(exc))
+    except BaseException:
+        return f"<{type(exc).__name__} whose str() failed>"
+
+
+def _error_body(exc):
+    return _encode({"error": _message(exc), "type": type(exc).__name__})
 
 
 class _Pool:
@@ -52,7 +62,13 @@ class _Pool:
             else:
                 self.idle -= 1
         if start:
-            threading.Thread(target=self.work, name=f"abx-call-{self.threads}", daemon=True).start()
+            try:
+                threading.Thread(target=self.work, name=f"abx-call-{self.threads}", daemon=True).start()
+            except RuntimeError:
+                # No thread to be had (a pids limit): the call waits for a running one.
+                with self.lock:
+                    self.threads -= 1
+                    self.idle -= 1
         self.jobs.put((function, args))
 
     def work(self):
@@ -90,6 +106,10 @@ class _Link:
             self.sock.sendall(data)
 
     def answer(self, call_id, status, body_json):
+        if not isinstance(status, int) or not 200 <= status <= 599:
+            body_json = _encode({"error": f"the handler answered with status {status!r}; use 200-599",
+                                 "type": "ValueError"})
+            status = 500
         self.send_line('{"id":%d,"status":%d,"body":%s}' % (call_id, status, body_json))
 
     def serve(self):
@@ -128,45 +148,53 @@ class _Link:
 
     def run_command(self, call_id, message):
         try:
-            command = self.server.registry.get(message["name"])
-            if command is None:
-                self.answer(call_id, 404, _encode({"error": f"Unknown command: {message['name']}", "type": "ValueError"}))
-                return
-            try:
-                result = command.func(**message.get("args", {}))
-                body = _encode({"result": result})
-            except (Exception, SystemExit) as exc:  # a command's failure is its caller's 500
-                self.answer(call_id, 500, _error_body(exc))
-                return
-            self.answer(call_id, 200, body)
+            status, body = self.call_command(message)
+        except BaseException as exc:  # whatever happens, the server gets an answer
+            status, body = 500, _error_body(exc)
+        try:
+            self.answer(call_id, status, body)
         except OSError:
             pass  # the socket is gone; the server no longer waits for this answer
 
+    def call_command(self, message):
+        command = self.server.registry.get(message["name"])
+        if command is None:
+            return 404, _encode({"error": f"Unknown command: {message['name']}", "type": "ValueError"})
+        kwargs = message.get("args", {})
+        # Omitted arguments take the registered default as the original object (the
+        # server leaves them out rather than send a JSON copy).
+        for arg in command.args:
+            if arg.name not in kwargs and not arg.required and arg.default is not None:
+                kwargs[arg.name] = arg.default
+        return 200, _encode({"result": command.func(**kwargs)})
+
     def run_route(self, call_id, message):
         try:
-            route = self.server.table.get(message["route"])
-            if route is None:
-                self.answer(call_id, 404, _encode({"error": f"Unknown route: {message['route']}", "type": "ValueError"}))
-                return
-            from .server import Request, ServerResponse, SSEResponse
-
-            try:
-                response = route.func(Request(message.get("request", {})))
-                if isinstance(response, SSEResponse):
-                    self.stream(call_id, response.event_iterator)
-                    return
-                if isinstance(response, ServerResponse):
-                    status, body = response.status, _encode(response.body)
-                elif isinstance(response, dict):
-                    status, body = 200, _encode(response)
-                else:
-                    raise TypeError(f"route {route.name} returned {type(response).__name__}; return ServerResponse or SSEResponse")
-            except (Exception, SystemExit) as exc:
-                self.answer(call_id, 500, _error_body(exc))
-                return
-            self.answer(call_id, status, body)
+            answer = self.call_route(call_id, message)
+        except BaseException as exc:
+            answer = (500, _error_body(exc))
+        if answer is None:
+            return  # streamed
+        try:
+            self.answer(call_id, *answer)
         except OSError:
             pass
+
+    def call_route(self, call_id, message):
+        from .server import Request, ServerResponse, SSEResponse
+
+        route = self.server.table.get(message["route"])
+        if route is None:
+            return 404, _encode({"error": f"Unknown route: {message['route']}", "type": "ValueError"})
+        response = route.func(Request(message.get("request", {})))
+        if isinstance(response, SSEResponse):
+            self.stream(call_id, response.event_iterator)
+            return None
+        if isinstance(response, ServerResponse):
+            return response.status, _encode(response.body)
+        if isinstance(response, dict):
+            return 200, _encode(response)
+        raise TypeError(f"route {route.name} returned {type(response).__name__}; return ServerResponse or SSEResponse")
 
     def stream(self, call_id, events):
         state = _Stream()
@@ -178,23 +206,28 @@ class _Link:
                     return
                 if isinstance(chunk, bytes):
                     chunk = chunk.decode("utf-8", "replace")
-                chunk = str(chunk)
+                chunk = _clean_text(str(chunk))
                 if not chunk.endswith("\n\n"):
                     # An unterminated event would run into the next one.
                     chunk = chunk.rstrip("\n") + "\n\n"
                 self.send_line(_encode({"id": call_id, "event": chunk}))
             self.send_line('{"id":%d,"end":true}' % call_id)
-        except (Exception, SystemExit) as exc:
+        except OSError:
+            pass  # the socket is gone
+        except BaseException as exc:
             if not state.cancelled:
-                self.send_line(_encode({"id": call_id, "end": True,
-                                        "error": {"message": str(exc), "type": type(exc).__name__}}))
+                try:
+                    self.send_line(_encode({"id": call_id, "end": True,
+                                            "error": {"message": _message(exc), "type": type(exc).__name__}}))
+                except OSError:
+                    pass
         finally:
             self.streams.pop(call_id, None)
             close = getattr(events, "close", None)
             if close is not None:
                 try:
                     close()
-                except Exception:
+                except BaseException:
                     pass
 
 
@@ -205,7 +238,10 @@ def run_worker(server):
         # Subprocesses a command starts must not hold the server's sockets open.
         os.set_inheritable(fd, False)
     control = socket.socket(fileno=fds[0])
-    control.sendall((json.dumps({"manifest": server.manifest()}) + "\n").encode())
+    # Defaults and descriptions that JSON cannot hold (a Path, an Enum, inf) are listed
+    # as their str(), as the reference's encoder shows them.
+    manifest = json.dumps({"manifest": server.manifest()}, default=str)
+    control.sendall((manifest + "\n").encode())
     executor = _Pool()
     for fd in fds[1:]:
         link = _Link(server, socket.socket(fileno=fd), executor)

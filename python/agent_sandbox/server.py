@@ -82,12 +82,26 @@ class CommandArg:
             "name": self.name,
             "type": self.type,
             "required": self.required,
-            "default": self.default,
-            "description": self.description,
+            "default": _listable(self.default),
+            "description": self.description or "",
         }
 
     def __repr__(self):
         return f"CommandArg({self.to_dict()!r})"
+
+
+def _listable(value):
+    """A default as GET /commands can show it: JSON values as they are, anything else
+    (a Path, an Enum, a tuple, inf) as its str()."""
+    if value is None or isinstance(value, (bool, int, str)):
+        return value
+    if isinstance(value, float):
+        return value if value == value and value not in (float("inf"), float("-inf")) else str(value)
+    if isinstance(value, list):
+        return [_listable(v) for v in value]
+    if isinstance(value, dict) and all(isinstance(k, str) for k in value):
+        return {k: _listable(v) for k, v in value.items()}
+    return str(value)
 
 
 class _Command:
@@ -102,7 +116,7 @@ class _Command:
     def to_manifest(self):
         return {
             "name": self.name,
-            "description": self.description,
+            "description": self.description or "",
             "args": [arg.to_dict() for arg in self.args],
             "hidden": self.hidden,
             "scopes": list(self.scopes),
@@ -390,14 +404,31 @@ class SandboxServer:
                 continue
             argv += ["--" + key.replace("_", "-"), str(value)]
         env = dict(os.environ)
-        original = list(getattr(sys, "orig_argv", [sys.executable] + sys.argv))
-        env["ABX_PYTHON_APP"] = json.dumps({"argv": [sys.executable] + original[1:], "cwd": os.getcwd()})
+        env["ABX_PYTHON_APP"] = json.dumps({"argv": _worker_argv(), "cwd": os.getcwd()})
         sys.stdout.flush()
         sys.stderr.flush()
         os.execve(binary, argv, env)
 
     def serve_forever(self):
         self.serve()
+
+
+def _worker_argv():
+    """The command that runs this program again: the interpreter with its original
+    arguments (``sys.orig_argv``, Python 3.10+), the script named by its absolute path
+    so a ``chdir`` before ``start()`` does not lose it."""
+    main = sys.modules.get("__main__")
+    script = getattr(main, "__file__", None)
+    script = os.path.abspath(script) if script else None
+    if hasattr(sys, "orig_argv"):
+        argv = list(sys.orig_argv[1:])
+        if script and sys.argv and sys.argv[0] and sys.argv[0] not in ("-c", "-m"):
+            argv = [script if a == sys.argv[0] else a for a in argv]
+        return [sys.executable] + argv
+    # Python 3.8/3.9: the interpreter's own flags are not recorded.
+    if script:
+        return [sys.executable, script] + sys.argv[1:]
+    return [sys.executable] + sys.argv
 
 
 def start(port=9000, host="0.0.0.0", registry=None, table=None, **options):

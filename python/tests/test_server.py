@@ -75,6 +75,19 @@ class CommandRegistration(unittest.TestCase):
             registry.register(lambda: None, name="late")
 
 
+    def test_defaults_json_cannot_hold_are_listed_as_str(self):
+        import pathlib
+        registry = CommandRegistry()
+
+        @registry.command
+        def f(p=pathlib.Path("/x"), t=(1, 2), inf=float("inf"), ok=[1, {"a": None}]):
+            pass
+
+        defaults = [a["default"] for a in registry.to_manifest()[0]["args"]]
+        self.assertEqual(defaults, ["/x", "(1, 2)", "inf", [1, {"a": None}]])
+        json.dumps(registry.to_manifest(), allow_nan=False)
+
+
 class RouteRegistration(unittest.TestCase):
     def test_routes_and_group_switches(self):
         table = RouteTable()
@@ -138,6 +151,17 @@ class Startup(unittest.TestCase):
         app = json.loads(child_env["ABX_PYTHON_APP"])
         self.assertEqual(app["cwd"], os.getcwd())
         self.assertEqual(app["argv"][0], server.sys.executable)
+
+    def test_the_worker_command_names_the_script_absolutely(self):
+        main = mock.Mock(__file__="/abs/app/commands.py")
+        with mock.patch.dict(server.sys.modules, {"__main__": main}), \
+                mock.patch.object(server.sys, "orig_argv", ["python3", "-X", "dev", "commands.py", "--flag"], create=True), \
+                mock.patch.object(server.sys, "argv", ["commands.py", "--flag"]):
+            self.assertEqual(server._worker_argv(), [server.sys.executable, "-X", "dev", "/abs/app/commands.py", "--flag"])
+        with mock.patch.dict(server.sys.modules, {"__main__": main}), \
+                mock.patch.object(server.sys, "orig_argv", ["python3", "-m", "app.commands"], create=True), \
+                mock.patch.object(server.sys, "argv", ["/abs/app/commands.py"]):
+            self.assertEqual(server._worker_argv(), [server.sys.executable, "-m", "app.commands"])
 
 
 if __name__ == "__main__":

@@ -253,15 +253,45 @@ impl Link {
         }
     }
 
-    /// Hands one answer line to its waiter.
+    /// Hands one answer line to its waiter. A line without a readable `id` breaks the
+    /// protocol (`Err`: the worker is restarted); a line whose other fields do not
+    /// parse fails only its own call.
     fn deliver(self: &Rc<Self>, line: &[u8]) -> Result<(), String> {
-        let incoming: Incoming<'_> = serde_json::from_slice(line)
-            .map_err(|e| format!("an answer that is not the protocol ({e})"))?;
-        let id = incoming.id;
+        #[derive(Deserialize)]
+        struct IdOnly {
+            id: u64,
+        }
+        let id = serde_json::from_slice::<IdOnly>(line)
+            .map_err(|e| format!("an answer without an id ({e})"))?
+            .id;
         let mut pending = self.pending.borrow_mut();
         let Some(waiter) = pending.remove(&id) else {
-            // The caller went away; its late answer is dropped.
+            // The caller went away; its late answer is dropped, and a stream that is
+            // still producing is told to stop.
+            if line.windows(8).any(|w| w == b"\"event\":") {
+                drop(pending);
+                self.send_op(id, "cancel");
+            }
             return Ok(());
+        };
+        let incoming: Incoming<'_> = match serde_json::from_slice(line) {
+            Ok(incoming) => incoming,
+            Err(e) => {
+                let error = BridgeError::Protocol(format!(
+                    "the Python worker's answer could not be read ({e})"
+                ));
+                match waiter {
+                    Waiter::Call(tx) => {
+                        let _ = tx.send(Err(error));
+                    }
+                    Waiter::Stream(tx) => {
+                        let _ = tx.unbounded_send(Err(error));
+                        drop(pending);
+                        self.send_op(id, "cancel");
+                    }
+                }
+                return Ok(());
+            }
         };
         match waiter {
             Waiter::Call(tx) => {
@@ -279,7 +309,13 @@ impl Link {
                     id,
                     events: events_rx,
                 };
-                let ended = push_stream_item(&events_tx, incoming)?;
+                let ended = match push_stream_item(&events_tx, incoming) {
+                    Ok(ended) => ended,
+                    Err(why) => {
+                        let _ = tx.send(Err(BridgeError::Protocol(why)));
+                        return Ok(());
+                    }
+                };
                 if !ended {
                     pending.insert(id, Waiter::Stream(events_tx));
                 }
@@ -289,12 +325,17 @@ impl Link {
                     drop(stream);
                 }
             }
-            Waiter::Stream(tx) => {
-                let ended = push_stream_item(&tx, incoming)?;
-                if !ended {
+            Waiter::Stream(tx) => match push_stream_item(&tx, incoming) {
+                Ok(false) => {
                     pending.insert(id, Waiter::Stream(tx));
                 }
-            }
+                Ok(true) => {}
+                Err(why) => {
+                    let _ = tx.unbounded_send(Err(BridgeError::Protocol(why)));
+                    drop(pending);
+                    self.send_op(id, "cancel");
+                }
+            },
         }
         Ok(())
     }
@@ -324,7 +365,6 @@ fn push_stream_item(
 /// An answer line from the Python worker.
 #[derive(Deserialize)]
 struct Incoming<'a> {
-    id: u64,
     #[serde(default)]
     status: Option<u16>,
     #[serde(borrow, default)]
@@ -422,8 +462,12 @@ async fn read_loop(link: Rc<Link>, mut reader: PipeReader) {
 /// supervisor to say why (hung and killed, crashed with a status).
 async fn lost(link: &Link, error: Option<std::io::Error>) -> BridgeError {
     let deadline = Instant::now() + Duration::from_secs(2);
-    while link.bridge.live_generation() == Some(link.generation) {
+    loop {
+        // Read the version before the state, so a retire in between still wakes us.
         let seen = link.bridge.changed.version();
+        if link.bridge.live_generation() != Some(link.generation) {
+            break;
+        }
         let remaining = deadline.saturating_duration_since(Instant::now());
         if remaining.is_zero()
             || monoio::time::timeout(remaining, link.bridge.changed.changed(seen))

@@ -8,7 +8,6 @@ use crate::commands::{ArgType, Command, CommandArg, Implementation};
 
 /// Commands, custom routes and group switches of the Python program.
 #[derive(Clone, Debug, Default, Deserialize, Serialize, PartialEq)]
-#[serde(deny_unknown_fields)]
 pub struct Manifest {
     /// Protocol version; this server speaks 1.
     pub protocol: u32,
@@ -72,7 +71,6 @@ fn yes() -> bool {
 
 /// A line from the control socket.
 #[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
 pub(super) struct ControlLine {
     #[serde(default)]
     pub manifest: Option<Manifest>,

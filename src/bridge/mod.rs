@@ -28,6 +28,7 @@ use std::os::fd::OwnedFd;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
+
 use std::time::Duration;
 
 pub use manifest::Manifest;
@@ -96,8 +97,10 @@ pub struct Bridge {
     changed: Notify,
     stopping: AtomicBool,
     restarts: AtomicU64,
-    /// Why the last worker ended, for the errors of calls that were in flight.
-    last_exit: Mutex<String>,
+    /// A generation a server worker found broken: the supervisor ends it at its next
+    /// ping round (it alone kills and reaps its worker, so no pid is ever reused
+    /// under it).
+    restart_requested: AtomicU64,
 }
 
 struct Pool {
@@ -105,9 +108,10 @@ struct Pool {
     generation: u64,
     /// Whether that worker is still answering.
     alive: bool,
-    /// Its pid (and process group).
-    pid: i32,
     sockets: Vec<OwnedFd>,
+    /// Why the last worker ended, for the errors of calls that were in flight; written
+    /// under the same lock as `alive`, so whoever sees it gone sees why.
+    last_exit: String,
 }
 
 impl Bridge {
@@ -122,13 +126,13 @@ impl Bridge {
             pool: Mutex::new(Pool {
                 generation: 0,
                 alive: false,
-                pid: 0,
                 sockets: Vec::new(),
+                last_exit: String::new(),
             }),
             changed: Notify::default(),
             stopping: AtomicBool::new(false),
             restarts: AtomicU64::new(0),
-            last_exit: Mutex::new(String::new()),
+            restart_requested: AtomicU64::new(0),
         });
         let manifest = supervisor::start(bridge.clone(), app, options, children)?;
         Ok((bridge, manifest))
@@ -150,12 +154,11 @@ impl Bridge {
     }
 
     /// Puts a new worker's call sockets in the pool; returns its generation.
-    fn publish(&self, pid: i32, sockets: Vec<OwnedFd>) -> u64 {
+    fn publish(&self, sockets: Vec<OwnedFd>) -> u64 {
         let generation = {
             let mut pool = self.lock();
             pool.generation += 1;
             pool.alive = true;
-            pool.pid = pid;
             pool.sockets = sockets;
             pool.generation
         };
@@ -163,17 +166,20 @@ impl Bridge {
         generation
     }
 
-    /// Ends worker `generation` because its protocol broke (a server worker found no
-    /// socket left, or read garbage): the supervisor then starts a fresh one.
+    /// Asks for worker `generation` to be ended because its protocol broke (a server
+    /// worker found no socket left, or read garbage); the supervisor then starts a
+    /// fresh one.
     fn restart(&self, generation: u64, why: &str) {
-        let pid = {
-            let pool = self.lock();
-            (pool.alive && pool.generation == generation).then_some(pool.pid)
-        };
-        if let Some(pid) = pid.and_then(rustix::process::Pid::from_raw) {
+        if self.live_generation() == Some(generation)
+            && self.restart_requested.swap(generation, Ordering::SeqCst) != generation
+        {
             crate::log!("restarting the Python worker: {why}");
-            let _ = rustix::process::kill_process_group(pid, rustix::process::Signal::KILL);
         }
+    }
+
+    /// Whether a restart of `generation` was asked for.
+    fn restart_requested(&self, generation: u64) -> bool {
+        self.restart_requested.load(Ordering::SeqCst) == generation
     }
 
     /// Marks worker `generation` (0: whichever is current) as gone, with the reason.
@@ -185,8 +191,8 @@ impl Bridge {
             }
             pool.alive = false;
             pool.sockets.clear();
+            pool.last_exit = why;
         }
-        *self.last_exit.lock().unwrap_or_else(|e| e.into_inner()) = why;
         self.changed.notify();
     }
 
@@ -207,9 +213,6 @@ impl Bridge {
     }
 
     fn last_exit(&self) -> String {
-        self.last_exit
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .clone()
+        self.lock().last_exit.clone()
     }
 }

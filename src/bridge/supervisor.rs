@@ -17,6 +17,7 @@ use crate::process::{spawn, ChildRegistry};
 
 /// Longest control line accepted (a manifest of thousands of commands fits).
 const MAX_CONTROL_LINE: usize = 16 * 1024 * 1024;
+/// Pings go out this often, or twice per hang timeout when that is shorter.
 const PING_EVERY: Duration = Duration::from_secs(1);
 /// A worker that lived at least this long restarts at once; one that keeps dying
 /// sooner waits longer each time, up to `MAX_BACKOFF`.
@@ -32,7 +33,7 @@ pub(super) fn start(
     children: Arc<ChildRegistry>,
 ) -> Result<Manifest, String> {
     let (mut worker, manifest) = Worker::start(&app, &options, &children)?;
-    let generation = bridge.publish(worker.pid, worker.take_calls());
+    let generation = bridge.publish(worker.take_calls());
     let frozen = manifest.clone();
     std::thread::Builder::new()
         .name("abx-python".into())
@@ -52,7 +53,7 @@ fn supervise(
 ) {
     let mut backoff = FIRST_BACKOFF;
     loop {
-        let ended = worker.watch(&bridge, options.hang_timeout);
+        let ended = worker.watch(&bridge, generation, options.hang_timeout);
         let status = worker.reap(&children);
         let why = format!("the Python worker {ended} ({status})");
         bridge.retire(generation, why.clone());
@@ -75,7 +76,7 @@ fn supervise(
                         crate::log!("warning: the restarted Python worker registered different commands or routes; the server keeps serving those it started with");
                     }
                     worker = started;
-                    generation = bridge.publish(worker.pid, worker.take_calls());
+                    generation = bridge.publish(worker.take_calls());
                     bridge.restarts.fetch_add(1, Ordering::Relaxed);
                     break;
                 }
@@ -147,6 +148,9 @@ impl Worker {
             .filter(|(name, _)| name != "ABX_PYTHON_APP" && name != "ABX_BRIDGE_FDS")
             .collect();
         env.push(("ABX_BRIDGE_FDS".into(), fds.join(",").into()));
+        // Prints of a command reach the log at once, and are not lost when the worker
+        // is killed or leaves with os._exit.
+        env.push(("PYTHONUNBUFFERED".into(), "1".into()));
         let path_var = env
             .iter()
             .find(|(name, _)| name == "PATH")
@@ -207,23 +211,34 @@ impl Worker {
         }
     }
 
-    /// Pings the worker once a second until it exits or leaves `hang_timeout` without
-    /// an answer (then it is killed). Returns what happened, worded for a log line.
-    fn watch(&mut self, bridge: &Bridge, hang_timeout: Duration) -> String {
-        let mut last_answer = Instant::now();
+    /// Pings the worker until it exits, leaves a ping unanswered for `hang_timeout`
+    /// (then it is killed), or a server worker asks for a restart. Returns what
+    /// happened, worded for a log line.
+    fn watch(&mut self, bridge: &Bridge, generation: u64, hang_timeout: Duration) -> String {
+        let every = PING_EVERY
+            .min(hang_timeout / 2)
+            .max(Duration::from_millis(10));
+        // The oldest ping not answered yet: a hang is measured from when it was sent,
+        // so a late wake-up of this thread can never make a prompt worker look hung.
+        let mut unanswered: Option<(u64, Instant)> = None;
         let mut ping = 0u64;
-        let _ = self.control.set_write_timeout(Some(PING_EVERY));
+        let _ = self.control.set_write_timeout(Some(every));
         loop {
             if bridge.stopping.load(Ordering::SeqCst) {
                 self.kill();
                 return "was stopped".into();
+            }
+            if bridge.restart_requested(generation) {
+                self.kill();
+                return "broke the call protocol and was killed".into();
             }
             ping += 1;
             // A full socket (a worker that reads nothing) is a hang, caught below.
             let _ = self
                 .control
                 .write_all(format!("{{\"ping\":{ping}}}\n").as_bytes());
-            let round = Instant::now() + PING_EVERY;
+            unanswered.get_or_insert((ping, Instant::now()));
+            let round = Instant::now() + every;
             loop {
                 let remaining = round.saturating_duration_since(Instant::now());
                 if remaining.is_zero() {
@@ -231,9 +246,14 @@ impl Worker {
                 }
                 match self.read_line(remaining) {
                     Ok(Some(line)) => {
-                        if let Ok(ControlLine { pong: Some(_), .. }) = serde_json::from_slice(&line)
+                        if let Ok(ControlLine {
+                            pong: Some(answered),
+                            ..
+                        }) = serde_json::from_slice(&line)
                         {
-                            last_answer = Instant::now();
+                            if unanswered.is_some_and(|(oldest, _)| answered >= oldest) {
+                                unanswered = None;
+                            }
                         }
                     }
                     Ok(None) => {}
@@ -248,11 +268,11 @@ impl Worker {
                     }
                 }
             }
-            if last_answer.elapsed() > hang_timeout {
+            if let Some((_, sent)) = unanswered.filter(|(_, sent)| sent.elapsed() > hang_timeout) {
                 self.kill();
                 return format!(
                     "did not answer for {:.1} s and was killed",
-                    last_answer.elapsed().as_secs_f64()
+                    sent.elapsed().as_secs_f64()
                 );
             }
         }
@@ -296,9 +316,12 @@ impl Worker {
         Some(line)
     }
 
+    /// Kills the worker and its process group; the worker itself by pid too, in case
+    /// it left its group (`setsid`), so the wait in `reap` always ends.
     fn kill(&self) {
         if let Some(pid) = rustix::process::Pid::from_raw(self.pid) {
             let _ = rustix::process::kill_process_group(pid, rustix::process::Signal::KILL);
+            let _ = rustix::process::kill_process(pid, rustix::process::Signal::KILL);
         }
     }
 

@@ -10,16 +10,33 @@
 use serde_json::{Map, Number, Value};
 
 use super::{ArgType, CommandArg};
-use crate::pytext::{str_of, str_repr};
+use crate::pytext::{str_of, str_repr, write_repr};
+
+fn repr_of(value: &Value) -> String {
+    let mut out = String::new();
+    write_repr(&mut out, value);
+    out
+}
 
 /// An argument the caller got wrong: the message names it.
 #[derive(Debug, PartialEq)]
 pub struct ArgError(pub String);
 
+/// How omitted arguments are filled in.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub enum Defaults {
+    /// With their registered defaults (a Rust command).
+    Apply,
+    /// Not at all: the implementation applies its own, original objects (a Python
+    /// command's default may be a tuple or a `Path`, which JSON would have changed).
+    Leave,
+}
+
 /// Binds `body` to `args`: the keyword arguments the command is called with.
 pub fn bind(
     args: &[CommandArg],
     body: &Map<String, Value>,
+    defaults: Defaults,
 ) -> Result<Map<String, Value>, ArgError> {
     let mut bound = Map::new();
     for arg in args {
@@ -32,7 +49,7 @@ pub fn bind(
             None if arg.required => {
                 return Err(ArgError(format!("Missing required argument: {}", arg.name)));
             }
-            None if !arg.default.is_null() => {
+            None if defaults == Defaults::Apply && !arg.default.is_null() => {
                 bound.insert(arg.name.clone(), arg.default.clone());
             }
             None => {}
@@ -57,7 +74,7 @@ pub fn coerce(value: &Value, kind: ArgType) -> Result<Value, String> {
                 "false" | "no" | "0" => Ok(Value::Bool(false)),
                 _ => Err(format!(
                     "Invalid boolean: {} (use true/false, yes/no or 1/0)",
-                    str_repr(&str_of(value))
+                    repr_of(value)
                 )),
             }
         }
@@ -291,23 +308,44 @@ mod tests {
         ];
         let body = |v: Value| v.as_object().unwrap().clone();
         assert_eq!(
-            Value::Object(bind(&args, &body(json!({"must": "yes", "extra": 1}))).unwrap()),
+            Value::Object(
+                bind(
+                    &args,
+                    &body(json!({"must": "yes", "extra": 1})),
+                    Defaults::Apply
+                )
+                .unwrap()
+            ),
             json!({"name": "World", "must": true}),
             "a None default is not passed; unknown fields are ignored"
         );
         assert_eq!(
             Value::Object(
-                bind(&args, &body(json!({"must": 0, "name": null, "count": "3"}))).unwrap()
+                bind(
+                    &args,
+                    &body(json!({"must": 0, "name": null, "count": "3"})),
+                    Defaults::Apply
+                )
+                .unwrap()
             ),
             json!({"name": "None", "count": 3, "must": false}),
             "a present null is coerced, not replaced by the default"
         );
         assert_eq!(
-            bind(&args, &body(json!({}))),
+            Value::Object(bind(&args, &body(json!({"must": 1})), Defaults::Leave).unwrap()),
+            json!({"must": true}),
+            "Python applies its own defaults"
+        );
+        assert_eq!(
+            bind(&args, &body(json!({})), Defaults::Apply),
             Err(ArgError("Missing required argument: must".into()))
         );
         assert_eq!(
-            bind(&args, &body(json!({"must": true, "count": "x"}))),
+            bind(
+                &args,
+                &body(json!({"must": true, "count": "x"})),
+                Defaults::Apply
+            ),
             Err(ArgError(
                 "Invalid value for count: invalid literal for int() with base 10: 'x'".into()
             ))

@@ -10,9 +10,9 @@
 //!
 //! 1. its own process group (`POSIX_SPAWN_SETPGROUP`, group = its pid);
 //! 2. an empty signal mask and default dispositions (SIGPIPE is ignored by Rust);
-//! 3. stdin/stdout/stderr from the given pipes, or `/dev/null`;
-//! 4. `fchdir` into the working directory descriptor, which was opened beneath the base
+//! 3. `fchdir` into the working directory descriptor, which was opened beneath the base
 //!    directory, so a rename or symlink swap after the check cannot redirect it;
+//! 4. stdin/stdout/stderr from the given pipes, or `/dev/null`;
 //! 5. every other descriptor closed (`closefrom(3)`, or past the extra descriptors
 //!    the caller passes on), as Python's `close_fds=True`: the server's sockets,
 //!    io_uring rings and other children's pipes stay out of it;
@@ -175,6 +175,12 @@ pub fn spawn(
             &ignored_signals().0,
         ))?;
 
+        // First, while the working directory's descriptor cannot yet have been replaced
+        // by one of the dup2s below (its number may be a dup2 target).
+        check(libc::posix_spawn_file_actions_addfchdir_np(
+            actions_ptr,
+            cwd.as_raw_fd(),
+        ))?;
         for (target, source) in [(0, stdio.stdin), (1, stdio.stdout), (2, stdio.stderr)] {
             match source {
                 Some(fd) => check(libc::posix_spawn_file_actions_adddup2(
@@ -198,10 +204,6 @@ pub fn spawn(
                 target,
             ))?;
         }
-        check(libc::posix_spawn_file_actions_addfchdir_np(
-            actions_ptr,
-            cwd.as_raw_fd(),
-        ))?;
         check(libc::posix_spawn_file_actions_addclosefrom_np(
             actions_ptr,
             first_free,

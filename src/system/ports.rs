@@ -82,7 +82,10 @@ fn sock_diag_listening(family: i32, protocol: &'static str) -> std::io::Result<V
     loop {
         let (n, _) = rustix::net::recv(&fd, &mut buffer[..], rustix::net::RecvFlags::empty())?;
         if n == 0 {
-            return Err(Error::new(ErrorKind::UnexpectedEof, "sock_diag ended without NLMSG_DONE"));
+            return Err(Error::new(
+                ErrorKind::UnexpectedEof,
+                "sock_diag ended without NLMSG_DONE",
+            ));
         }
         let mut offset = 0;
         while offset + NLMSG_HEADER <= n {
@@ -90,7 +93,10 @@ fn sock_diag_listening(family: i32, protocol: &'static str) -> std::io::Result<V
             let length = u32::from_ne_bytes(header[0..4].try_into().unwrap_or_default()) as usize;
             let kind = u16::from_ne_bytes(header[4..6].try_into().unwrap_or_default());
             if length < NLMSG_HEADER || length > header.len() {
-                return Err(Error::new(ErrorKind::InvalidData, "a malformed netlink message"));
+                return Err(Error::new(
+                    ErrorKind::InvalidData,
+                    "a malformed netlink message",
+                ));
             }
             match i32::from(kind) {
                 libc::NLMSG_DONE => return Ok(found),
@@ -99,7 +105,9 @@ fn sock_diag_listening(family: i32, protocol: &'static str) -> std::io::Result<V
                         .get(16..20)
                         .map(|b| i32::from_ne_bytes(b.try_into().unwrap_or_default()))
                         .unwrap_or(0);
-                    return Err(Error::from_raw_os_error(errno.checked_neg().unwrap_or(libc::EIO)));
+                    return Err(Error::from_raw_os_error(
+                        errno.checked_neg().unwrap_or(libc::EIO),
+                    ));
                 }
                 _ if usize::from(kind) == usize::from(SOCK_DIAG_BY_FAMILY)
                     && length >= NLMSG_HEADER + DIAG_MESSAGE =>

@@ -228,6 +228,32 @@ fn python_commands_bind_like_rust_commands(driver: &'static str) {
         run(&server, "fail", json!({"reason": "no more"})),
         (500, json!({"error": "no more", "type": "QuotaExceeded"}))
     );
+    // Omitted arguments get the function's own default objects, listed as their str().
+    assert_eq!(
+        run(&server, "defaults", json!({})),
+        (200, json!({"result": ["PosixPath", "tuple", true]}))
+    );
+    let listed = listing["commands"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["name"] == "defaults")
+        .unwrap()
+        .clone();
+    assert_eq!(
+        listed["args"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|a| a["default"].clone())
+            .collect::<Vec<_>>(),
+        [json!("/tmp"), json!("('a', 'b')"), json!("inf")]
+    );
+    // An exception outside Exception (a BaseException) is still an answer.
+    assert_eq!(
+        run(&server, "cancelled", json!({})),
+        (500, json!({"error": "gone", "type": "CancelledError"}))
+    );
     // Values json cannot encode are stringified, as the contract's encoder does.
     let (status, body) = run(&server, "not_json", json!({}));
     assert_eq!(status, 200, "{body}");
@@ -279,7 +305,14 @@ fn a_hung_python_worker_is_killed_and_restarted(driver: &'static str) {
     );
     let (status, body) = run(&server, "_debug_info", json!({}));
     assert_eq!(status, 200, "{body}");
-    assert_ne!(body["result"]["pid"].as_i64().unwrap(), first_pid);
+    let second_pid = body["result"]["pid"].as_i64().unwrap();
+    assert_ne!(second_pid, first_pid);
+    // A worker that answers its pings is left alone, even with a 1 s hang timeout.
+    std::thread::sleep(Duration::from_millis(2500));
+    assert_eq!(
+        run(&server, "_debug_info", json!({})).1["result"]["pid"],
+        second_pid
+    );
 }
 
 fn python_calls_run_concurrently(driver: &'static str) {

@@ -78,7 +78,12 @@ async fn run(call: Call) -> Result<Response, ApiError> {
         .with_code("missing_scope"));
     }
     let body: Map<String, Value> = call.json()?;
-    let args = coerce::bind(&command.args, &body).map_err(|e| ApiError::bad_request(e.0))?;
+    let defaults = match command.implementation {
+        Implementation::Native(_) => coerce::Defaults::Apply,
+        Implementation::Python => coerce::Defaults::Leave,
+    };
+    let args =
+        coerce::bind(&command.args, &body, defaults).map_err(|e| ApiError::bad_request(e.0))?;
     match &command.implementation {
         Implementation::Native(run) => match run(args).await {
             Ok(result) => Ok(Response::ok(&json!({ "result": result }))),
@@ -108,7 +113,8 @@ async fn run(call: Call) -> Result<Response, ApiError> {
 
 /// A JSON body the Python worker produced, passed on as it is.
 pub(crate) fn raw_json(status: u16, body: Box<RawValue>) -> Response {
-    // The package refuses other statuses; a worker that sends one anyway is a 500.
+    // The package refuses other statuses (a 1xx would read as an interim answer and
+    // break the client's connection); a worker that sends one anyway is a 500.
     let status = if (100..=599).contains(&status) {
         status
     } else {

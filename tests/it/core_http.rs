@@ -542,7 +542,8 @@ fn custom_routes_appear_and_opt_in_groups_answer_the_contract_404(driver: &'stat
     assert_eq!(doc["groups"]["dev_tools"], false);
     assert_eq!(
         doc["group_summary"]["dev_tools"],
-        json!({"enabled": 0, "total": 1})
+        json!({"enabled": 0, "total": 4}),
+        "the three built-in dev_tools endpoints and the example's"
     );
 
     let reply = server.get("/example/opt-in");

@@ -20,8 +20,8 @@ COPY --from=build /src/target/release/agent-sandbox /usr/local/bin/agent-sandbox
 USER user
 WORKDIR /home/user
 ENV ABX_SERVER_BASE_DIR=/home/user
-# 9001 (the PTY WebSocket) joins when the terminal group is built.
-EXPOSE 9000
+# 9000: the HTTP API; 9001: the PTY WebSocket (terminal group).
+EXPOSE 9000 9001
 # The binary probes itself: the image needs no curl.
 HEALTHCHECK --interval=10s --timeout=5s --start-period=5s --retries=3 \
   CMD ["/usr/local/bin/agent-sandbox", "--health-check"]

@@ -17,6 +17,7 @@ mod http;
 #[doc(hidden)]
 pub mod log;
 mod process;
+mod pty;
 mod pytext;
 mod routes;
 mod runtime;

@@ -128,13 +128,27 @@ impl Server {
             state.catalog.auth.mode(),
             state.services.base.path().display(),
         ));
-        crate::log::stdout_line(format_args!("listening on {bound}"));
         let shutdown = Arc::new(Shutdown::default());
         let pool = BlockingPool::new(config.blocking_threads);
-        // Slot 0 of every worker is the API port; the PTY port joins as slot 1 when the
-        // terminal group is built.
-        let slots = vec![Listener::Api];
-        let per_worker = listeners.into_iter().map(|l| vec![(0, l)]).collect();
+        // Slot 0 of every worker is the API port; the PTY WebSocket's port is slot 1,
+        // listening only while the terminal group is on.
+        let mut slots = vec![Listener::Api];
+        let mut per_worker: Vec<Vec<(usize, std::net::TcpListener)>> =
+            listeners.into_iter().map(|l| vec![(0, l)]).collect();
+        if state.catalog.group_enabled(crate::api::Group::Terminal) {
+            let pty_addr = SocketAddr::new(config.host, config.pty_port);
+            let (pty_listeners, pty_bound) =
+                runtime::bind_all(pty_addr, config.workers).map_err(|e| {
+                    format!("cannot listen on {pty_addr} (the PTY WebSocket, --pty-port): {e}")
+                })?;
+            let _ = state.services.bound_pty_port.set(pty_bound.port());
+            slots.push(Listener::Pty);
+            for (worker, listener) in per_worker.iter_mut().zip(pty_listeners) {
+                worker.push((1, listener));
+            }
+            crate::log::stdout_line(format_args!("pty listening on {pty_bound}"));
+        }
+        crate::log::stdout_line(format_args!("listening on {bound}"));
         let factory = Arc::new(service_factory(state.clone(), shutdown.clone(), slots));
         let workers = runtime::start_workers(per_worker, driver, shutdown.clone(), pool, factory)
             .map_err(|e| format!("cannot start worker threads: {e}"))?;

@@ -118,6 +118,82 @@ impl ApiService {
         })
     }
 
+    /// A request on the PTY port: route to its WebSocket endpoint, answer the opening
+    /// handshake, and hand the socket over with the outcome of authentication and
+    /// policy (a refusal becomes a close code: 4001 credentials, 4003 policy).
+    fn plan_upgrade(&self, head: &RequestHead) -> Plan<Accepted> {
+        let catalog = &self.state.catalog;
+        let (path, query) = split_target(&head.target);
+        let found = catalog.endpoints.iter().position(|e| {
+            e.spec.listener == Listener::Pty
+                && e.spec.path == path
+                && matches!(e.serve, Serve::Upgrade(_))
+        });
+        let Some(index) = found else {
+            return Plan::Answer(
+                render(ApiError::not_found_path(&path), ErrorStyle::Contract).closing(),
+            );
+        };
+        let Serve::Upgrade(handler) = catalog.endpoints[index].serve.clone() else {
+            return Plan::Answer(
+                render(ApiError::not_found_path(&path), ErrorStyle::Contract).closing(),
+            );
+        };
+        let query = match query {
+            Ok(query) => query,
+            Err(error) => return Plan::Answer(render(error, ErrorStyle::Contract).closing()),
+        };
+        let handshake = match crate::http::websocket::accept(head) {
+            Ok(bytes) => bytes,
+            Err(why) => {
+                return Plan::Answer(
+                    render(ApiError::bad_request(why), ErrorStyle::Contract)
+                        .header("Sec-WebSocket-Version", "13")
+                        .closing(),
+                )
+            }
+        };
+        let token = query
+            .iter()
+            .find(|(n, _)| n == "token")
+            .map(|(_, v)| v.as_str());
+        let spec = &catalog.endpoints[index].spec;
+        let admitted = match catalog
+            .auth
+            .authenticate(&head.headers, token, spec.auth_required)
+        {
+            Err(_) => Err(super::endpoint::Refusal {
+                close_code: 4001,
+                reason: "unauthorized".into(),
+            }),
+            Ok(identity) => {
+                let access = catalog.access(index, &identity);
+                if access.allowed {
+                    Ok(identity)
+                } else {
+                    Err(super::endpoint::Refusal {
+                        close_code: 4003,
+                        reason: access.reason.unwrap_or_else(|| "endpoint disabled".into()),
+                    })
+                }
+            }
+        };
+        let upgraded = super::endpoint::Upgraded {
+            query,
+            admitted,
+            state: self.state.clone(),
+        };
+        Plan::Upgrade(Box::new(move |mut stream, leftover| {
+            Box::pin(async move {
+                use monoio::io::AsyncWriteRentExt;
+                let (written, _) = stream.write_all(handshake).await;
+                if written.is_ok() {
+                    handler(upgraded, stream, leftover).await;
+                }
+            })
+        }))
+    }
+
     /// Whether this request streams a raw `application/octet-stream` body into a sink.
     fn is_raw(&self, index: usize, method: Method, head: &RequestHead) -> bool {
         self.state.catalog.endpoints[index].spec.body == BodyMode::RawOrWholeJson
@@ -206,6 +282,9 @@ impl Service for ApiService {
     }
 
     async fn plan(&self, head: &RequestHead) -> Plan<Accepted> {
+        if self.listener == Listener::Pty {
+            return self.plan_upgrade(head);
+        }
         let accepted = match self.admit(head) {
             Ok(accepted) => accepted,
             Err(refusal) => return Plan::Answer(refusal),
@@ -257,8 +336,9 @@ impl Service for ApiService {
         }
         let handler = match &endpoint.serve {
             Serve::Handler(handler) | Serve::HandlerOrSink { json: handler, .. } => handler.clone(),
-            Serve::Unavailable(_) => {
-                // The router indexes no unavailable endpoint.
+            Serve::Unavailable(_) | Serve::Upgrade(_) => {
+                // The router indexes no unavailable endpoint, and WebSockets are not on
+                // the API port.
                 return render(
                     ApiError::not_found_path(&accepted.path),
                     endpoint.spec.errors,

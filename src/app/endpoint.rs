@@ -156,9 +156,50 @@ where
     Arc::new(move |call| Box::pin(f(call)))
 }
 
+/// A WebSocket connection the dispatcher took over (it already answered `101`), with
+/// the outcome of authentication and policy: a refused connection is closed by the
+/// handler with the refusal's close code, since a WebSocket has no status to answer.
+pub struct Upgraded {
+    pub query: Vec<(String, String)>,
+    pub admitted: Result<Arc<Identity>, Refusal>,
+    pub(crate) state: Arc<super::state::AppState>,
+}
+
+impl Upgraded {
+    /// The single value of query parameter `name`.
+    pub fn query(&self, name: &str) -> Option<&str> {
+        self.query
+            .iter()
+            .find(|(n, _)| n == name)
+            .map(|(_, v)| v.as_str())
+    }
+
+    pub fn services(&self) -> &Services {
+        &self.state.services
+    }
+}
+
+/// Why a WebSocket is closed right after its handshake.
+#[derive(Debug, Clone)]
+pub struct Refusal {
+    /// 4001 for credentials, 4003 for policy (disabled, or a missing scope).
+    pub close_code: u16,
+    pub reason: String,
+}
+
+/// Serves a WebSocket endpoint: takes the upgraded socket (and bytes the client sent
+/// after its handshake).
+pub type UpgradeHandler = Arc<
+    dyn Fn(Upgraded, monoio::net::TcpStream, Vec<u8>) -> crate::http::LocalFuture<'static, ()>
+        + Send
+        + Sync,
+>;
+
 /// How an endpoint is served.
 #[derive(Clone)]
 pub enum Serve {
+    /// A WebSocket on the PTY port.
+    Upgrade(UpgradeHandler),
     /// By a handler (with the JSON body, or none for GET).
     Handler(Handler),
     /// A JSON body goes to `json`; a raw `application/octet-stream` body streams into
@@ -187,14 +228,14 @@ impl Endpoint {
         }
     }
 
-    /// A WebSocket endpoint on the PTY port that this build does not serve yet.
-    pub fn unavailable_websocket(path: &str, group: Group, reason: &'static str) -> Endpoint {
+    /// A WebSocket endpoint on the PTY port.
+    pub fn websocket(path: &str, group: Group, handler: UpgradeHandler) -> Endpoint {
         let mut spec = EndpointSpec::new(Method::Get, path, group);
         spec.body = BodyMode::Upgrade;
         spec.listener = Listener::Pty;
         Endpoint {
             spec,
-            serve: Serve::Unavailable(reason),
+            serve: Serve::Upgrade(handler),
         }
     }
 

@@ -11,5 +11,5 @@ pub mod request;
 pub mod router;
 pub mod state;
 
-pub use endpoint::{handler, sink_handler, Call, Endpoint, Handler, RawSink};
+pub use endpoint::{handler, sink_handler, Call, Endpoint, Handler, RawSink, Upgraded};
 pub use state::AppState;

@@ -36,7 +36,22 @@ pub struct Services {
     pub commands: commands::Registry,
     /// The Python worker behind Python commands and routes, when serving a `commands.py`.
     pub bridge: Option<Arc<Bridge>>,
+    /// Terminal sessions.
+    pub sessions: crate::pty::Sessions,
+    configured_pty_port: u16,
+    /// The PTY WebSocket's port as bound (`--pty-port 0` picks one), set at startup.
+    pub bound_pty_port: std::sync::OnceLock<u16>,
     pub started: Instant,
+}
+
+impl Services {
+    /// The port of the PTY WebSocket, for the `ws_url`s of new sessions.
+    pub fn pty_port(&self) -> u16 {
+        self.bound_pty_port
+            .get()
+            .copied()
+            .unwrap_or(self.configured_pty_port)
+    }
 }
 
 /// The route table, its routers and the policy's decision for every endpoint.
@@ -153,6 +168,9 @@ impl AppState {
                 processes: ProcessTable::default(),
                 commands,
                 bridge: extras.bridge,
+                sessions: Default::default(),
+                configured_pty_port: config.pty_port,
+                bound_pty_port: std::sync::OnceLock::new(),
                 started: Instant::now(),
             },
             catalog: Catalog {

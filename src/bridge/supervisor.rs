@@ -171,6 +171,7 @@ impl Worker {
                     stdout: Some(stdout.as_fd()),
                     stderr: Some(stderr.as_fd()),
                     extra,
+                    terminal: None,
                 },
             )
         })?;

@@ -9,6 +9,7 @@ pub mod head;
 pub mod response;
 pub mod service;
 pub mod sse;
+pub mod websocket;
 
 pub use head::{ProtocolError, RequestHead};
 pub use response::{BodyStream, LocalFuture, Response, JSON_CONTENT_TYPE};

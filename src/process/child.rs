@@ -33,6 +33,9 @@ pub struct Spawn {
     pub stdin: bool,
     /// Give the child pipes for stdout and stderr (otherwise `/dev/null`).
     pub capture: bool,
+    /// Run it on this terminal (a PTY's slave path) in a session of its own, instead
+    /// of pipes or `/dev/null`.
+    pub terminal: Option<std::ffi::CString>,
 }
 
 /// How a child ended, as Python's `returncode` reports it.
@@ -127,6 +130,7 @@ impl Child {
                         stdout: stdout.as_ref().map(|(_, child)| child.as_fd()),
                         stderr: stderr.as_ref().map(|(_, child)| child.as_fd()),
                         extra: Vec::new(),
+                        terminal: spec.terminal.as_deref(),
                     },
                 )
             })?;

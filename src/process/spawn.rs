@@ -42,6 +42,10 @@ pub struct Stdio<'a> {
     pub stdout: Option<BorrowedFd<'a>>,
     pub stderr: Option<BorrowedFd<'a>>,
     pub extra: Vec<BorrowedFd<'a>>,
+    /// A terminal (a PTY's slave path) instead of the three above: the child starts a
+    /// new session (`setsid`, so its process group is still its pid) and opens the
+    /// terminal as 0, 1 and 2, which makes it the session's controlling terminal.
+    pub terminal: Option<&'a std::ffi::CStr>,
 }
 
 fn c_string(bytes: &[u8]) -> io::Result<CString> {
@@ -159,14 +163,21 @@ pub fn spawn(
         let attr_ptr: *mut libc::posix_spawnattr_t = &mut attr.0;
         let actions_ptr: *mut libc::posix_spawn_file_actions_t = &mut actions.0;
 
-        let flags = libc::POSIX_SPAWN_SETPGROUP
-            | libc::POSIX_SPAWN_SETSIGMASK
-            | libc::POSIX_SPAWN_SETSIGDEF;
+        // A session leader is also its process group's leader: group kills reach a
+        // terminal's programs the same way.
+        let group = if stdio.terminal.is_some() {
+            libc::POSIX_SPAWN_SETSID as libc::c_int
+        } else {
+            libc::POSIX_SPAWN_SETPGROUP as libc::c_int
+        };
+        let flags = group | libc::POSIX_SPAWN_SETSIGMASK | libc::POSIX_SPAWN_SETSIGDEF;
         check(libc::posix_spawnattr_setflags(
             attr_ptr,
             flags as libc::c_short,
         ))?;
-        check(libc::posix_spawnattr_setpgroup(attr_ptr, 0))?;
+        if stdio.terminal.is_none() {
+            check(libc::posix_spawnattr_setpgroup(attr_ptr, 0))?;
+        }
         let mut empty = std::mem::MaybeUninit::<libc::sigset_t>::uninit();
         libc::sigemptyset(empty.as_mut_ptr());
         check(libc::posix_spawnattr_setsigmask(attr_ptr, empty.as_ptr()))?;
@@ -181,7 +192,25 @@ pub fn spawn(
             actions_ptr,
             cwd.as_raw_fd(),
         ))?;
-        for (target, source) in [(0, stdio.stdin), (1, stdio.stdout), (2, stdio.stderr)] {
+        if let Some(terminal) = stdio.terminal {
+            // glibc runs setsid before the file actions, so this open (without
+            // O_NOCTTY) gives the new session its controlling terminal.
+            check(libc::posix_spawn_file_actions_addopen(
+                actions_ptr,
+                0,
+                terminal.as_ptr(),
+                libc::O_RDWR,
+                0,
+            ))?;
+            check(libc::posix_spawn_file_actions_adddup2(actions_ptr, 0, 1))?;
+            check(libc::posix_spawn_file_actions_adddup2(actions_ptr, 0, 2))?;
+        }
+        let stdio_sources = if stdio.terminal.is_some() {
+            Vec::new()
+        } else {
+            vec![(0, stdio.stdin), (1, stdio.stdout), (2, stdio.stderr)]
+        };
+        for (target, source) in stdio_sources {
             match source {
                 Some(fd) => check(libc::posix_spawn_file_actions_adddup2(
                     actions_ptr,

@@ -10,8 +10,8 @@ pub mod dev_tools;
 pub mod files;
 pub mod process;
 pub mod system;
+pub mod terminal;
 
-use crate::api::{Group, Param};
 use crate::app::Endpoint;
 
 /// A JSON Schema object with `required` fields and `properties`, for the OpenAPI
@@ -29,19 +29,6 @@ pub fn builtin_endpoints() -> Vec<Endpoint> {
     endpoints.extend(process::endpoints());
     endpoints.extend(system::endpoints());
     endpoints.extend(dev_tools::endpoints());
-    // The terminal's WebSocket (port ABX_PTY_PORT), listed as the contract lists it.
-    endpoints.push(
-        Endpoint::unavailable_websocket(
-            "/pty",
-            Group::Terminal,
-            "the terminal group (PTY sessions and their WebSocket) is not part of this build of agent-sandbox",
-        )
-        .id("pty_connect")
-        .summary("PTY WebSocket on ABX_PTY_PORT (input, resize, signal; output and events).")
-        .params(&[
-            Param::query("session_id", "string", true),
-            Param::query("token", "string", false),
-        ]),
-    );
+    endpoints.extend(terminal::endpoints());
     endpoints
 }

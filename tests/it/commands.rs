@@ -560,6 +560,7 @@ fn example_template_runs_from_a_pip_installed_package() {
         .env_remove("PYTHONPATH")
         .env("ABX_SERVER_HOST", "127.0.0.1")
         .env("ABX_SERVER_PORT", "0")
+        .env("ABX_PTY_PORT", "0")
         .env("ABX_SERVER_WORKERS", "1")
         .env("ABX_SERVER_BASE_DIR", workdir.path())
         .stdout(std::process::Stdio::piped())

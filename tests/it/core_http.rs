@@ -469,34 +469,23 @@ fn capabilities_document_shape(driver: &'static str) {
     );
     assert!(doc["endpoints"]["capabilities_check"]["params"]["endpoint"]["required"] == true);
     assert!(doc["warnings"].is_array());
-    // The PTY WebSocket is listed as the contract lists it, and honestly unavailable.
+    // The PTY WebSocket is listed as the contract lists it: method WS, on its own port.
     let pty = &doc["endpoints"]["pty_connect"];
     assert_eq!(
         (
             pty["method"].clone(),
             pty["path"].clone(),
-            pty["group"].clone()
+            pty["group"].clone(),
+            pty["enabled"].clone()
         ),
-        (json!("WS"), json!("/pty"), json!("terminal"))
-    );
-    assert_eq!(
-        (
-            pty["enabled"].clone(),
-            pty["reason"].clone(),
-            pty["rule"].clone()
-        ),
-        (
-            json!(false),
-            json!("endpoint_disabled"),
-            json!("build:unavailable")
-        )
+        (json!("WS"), json!("/pty"), json!("terminal"), json!(true))
     );
     let check = server
         .post("/capabilities/check", r#"{"endpoint": "pty_connect"}"#)
         .json();
     assert_eq!(
         (check["allowed"].clone(), check["code"].clone()),
-        (json!(false), json!("endpoint_disabled"))
+        (json!(true), json!(null))
     );
     // Derived fields agree with the endpoint map.
     for (group, summary) in doc["group_summary"].as_object().unwrap() {

@@ -9,3 +9,4 @@ mod files;
 mod operations;
 mod process;
 mod system;
+mod terminal;

@@ -124,7 +124,16 @@ fn shutdown_ends_open_streams_at_once(driver: &'static str) {
 fn closed_output_pipes_do_not_block_shutdown(driver: &'static str) {
     let dir = TempDir::new("pipes");
     let mut child = Command::new(MAIN_BIN)
-        .args(["--host", "127.0.0.1", "--port", "0", "--io-driver", driver])
+        .args([
+            "--host",
+            "127.0.0.1",
+            "--port",
+            "0",
+            "--pty-port",
+            "0",
+            "--io-driver",
+            driver,
+        ])
         // A missing base directory makes it warn on stderr at startup.
         .arg("--base-dir")
         .arg(dir.path().join("missing"))

@@ -114,6 +114,7 @@ impl Launch {
                 .env("ABX_SERVER_BIN", self.bin)
                 .env("ABX_SERVER_HOST", "127.0.0.1")
                 .env("ABX_SERVER_PORT", "0")
+                .env("ABX_PTY_PORT", "0")
                 .env("ABX_SERVER_WORKERS", "2")
                 .env("ABX_IO_DRIVER", self.driver)
                 .env(
@@ -131,6 +132,8 @@ impl Launch {
         };
         cmd.args([
             "--port",
+            "0",
+            "--pty-port",
             "0",
             "--host",
             "127.0.0.1",
@@ -211,9 +214,14 @@ impl Launch {
             }
             lines.push(line);
         };
+        let pty_addr = lines
+            .iter()
+            .find_map(|l| l.strip_prefix("pty listening on "))
+            .map(|a| a.trim().parse().unwrap());
         Server {
             child,
             addr,
+            pty_addr,
             startup: lines,
             output: rx,
             _base: base,
@@ -234,6 +242,8 @@ impl Launch {
 pub struct Server {
     pub child: Child,
     pub addr: SocketAddr,
+    /// The PTY WebSocket's address, when the terminal group listens.
+    pub pty_addr: Option<SocketAddr>,
     pub startup: Vec<String>,
     pub output: mpsc::Receiver<String>,
     _base: TempDir,

@@ -279,6 +279,7 @@ async fn spawn_in(
         env: services.environment.with(&request.env),
         stdin,
         capture,
+        terminal: None,
     };
     Child::spawn(spec, &services.children)
         .await
@@ -332,6 +333,7 @@ pub(crate) async fn run_program(
         env: services.environment.with(env),
         stdin: false,
         capture: true,
+        terminal: None,
     };
     let child = match Child::spawn(spec, &services.children).await {
         Ok(child) => child,

@@ -1,0 +1,202 @@
+//! WebSocket connections after the engine has handed a socket over (an upgrade):
+//! the opening handshake's answer, and the framing, by tungstenite, run sans-IO.
+//!
+//! tungstenite speaks over any `Read + Write`; here that is a pair of in-memory
+//! buffers. Bytes arrive from the socket into `incoming` (a read that finds it empty
+//! says `WouldBlock`, and tungstenite keeps its partial frame), and whatever tungstenite
+//! writes lands in `outgoing`, which [`WebSocket::flush`] sends with the runtime's own
+//! writes. Waiting for the client is a readiness wait plus a non-blocking `recv`, so a
+//! connection can wait for the client and for something else at once and drop either
+//! wait without losing bytes.
+
+use std::collections::VecDeque;
+use std::io::{self, Read, Write};
+use std::os::fd::AsRawFd;
+
+use monoio::io::AsyncWriteRentExt;
+use monoio::net::TcpStream;
+use tungstenite::protocol::frame::coding::CloseCode;
+use tungstenite::protocol::{CloseFrame, Role, WebSocketConfig};
+use tungstenite::Message;
+
+use super::head::RequestHead;
+
+/// Largest message a client may send (keystrokes and control messages are small).
+pub const MAX_MESSAGE_BYTES: usize = 1024 * 1024;
+
+/// The `101 Switching Protocols` answer to a valid opening handshake, or why the
+/// request is not one (answered 400 by the caller).
+pub fn accept(head: &RequestHead) -> Result<Vec<u8>, &'static str> {
+    let has_token = |name: &str, token: &str| {
+        head.headers
+            .iter()
+            .filter(|(n, _)| n.eq_ignore_ascii_case(name))
+            .flat_map(|(_, v)| v.split(','))
+            .any(|v| v.trim().eq_ignore_ascii_case(token))
+    };
+    if head.method != "GET" {
+        return Err("a WebSocket handshake is a GET");
+    }
+    if !has_token("upgrade", "websocket") || !has_token("connection", "upgrade") {
+        return Err(
+            "this port speaks WebSocket only: send Upgrade: websocket and Connection: Upgrade",
+        );
+    }
+    if head.header("sec-websocket-version").map(str::trim) != Some("13") {
+        return Err("unsupported WebSocket version: send Sec-WebSocket-Version: 13");
+    }
+    let key = head
+        .header("sec-websocket-key")
+        .map(str::trim)
+        .filter(|k| !k.is_empty())
+        .ok_or("the handshake has no Sec-WebSocket-Key")?;
+    let accept = tungstenite::handshake::derive_accept_key(key.as_bytes());
+    Ok(format!(
+        "HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\nSec-WebSocket-Accept: {accept}\r\n\r\n"
+    )
+    .into_bytes())
+}
+
+/// tungstenite's view of the socket: two buffers.
+#[derive(Default)]
+struct Buffers {
+    incoming: VecDeque<u8>,
+    outgoing: Vec<u8>,
+}
+
+impl Read for Buffers {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        if self.incoming.is_empty() {
+            return Err(io::ErrorKind::WouldBlock.into());
+        }
+        let n = self.incoming.read(buf)?;
+        Ok(n)
+    }
+}
+
+impl Write for Buffers {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        self.outgoing.extend_from_slice(buf);
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
+    }
+}
+
+/// What waiting for the client produced.
+pub enum Received {
+    Text(String),
+    Binary(Vec<u8>),
+    /// The client closed (or the connection ended).
+    Closed,
+}
+
+/// A server-side WebSocket over a handed-over socket.
+pub struct WebSocket {
+    stream: TcpStream,
+    socket: tungstenite::WebSocket<Buffers>,
+}
+
+impl WebSocket {
+    /// Wraps `stream` after the 101 was sent; `leftover` are bytes the client sent
+    /// after its handshake, already read by the engine.
+    pub fn new(stream: TcpStream, leftover: Vec<u8>) -> WebSocket {
+        let mut config = WebSocketConfig::default();
+        config.max_message_size = Some(MAX_MESSAGE_BYTES);
+        config.max_frame_size = Some(MAX_MESSAGE_BYTES);
+        let buffers = Buffers {
+            incoming: leftover.into(),
+            outgoing: Vec::new(),
+        };
+        WebSocket {
+            stream,
+            socket: tungstenite::WebSocket::from_raw_socket(buffers, Role::Server, Some(config)),
+        }
+    }
+
+    /// The next message the client has already sent, without waiting: `Ok(None)` when
+    /// nothing complete is there yet. Pings are answered (on the next flush).
+    pub fn try_receive(&mut self) -> io::Result<Option<Received>> {
+        loop {
+            match self.socket.read() {
+                Ok(Message::Text(text)) => return Ok(Some(Received::Text(text.to_string()))),
+                Ok(Message::Binary(data)) => return Ok(Some(Received::Binary(data.to_vec()))),
+                Ok(Message::Close(_)) => return Ok(Some(Received::Closed)),
+                Ok(_) => {}
+                Err(tungstenite::Error::Io(e)) if e.kind() == io::ErrorKind::WouldBlock => {
+                    // Take what the kernel holds, without waiting.
+                    let mut piece = [0u8; 16 * 1024];
+                    match rustix::net::recv(
+                        socket_fd(&self.stream),
+                        &mut piece,
+                        rustix::net::RecvFlags::DONTWAIT,
+                    ) {
+                        Ok((0, _)) => return Ok(Some(Received::Closed)),
+                        Ok((n, _)) => self.socket.get_mut().incoming.extend(&piece[..n]),
+                        Err(rustix::io::Errno::AGAIN) => return Ok(None),
+                        Err(rustix::io::Errno::INTR) => {}
+                        Err(e) => return Err(e.into()),
+                    }
+                }
+                Err(tungstenite::Error::ConnectionClosed | tungstenite::Error::AlreadyClosed) => {
+                    return Ok(Some(Received::Closed))
+                }
+                Err(e) => return Err(io::Error::new(io::ErrorKind::InvalidData, e.to_string())),
+            }
+        }
+    }
+
+    /// Resolves when the client has sent something (or hung up). Dropping it loses
+    /// nothing.
+    pub async fn readable(&self) -> io::Result<()> {
+        if !self.socket.get_ref().incoming.is_empty() {
+            return Ok(());
+        }
+        self.stream.readable(false).await
+    }
+
+    /// Queues a text message and sends everything queued.
+    pub async fn send_text(&mut self, text: String) -> io::Result<()> {
+        self.socket
+            .write(Message::text(text))
+            .map_err(|e| io::Error::other(e.to_string()))?;
+        self.flush().await
+    }
+
+    /// Sends a close frame with `code` and `reason` (cut to the 123 bytes a control
+    /// frame has room for), then stops.
+    pub async fn close(&mut self, code: u16, reason: &str) -> io::Result<()> {
+        let mut end = reason.len().min(123);
+        while !reason.is_char_boundary(end) {
+            end -= 1;
+        }
+        let frame = CloseFrame {
+            code: CloseCode::from(code),
+            reason: reason[..end].to_string().into(),
+        };
+        let _ = self.socket.close(Some(frame));
+        self.flush().await
+    }
+
+    /// Sends whatever tungstenite has queued (answers to pings, a close echo).
+    pub async fn flush(&mut self) -> io::Result<()> {
+        let _ = self.socket.flush();
+        let pending = std::mem::take(&mut self.socket.get_mut().outgoing);
+        if pending.is_empty() {
+            return Ok(());
+        }
+        let (written, buffer) = self.stream.write_all(pending).await;
+        // Keep the allocation for the next message.
+        let mut buffer = buffer;
+        buffer.clear();
+        self.socket.get_mut().outgoing = buffer;
+        written.map(drop)
+    }
+}
+
+/// The socket's descriptor for a non-blocking `recv` beside the runtime's own I/O.
+fn socket_fd(stream: &TcpStream) -> std::os::fd::BorrowedFd<'_> {
+    // SAFETY: the descriptor belongs to `stream`, which outlives the borrow.
+    unsafe { std::os::fd::BorrowedFd::borrow_raw(stream.as_raw_fd()) }
+}

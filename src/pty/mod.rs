@@ -1,0 +1,371 @@
+//! Terminal sessions: a shell on a pseudo-terminal, its output kept in a bounded log
+//! that any number of WebSocket clients read at their own pace, and the table of live
+//! sessions (at most [`MAX_SESSIONS`], idle ones reaped).
+//!
+//! - **Start.** `openpt` + `grantpt` + `unlockpt`; the shell is spawned through the
+//!   one spawn path in a session of its own with the slave as its controlling terminal.
+//!   The server keeps only the master.
+//! - **Output.** A task on the worker that created the session reads the master on
+//!   that worker's driver (no pool thread), decodes it as UTF-8 without splitting a
+//!   character across reads, and appends it to the session's [`OutputLog`] (1 MiB;
+//!   older text is dropped). Readers on any thread follow it by sequence number and
+//!   wait on a cross-thread [`Notify`]. The shell never waits for a slow client, and a
+//!   client that stops reading costs nothing beyond the fixed log.
+//! - **Input, resize, signals** go straight to the master (`write`, `TIOCSWINSZ`) or to
+//!   the terminal's foreground process group (`tcgetpgrp`), so SIGINT reaches the
+//!   program running in the shell, as Ctrl-C would.
+//! - **End.** When the shell exits and its output is drained, the session is marked
+//!   exited (readers see it after the last output). Deleting a session kills its
+//!   process group.
+
+use std::collections::HashMap;
+use std::ffi::{CString, OsString};
+use std::io;
+use std::os::fd::{AsFd, OwnedFd};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use crate::process::output::{Notify, OutputLog, OutputPage, Stream};
+use crate::process::pipe::{self, Utf8Pieces};
+use crate::process::{Child, ChildRegistry, Spawn};
+use crate::runtime::ready::Readiness;
+
+/// Live sessions at once (the contract's limit).
+pub const MAX_SESSIONS: usize = 10;
+/// A session without input, output or a resize for this long is reaped when sessions
+/// are next created or listed.
+pub const IDLE_REAP: Duration = Duration::from_secs(1800);
+/// Output kept per session for clients that connect later or fall behind.
+pub const OUTPUT_LOG_BYTES: usize = 1024 * 1024;
+/// Shells a session may run.
+pub const ALLOWED_SHELLS: [&str; 5] = [
+    "/bin/bash",
+    "/bin/sh",
+    "/bin/zsh",
+    "/usr/bin/bash",
+    "/usr/bin/zsh",
+];
+/// Variables never passed to a session's shell (they would load code into it).
+pub const STRIPPED_VARS: [&str; 3] = ["LD_PRELOAD", "LD_LIBRARY_PATH", "DYLD_INSERT_LIBRARIES"];
+
+/// One terminal session.
+pub struct Session {
+    pub id: String,
+    pub pid: i32,
+    /// Unix time of creation.
+    pub created_at: f64,
+    master: OwnedFd,
+    size: Mutex<(u16, u16)>,
+    output: Mutex<OutputLog>,
+    /// Bumped on new output and on exit.
+    pub changed: Notify,
+    exited: AtomicBool,
+    last_activity: Mutex<Instant>,
+}
+
+/// What a session looks like in the HTTP API.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SessionInfo {
+    pub id: String,
+    pub pid: i32,
+    pub created_at: f64,
+    pub cols: u16,
+    pub rows: u16,
+    pub alive: bool,
+}
+
+impl Session {
+    pub fn info(&self) -> SessionInfo {
+        let (cols, rows) = *lock(&self.size);
+        SessionInfo {
+            id: self.id.clone(),
+            pid: self.pid,
+            created_at: self.created_at,
+            cols,
+            rows,
+            alive: !self.has_exited(),
+        }
+    }
+
+    pub fn has_exited(&self) -> bool {
+        self.exited.load(Ordering::SeqCst)
+    }
+
+    /// Output from sequence number `since` on (see [`OutputLog::read`]).
+    pub fn read(&self, since: u64) -> OutputPage {
+        lock(&self.output).read(since)
+    }
+
+    /// Marks the session as used now (it is not idle).
+    pub fn touch(&self) {
+        *lock(&self.last_activity) = Instant::now();
+    }
+
+    fn idle_for(&self) -> Duration {
+        lock(&self.last_activity).elapsed()
+    }
+
+    /// Sets the terminal size; the kernel sends SIGWINCH to the foreground program.
+    pub fn resize(&self, cols: u16, rows: u16) -> io::Result<()> {
+        set_size(&self.master, cols, rows)?;
+        *lock(&self.size) = (cols, rows);
+        self.touch();
+        Ok(())
+    }
+
+    /// Writes keystrokes to the terminal, waiting (on this worker's driver) while the
+    /// terminal's input queue is full.
+    pub async fn input(&self, data: &[u8]) -> io::Result<()> {
+        self.touch();
+        let (_, written) = pipe::write_all(&self.master, data).await;
+        written
+    }
+
+    /// Sends `signal` to the terminal's foreground process group (the program the
+    /// shell is running, or the shell), as the terminal's own keys would.
+    pub fn signal(&self, signal: rustix::process::Signal) -> io::Result<()> {
+        if self.has_exited() {
+            return Ok(());
+        }
+        self.touch();
+        let group = rustix::termios::tcgetpgrp(&self.master)
+            .ok()
+            .or_else(|| rustix::process::Pid::from_raw(self.pid));
+        match group {
+            Some(group) => match rustix::process::kill_process_group(group, signal) {
+                Ok(()) | Err(rustix::io::Errno::SRCH) => Ok(()),
+                Err(e) => Err(e.into()),
+            },
+            None => Ok(()),
+        }
+    }
+
+    /// Kills the session's process group (deletion, shutdown).
+    fn kill(&self) {
+        if self.has_exited() {
+            return;
+        }
+        if let Some(pid) = rustix::process::Pid::from_raw(self.pid) {
+            let _ = rustix::process::kill_process_group(pid, rustix::process::Signal::KILL);
+        }
+    }
+}
+
+/// What `create` needs.
+pub struct NewSession {
+    pub shell: String,
+    pub cols: u16,
+    pub rows: u16,
+    /// The environment the shell starts with (already stripped and extended).
+    pub env: Vec<(OsString, OsString)>,
+    /// The working directory, opened beneath the base directory.
+    pub cwd: OwnedFd,
+}
+
+/// Why a session could not be created.
+#[derive(Debug)]
+pub enum CreateError {
+    /// [`MAX_SESSIONS`] are live.
+    Full,
+    Io(io::Error),
+}
+
+/// The table of sessions, shared by every worker.
+#[derive(Default)]
+pub struct Sessions {
+    table: Mutex<HashMap<String, Arc<Session>>>,
+}
+
+impl Sessions {
+    /// Starts a shell on a new terminal. Must run on a worker: the session's output
+    /// task runs on it.
+    pub async fn create(
+        &self,
+        request: NewSession,
+        children: &Arc<ChildRegistry>,
+    ) -> Result<Arc<Session>, CreateError> {
+        self.reap_idle();
+        // Counted again on insertion; this early check spares a spawn.
+        if lock(&self.table).len() >= MAX_SESSIONS {
+            return Err(CreateError::Full);
+        }
+        let (master, slave_path) = open_pty().map_err(CreateError::Io)?;
+        set_size(&master, request.cols, request.rows).map_err(CreateError::Io)?;
+        let spec = Spawn {
+            argv: vec![request.shell.clone()],
+            cwd: request.cwd,
+            env: request.env,
+            stdin: false,
+            capture: false,
+            terminal: Some(slave_path),
+        };
+        let child = Child::spawn(spec, children)
+            .await
+            .map_err(CreateError::Io)?;
+        let session = Arc::new(Session {
+            id: new_id(),
+            pid: child.pid(),
+            created_at: SystemTime::now()
+                .duration_since(UNIX_EPOCH)
+                .map(|d| d.as_secs_f64())
+                .unwrap_or(0.0),
+            master,
+            size: Mutex::new((request.cols, request.rows)),
+            output: Mutex::new(OutputLog::new(OUTPUT_LOG_BYTES)),
+            changed: Notify::default(),
+            exited: AtomicBool::new(false),
+            last_activity: Mutex::new(Instant::now()),
+        });
+        {
+            let mut table = lock(&self.table);
+            if table.len() >= MAX_SESSIONS {
+                // Another create won the last place meanwhile; `child` is dropped and
+                // killed here.
+                return Err(CreateError::Full);
+            }
+            table.insert(session.id.clone(), session.clone());
+        }
+        monoio::spawn(follow(session.clone(), child));
+        Ok(session)
+    }
+
+    pub fn get(&self, id: &str) -> Option<Arc<Session>> {
+        lock(&self.table).get(id).cloned()
+    }
+
+    /// Every session, oldest first, after reaping idle ones.
+    pub fn list(&self) -> Vec<Arc<Session>> {
+        self.reap_idle();
+        let mut sessions: Vec<Arc<Session>> = lock(&self.table).values().cloned().collect();
+        sessions.sort_by(|a, b| a.created_at.total_cmp(&b.created_at));
+        sessions
+    }
+
+    /// Removes a session and kills its processes; `false` if there was none.
+    pub fn delete(&self, id: &str) -> bool {
+        let removed = lock(&self.table).remove(id);
+        match removed {
+            Some(session) => {
+                session.kill();
+                session.changed.notify();
+                true
+            }
+            None => false,
+        }
+    }
+
+    fn reap_idle(&self) {
+        let idle: Vec<String> = lock(&self.table)
+            .values()
+            .filter(|s| s.idle_for() >= IDLE_REAP)
+            .map(|s| s.id.clone())
+            .collect();
+        for id in idle {
+            self.delete(&id);
+        }
+    }
+}
+
+/// The session's output task: master to log until the shell exits (or the terminal
+/// closes), then what is left in the terminal, then the exit.
+async fn follow(session: Arc<Session>, mut child: Child) {
+    let mut text = Utf8Pieces::default();
+    let mut piece = vec![0u8; pipe::READ_PIECE];
+    let ready = pipe::set_nonblocking(&session.master)
+        .and_then(|()| Readiness::new(session.master.as_fd()));
+    if let Ok(ready) = &ready {
+        let reading = read_until_closed(&session, ready, &mut text, &mut piece);
+        monoio::select! {
+            _ = reading => {}
+            _ = child.wait() => {}
+        }
+    }
+    // The shell has exited (or the terminal closed): take what it wrote last. A
+    // background job of the shell that still holds the terminal is not waited for.
+    while let Ok(n) = rustix::io::read(&session.master, &mut piece[..]) {
+        if n == 0 {
+            break;
+        }
+        append(&session, text.decode(&piece[..n]));
+    }
+    append(&session, text.finish());
+    let _ = child.wait().await;
+    session.exited.store(true, Ordering::SeqCst);
+    session.changed.notify();
+}
+
+/// Reads the master into the log until the terminal reports end of file (EIO: no
+/// process holds the slave any more).
+async fn read_until_closed(
+    session: &Session,
+    ready: &Readiness,
+    text: &mut Utf8Pieces,
+    piece: &mut [u8],
+) {
+    let mut reads_without_waiting = 0u32;
+    loop {
+        match rustix::io::read(&session.master, &mut *piece) {
+            Ok(0) => return,
+            Ok(n) => {
+                append(session, text.decode(&piece[..n]));
+                reads_without_waiting += 1;
+                // monoio has no scheduling budget: a program that writes as fast as
+                // we read (`yes`) must not hold the worker.
+                if reads_without_waiting >= 16 {
+                    reads_without_waiting = 0;
+                    crate::runtime::yield_now().await;
+                }
+            }
+            Err(rustix::io::Errno::AGAIN) => {
+                reads_without_waiting = 0;
+                if ready.readable().await.is_err() {
+                    return;
+                }
+            }
+            Err(rustix::io::Errno::INTR) => {}
+            Err(_) => return,
+        }
+    }
+}
+
+fn append(session: &Session, decoded: String) {
+    if !decoded.is_empty() {
+        lock(&session.output).push(Stream::Stdout, decoded);
+        session.touch();
+        session.changed.notify();
+    }
+}
+
+/// A new pseudo-terminal: the master (close-on-exec) and the slave's path.
+fn open_pty() -> io::Result<(OwnedFd, CString)> {
+    use rustix::pty::{grantpt, openpt, ptsname, unlockpt, OpenptFlags};
+    let master = openpt(OpenptFlags::RDWR | OpenptFlags::NOCTTY | OpenptFlags::CLOEXEC)?;
+    grantpt(&master)?;
+    unlockpt(&master)?;
+    let path = ptsname(&master, Vec::new())?;
+    Ok((master, path))
+}
+
+fn set_size(master: &OwnedFd, cols: u16, rows: u16) -> io::Result<()> {
+    let size = rustix::termios::Winsize {
+        ws_row: rows,
+        ws_col: cols,
+        ws_xpixel: 0,
+        ws_ypixel: 0,
+    };
+    rustix::termios::tcsetwinsize(master, size)?;
+    Ok(())
+}
+
+/// 12 hex characters from the kernel's random source.
+fn new_id() -> String {
+    let mut bytes = [0u8; 6];
+    let _ = rustix::rand::getrandom(&mut bytes, rustix::rand::GetRandomFlags::empty());
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    // Nothing here can leave the data inconsistent on a panic.
+    mutex.lock().unwrap_or_else(|e| e.into_inner())
+}

@@ -1,0 +1,232 @@
+//! `terminal`: PTY sessions over HTTP (`/pty/sessions`), and their WebSocket on the PTY
+//! port (`socket.rs`).
+
+mod socket;
+
+use std::ffi::OsString;
+
+use serde_json::{json, Map, Value};
+
+use super::process::working_dir;
+use super::schema_object;
+use crate::api::{ApiError, Group, Method, Param};
+use crate::app::{handler, Call, Endpoint};
+use crate::http::Response;
+use crate::pty::{
+    CreateError, NewSession, SessionInfo, ALLOWED_SHELLS, MAX_SESSIONS, STRIPPED_VARS,
+};
+
+const DEFAULT_SHELL: &str = "/bin/bash";
+
+pub fn endpoints() -> Vec<Endpoint> {
+    let session_schema = || {
+        schema_object(
+            &["id", "pid", "created_at", "cols", "rows", "alive"],
+            json!({
+                "id": {"type": "string"}, "pid": {"type": "integer"}, "created_at": {"type": "number"},
+                "cols": {"type": "integer"}, "rows": {"type": "integer"}, "alive": {"type": "boolean"},
+            }),
+        )
+    };
+    let id = Param::path("id");
+    vec![
+        Endpoint::new(Method::Post, "/pty/sessions", Group::Terminal, handler(create))
+            .id("pty_create")
+            .summary("Start a shell on a new terminal; answers its WebSocket URL.")
+            .params(&[
+                Param::body("shell", "string", false),
+                Param::body("cols", "integer", false),
+                Param::body("rows", "integer", false),
+                Param::body("env", "object", false),
+            ])
+            .limit("max_sessions", MAX_SESSIONS)
+            .returns(schema_object(&["session_id", "ws_url", "pid"], json!({
+                "session_id": {"type": "string"}, "ws_url": {"type": "string"}, "pid": {"type": "integer"},
+            })))
+            .also_answers(&[400, 429]),
+        Endpoint::new(Method::Get, "/pty/sessions", Group::Terminal, handler(list))
+            .id("pty_list")
+            .summary("Terminal sessions (idle ones are reaped first).")
+            .returns(schema_object(&["sessions"], json!({"sessions": {"type": "array"}}))),
+        Endpoint::new(Method::Get, "/pty/sessions/{id}", Group::Terminal, handler(get))
+            .id("pty_get")
+            .summary("One terminal session.")
+            .params(std::slice::from_ref(&id))
+            .returns(session_schema())
+            .also_answers(&[404]),
+        Endpoint::new(Method::Post, "/pty/sessions/{id}/resize", Group::Terminal, handler(resize))
+            .id("pty_resize")
+            .summary("Set a terminal's size (1-1000 columns and rows).")
+            .params(&[id.clone(), Param::body("cols", "integer", true), Param::body("rows", "integer", true)])
+            .returns(session_schema())
+            .also_answers(&[400, 404]),
+        Endpoint::new(Method::Delete, "/pty/sessions/{id}", Group::Terminal, handler(delete))
+            .id("pty_delete")
+            .summary("End a terminal session and its processes.")
+            .params(&[id])
+            .returns(schema_object(&["status", "session_id"], json!({
+                "status": {"const": "closed"}, "session_id": {"type": "string"},
+            })))
+            .also_answers(&[404]),
+        socket::endpoint(),
+    ]
+}
+
+fn session_json(info: &SessionInfo) -> Value {
+    json!({
+        "id": info.id,
+        "pid": info.pid,
+        "created_at": info.created_at,
+        "cols": info.cols,
+        "rows": info.rows,
+        "alive": info.alive,
+    })
+}
+
+/// `cols` or `rows`: an integer from 1 to 1000 (`default` when absent and allowed).
+fn dimension(body: &Value, name: &str, default: Option<u16>) -> Result<u16, ApiError> {
+    match (body.get(name), default) {
+        (None | Some(Value::Null), Some(default)) => Ok(default),
+        (Some(Value::Number(n)), _) if n.as_u64().is_some_and(|v| (1..=1000).contains(&v)) => {
+            Ok(n.as_u64().unwrap_or(1) as u16)
+        }
+        _ => Err(ApiError::bad_request(format!(
+            "{name} must be an integer from 1 to 1000"
+        ))),
+    }
+}
+
+fn not_found(id: &str) -> ApiError {
+    ApiError::new(404, "ValueError", format!("Session not found: {id}"))
+}
+
+/// `POST /pty/sessions`.
+async fn create(call: Call) -> Result<Response, ApiError> {
+    let body: Value = call.json()?;
+    let shell = match body.get("shell") {
+        None | Some(Value::Null) => DEFAULT_SHELL.to_string(),
+        Some(Value::String(s)) if ALLOWED_SHELLS.contains(&s.as_str()) => s.clone(),
+        Some(other) => {
+            let shown = other
+                .as_str()
+                .map(str::to_string)
+                .unwrap_or_else(|| other.to_string());
+            return Err(ApiError::bad_request(format!(
+                "Shell not allowed: {shown} (allowed: {})",
+                ALLOWED_SHELLS.join(", ")
+            )));
+        }
+    };
+    let cols = dimension(&body, "cols", Some(80))?;
+    let rows = dimension(&body, "rows", Some(24))?;
+    let overrides: Vec<(String, String)> = match body.get("env") {
+        None | Some(Value::Null) => Vec::new(),
+        Some(Value::Object(map)) => env_overrides(map)?,
+        Some(_) => return Err(ApiError::bad_request("env must be an object of strings")),
+    };
+    let services = call.services();
+    let mut env: Vec<(OsString, OsString)> = services
+        .environment
+        .with(&overrides)
+        .into_iter()
+        .filter(|(name, _)| !STRIPPED_VARS.iter().any(|v| name == v))
+        .collect();
+    if !env.iter().any(|(name, _)| name == "TERM") {
+        env.push(("TERM".into(), "xterm-256color".into()));
+    }
+    let cwd = working_dir(&call, None).await?;
+    let session = services
+        .sessions
+        .create(NewSession { shell: shell.clone(), cols, rows, env, cwd }, &services.children)
+        .await
+        .map_err(|e| match e {
+            CreateError::Full => ApiError::new(
+                429,
+                "ResourceError",
+                format!("Too many terminal sessions: at most {MAX_SESSIONS}; delete one first (DELETE /pty/sessions/<id>)"),
+            ),
+            CreateError::Io(error) => super::process::spawn_error(&error, &shell),
+        })?;
+    let mut ws_url = format!(
+        "ws://localhost:{}/pty?session_id={}",
+        services.pty_port(),
+        session.id
+    );
+    if let Some(token) = call.state.config.token.as_deref().filter(|t| !t.is_empty()) {
+        ws_url.push_str("&token=");
+        ws_url.extend(percent_encoding::utf8_percent_encode(
+            token,
+            percent_encoding::NON_ALPHANUMERIC,
+        ));
+    }
+    Ok(Response::ok(&json!({
+        "session_id": session.id,
+        "ws_url": ws_url,
+        "pid": session.pid,
+    })))
+}
+
+fn env_overrides(map: &Map<String, Value>) -> Result<Vec<(String, String)>, ApiError> {
+    map.iter()
+        .map(|(name, value)| {
+            let Value::String(value) = value else {
+                return Err(ApiError::bad_request("env must be an object of strings"));
+            };
+            if name.is_empty() || name.contains('=') || name.contains('\0') || value.contains('\0') {
+                return Err(ApiError::bad_request(format!(
+                    "env: '{name}' cannot be set (names must be non-empty without '=', and neither may contain NUL)"
+                )));
+            }
+            Ok((name.clone(), value.clone()))
+        })
+        .collect()
+}
+
+/// `GET /pty/sessions`.
+async fn list(call: Call) -> Result<Response, ApiError> {
+    let sessions: Vec<Value> = call
+        .services()
+        .sessions
+        .list()
+        .iter()
+        .map(|s| session_json(&s.info()))
+        .collect();
+    Ok(Response::ok(&json!({ "sessions": sessions })))
+}
+
+/// `GET /pty/sessions/{id}`.
+async fn get(call: Call) -> Result<Response, ApiError> {
+    let id = call.path_param("id").unwrap_or_default();
+    let session = call
+        .services()
+        .sessions
+        .get(id)
+        .ok_or_else(|| not_found(id))?;
+    Ok(Response::ok(&session_json(&session.info())))
+}
+
+/// `POST /pty/sessions/{id}/resize`.
+async fn resize(call: Call) -> Result<Response, ApiError> {
+    let id = call.path_param("id").unwrap_or_default().to_string();
+    let body: Value = call.json()?;
+    let cols = dimension(&body, "cols", None)?;
+    let rows = dimension(&body, "rows", None)?;
+    let session = call
+        .services()
+        .sessions
+        .get(&id)
+        .ok_or_else(|| not_found(&id))?;
+    session
+        .resize(cols, rows)
+        .map_err(|e| crate::api::errno::os_error(&e, None))?;
+    Ok(Response::ok(&session_json(&session.info())))
+}
+
+/// `DELETE /pty/sessions/{id}`.
+async fn delete(call: Call) -> Result<Response, ApiError> {
+    let id = call.path_param("id").unwrap_or_default().to_string();
+    if !call.services().sessions.delete(&id) {
+        return Err(not_found(&id));
+    }
+    Ok(Response::ok(&json!({"status": "closed", "session_id": id})))
+}

@@ -1,0 +1,196 @@
+//! The PTY WebSocket (`pty_connect`, `/pty?session_id=` on the PTY port).
+//!
+//! One loop per connection, on the worker that accepted it: take the client's messages
+//! that have arrived (input, resize, signal), send the session's output from this
+//! connection's cursor, then wait for either. Output is pulled from the session's log
+//! only as fast as this client takes it, so a client that stops reading holds one
+//! message in flight and its cursor, nothing more; if it falls so far behind that the
+//! log dropped text it had not seen, it is told (`event: dropped`) and carries on from
+//! the oldest text kept.
+
+use std::sync::Arc;
+
+use monoio::net::TcpStream;
+use serde_json::{json, Value};
+
+use crate::api::{Group, Param};
+use crate::app::{Endpoint, Upgraded};
+use crate::http::websocket::{Received, WebSocket};
+use crate::pty::Session;
+
+/// The most output one `output` message carries.
+const MESSAGE_TEXT: usize = 64 * 1024;
+
+/// Close codes beyond the contract's 4001 (credentials) and 4003 (policy).
+const CLOSE_NORMAL: u16 = 1000;
+const CLOSE_BAD_REQUEST: u16 = 4000;
+const CLOSE_NO_SESSION: u16 = 4004;
+
+pub fn endpoint() -> Endpoint {
+    Endpoint::websocket(
+        "/pty",
+        Group::Terminal,
+        Arc::new(|upgraded, stream, leftover| Box::pin(serve(upgraded, stream, leftover))),
+    )
+    .id("pty_connect")
+    .summary("PTY WebSocket on ABX_PTY_PORT (input, resize, signal; output and events).")
+    .params(&[
+        Param::query("session_id", "string", true),
+        Param::query("token", "string", false),
+    ])
+}
+
+async fn serve(upgraded: Upgraded, stream: TcpStream, leftover: Vec<u8>) {
+    let mut ws = WebSocket::new(stream, leftover);
+    if let Err(refusal) = &upgraded.admitted {
+        let _ = ws.close(refusal.close_code, &refusal.reason).await;
+        return;
+    }
+    let Some(id) = upgraded.query("session_id").map(str::to_string) else {
+        let _ = ws.close(CLOSE_BAD_REQUEST, "session_id is required").await;
+        return;
+    };
+    let sessions = &upgraded.services().sessions;
+    let Some(session) = sessions.get(&id) else {
+        let _ = ws
+            .close(CLOSE_NO_SESSION, &format!("Session not found: {id}"))
+            .await;
+        return;
+    };
+    session.touch();
+    let started =
+        json!({"type": "event", "event": "started", "session_id": id, "pid": session.pid});
+    if ws.send_text(started.to_string()).await.is_err() {
+        return;
+    }
+    // From the oldest output kept: a client that reconnects gets what it missed.
+    let mut cursor = 0u64;
+    let mut first_page = true;
+    loop {
+        let seen = session.changed.version();
+        loop {
+            match ws.try_receive() {
+                Ok(Some(Received::Text(text))) => {
+                    if let Err(reply) = handle(&session, &text).await {
+                        if ws.send_text(reply.to_string()).await.is_err() {
+                            return;
+                        }
+                    }
+                }
+                Ok(Some(Received::Binary(bytes))) => {
+                    if session.input(&bytes).await.is_err() {
+                        break;
+                    }
+                }
+                Ok(Some(Received::Closed)) | Err(_) => {
+                    let _ = ws.flush().await;
+                    return;
+                }
+                Ok(None) => break,
+            }
+        }
+        if ws.flush().await.is_err() {
+            return;
+        }
+        let page = session.read(cursor);
+        if page.dropped && !first_page {
+            let notice = json!({"type": "event", "event": "dropped", "session_id": id});
+            if ws.send_text(notice.to_string()).await.is_err() {
+                return;
+            }
+        }
+        first_page = false;
+        let sent_output = !page.events.is_empty();
+        let mut text = String::new();
+        for event in page.events {
+            text.push_str(&event.data);
+            if text.len() >= MESSAGE_TEXT
+                && send_output(&mut ws, std::mem::take(&mut text))
+                    .await
+                    .is_err()
+            {
+                return;
+            }
+        }
+        if !text.is_empty() && send_output(&mut ws, text).await.is_err() {
+            return;
+        }
+        cursor = page.next;
+        if sent_output {
+            continue;
+        }
+        if session.has_exited() || sessions.get(&id).is_none() {
+            let exited = json!({"type": "event", "event": "exited", "session_id": id});
+            let _ = ws.send_text(exited.to_string()).await;
+            let _ = ws.close(CLOSE_NORMAL, "session ended").await;
+            return;
+        }
+        monoio::select! {
+            ready = ws.readable() => if ready.is_err() { return },
+            _ = session.changed.changed(seen) => {}
+        }
+    }
+}
+
+async fn send_output(ws: &mut WebSocket, data: String) -> std::io::Result<()> {
+    ws.send_text(json!({"type": "output", "data": data}).to_string())
+        .await
+}
+
+/// Applies one client message; `Err` is an `error` message to send back.
+async fn handle(session: &Session, text: &str) -> Result<(), Value> {
+    let error = |message: String| json!({"type": "error", "message": message});
+    let message: Value =
+        serde_json::from_str(text).map_err(|e| error(format!("messages are JSON objects: {e}")))?;
+    match message.get("type").and_then(Value::as_str) {
+        Some("input") => {
+            let data = message
+                .get("data")
+                .and_then(Value::as_str)
+                .ok_or_else(|| error("input needs data (a string)".into()))?;
+            session
+                .input(data.as_bytes())
+                .await
+                .map_err(|e| error(format!("the terminal did not take the input: {e}")))
+        }
+        Some("resize") => {
+            let size = |name: &str| {
+                message
+                    .get(name)
+                    .and_then(Value::as_u64)
+                    .filter(|v| (1..=1000).contains(v))
+                    .map(|v| v as u16)
+                    .ok_or_else(|| error(format!("{name} must be an integer from 1 to 1000")))
+            };
+            let (cols, rows) = (size("cols")?, size("rows")?);
+            session
+                .resize(cols, rows)
+                .map_err(|e| error(format!("resize failed: {e}")))
+        }
+        Some("signal") => {
+            use rustix::process::Signal;
+            let name = message.get("signal").and_then(Value::as_str).unwrap_or("");
+            let signal = match name {
+                "SIGINT" => Signal::INT,
+                "SIGTERM" => Signal::TERM,
+                "SIGKILL" => Signal::KILL,
+                "SIGHUP" => Signal::HUP,
+                "SIGQUIT" => Signal::QUIT,
+                _ => {
+                    return Err(error(format!(
+                        "signal must be SIGINT, SIGTERM, SIGKILL, SIGHUP or SIGQUIT, not '{name}'"
+                    )))
+                }
+            };
+            session
+                .signal(signal)
+                .map_err(|e| error(format!("signal failed: {e}")))
+        }
+        other => Err(error(format!(
+            "unknown message type {}: use input, resize or signal",
+            other
+                .map(|t| format!("'{t}'"))
+                .unwrap_or_else(|| "(none)".into())
+        ))),
+    }
+}

@@ -1,0 +1,435 @@
+//! The terminal group against the real binary: sessions over HTTP, and a real
+//! WebSocket client (tungstenite) typing into real shells on real PTYs.
+
+use std::net::{SocketAddr, TcpStream};
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
+use tungstenite::{Message, WebSocket};
+
+use crate::on_both_drivers;
+use crate::support::{Launch, Server, TempDir};
+
+type Socket = WebSocket<TcpStream>;
+
+fn create(server: &Server, body: Value) -> (u16, Value) {
+    let reply = server.post("/pty/sessions", &body.to_string());
+    (reply.status, reply.json())
+}
+
+fn new_session(server: &Server) -> String {
+    let (status, body) = create(server, json!({"shell": "/bin/bash", "env": {"PS1": "$ "}}));
+    assert_eq!(status, 200, "{body}");
+    body["session_id"].as_str().unwrap().to_string()
+}
+
+/// Opens the WebSocket with `query` and extra headers; the handshake must succeed.
+fn open(addr: SocketAddr, query: &str, headers: &[(&str, &str)]) -> Socket {
+    let stream = TcpStream::connect(addr).unwrap();
+    stream
+        .set_read_timeout(Some(Duration::from_secs(20)))
+        .unwrap();
+    let mut request = tungstenite::client::IntoClientRequest::into_client_request(format!(
+        "ws://{addr}/pty?{query}"
+    ))
+    .unwrap();
+    for (name, value) in headers {
+        request.headers_mut().insert(
+            tungstenite::http::HeaderName::from_bytes(name.as_bytes()).unwrap(),
+            value.parse().unwrap(),
+        );
+    }
+    tungstenite::client(request, stream).unwrap().0
+}
+
+fn connect(server: &Server, id: &str) -> Socket {
+    open(
+        server.pty_addr.expect("the PTY port listens"),
+        &format!("session_id={id}"),
+        &[],
+    )
+}
+
+fn send(ws: &mut Socket, message: Value) {
+    ws.send(Message::text(message.to_string())).unwrap();
+}
+
+fn type_text(ws: &mut Socket, text: &str) {
+    send(ws, json!({"type": "input", "data": text}));
+}
+
+/// Reads messages until the collected output contains `needle`; returns that output.
+fn read_output_until(ws: &mut Socket, needle: &str) -> String {
+    let deadline = Instant::now() + Duration::from_secs(15);
+    let mut output = String::new();
+    while Instant::now() < deadline {
+        match ws.read() {
+            Ok(Message::Text(text)) => {
+                let message: Value = serde_json::from_str(&text).unwrap();
+                if message["type"] == "output" {
+                    output.push_str(message["data"].as_str().unwrap());
+                    if output.contains(needle) {
+                        return output;
+                    }
+                }
+            }
+            Ok(_) => {}
+            Err(e) => panic!("socket ended before {needle:?}: {e}; output so far: {output:?}"),
+        }
+    }
+    panic!("{needle:?} did not appear; output: {output:?}");
+}
+
+/// The next message that is an event.
+fn next_event(ws: &mut Socket) -> Value {
+    loop {
+        match ws.read().unwrap() {
+            Message::Text(text) => {
+                let message: Value = serde_json::from_str(&text).unwrap();
+                if message["type"] == "event" {
+                    return message;
+                }
+            }
+            _ => continue,
+        }
+    }
+}
+
+/// The close code of a socket the server closes right away.
+fn close_code(addr: SocketAddr, query: &str, headers: &[(&str, &str)]) -> u16 {
+    let mut ws = open(addr, query, headers);
+    loop {
+        match ws.read() {
+            Ok(Message::Close(Some(frame))) => return u16::from(frame.code),
+            Ok(Message::Close(None)) => return 1005,
+            Ok(_) => continue,
+            Err(e) => panic!("no close frame: {e}"),
+        }
+    }
+}
+
+fn sessions_follow_the_contract(driver: &'static str) {
+    let server = Server::start(driver);
+    let pty = server
+        .pty_addr
+        .expect("the terminal group listens by default");
+    let (status, body) = create(
+        &server,
+        json!({"shell": "/bin/sh", "cols": 100, "rows": 30}),
+    );
+    assert_eq!(status, 200, "{body}");
+    let id = body["session_id"].as_str().unwrap().to_string();
+    assert!(
+        id.len() == 12 && id.bytes().all(|b| b.is_ascii_hexdigit()),
+        "{id}"
+    );
+    assert_eq!(
+        body["ws_url"],
+        format!("ws://localhost:{}/pty?session_id={id}", pty.port())
+    );
+    assert!(body["pid"].as_i64().unwrap() > 0);
+    let listed = server.get("/pty/sessions").json();
+    let session = &listed["sessions"][0];
+    assert_eq!(
+        (
+            &session["id"],
+            &session["cols"],
+            &session["rows"],
+            &session["alive"]
+        ),
+        (&json!(id), &json!(100), &json!(30), &json!(true))
+    );
+    assert!(session["created_at"].as_f64().unwrap() > 1.7e9);
+    assert_eq!(server.get(&format!("/pty/sessions/{id}")).json(), *session);
+    let reply = server.post(
+        &format!("/pty/sessions/{id}/resize"),
+        r#"{"cols": 120, "rows": 40}"#,
+    );
+    assert_eq!(
+        (reply.json()["cols"].clone(), reply.json()["rows"].clone()),
+        (json!(120), json!(40))
+    );
+    for bad in [
+        json!({"cols": 0, "rows": 10}),
+        json!({"cols": 1001, "rows": 10}),
+        json!({"cols": "80", "rows": 10}),
+        json!({"cols": 80}),
+    ] {
+        assert_eq!(
+            server
+                .post(&format!("/pty/sessions/{id}/resize"), &bad.to_string())
+                .status,
+            400,
+            "{bad}"
+        );
+    }
+    let reply = server.request("DELETE", &format!("/pty/sessions/{id}"), &[], None);
+    assert_eq!(reply.json(), json!({"status": "closed", "session_id": id}));
+    assert_eq!(server.get(&format!("/pty/sessions/{id}")).status, 404);
+    assert_eq!(
+        server
+            .request("DELETE", &format!("/pty/sessions/{id}"), &[], None)
+            .status,
+        404
+    );
+    assert_eq!(
+        server
+            .post("/pty/sessions/nope/resize", r#"{"cols": 1, "rows": 1}"#)
+            .status,
+        404
+    );
+    for bad in [
+        json!({"shell": "/usr/bin/python3"}),
+        json!({"shell": 7}),
+        json!({"cols": 0}),
+        json!({"rows": 1001}),
+        json!({"cols": 2.5}),
+        json!({"env": ["A"]}),
+        json!({"env": {"A": 1}}),
+    ] {
+        assert_eq!(create(&server, bad.clone()).0, 400, "{bad}");
+    }
+    // At most ten.
+    let ids: Vec<String> = (0..10).map(|_| new_session(&server)).collect();
+    let (status, body) = create(&server, json!({}));
+    assert_eq!(
+        (status, body["type"].as_str()),
+        (429, Some("ResourceError")),
+        "{body}"
+    );
+    for id in &ids {
+        server.request("DELETE", &format!("/pty/sessions/{id}"), &[], None);
+    }
+    assert_eq!(create(&server, json!({})).0, 200);
+}
+
+fn typing_echo_resize_signals_and_exit(driver: &'static str) {
+    let server = Server::start(driver);
+    let (_, body) = create(
+        &server,
+        json!({"shell": "/bin/bash", "cols": 80, "rows": 24,
+               "env": {"PS1": "$ ", "LD_PRELOAD": "/nonexistent.so", "LD_LIBRARY_PATH": "/x", "MINE": "kept"}}),
+    );
+    let id = body["session_id"].as_str().unwrap().to_string();
+    let pid = body["pid"].as_i64().unwrap();
+    let mut ws = connect(&server, &id);
+    let started = next_event(&mut ws);
+    assert_eq!(
+        started,
+        json!({"type": "event", "event": "started", "session_id": id, "pid": pid})
+    );
+
+    type_text(&mut ws, "echo hi-$((6*7))\n");
+    read_output_until(&mut ws, "hi-42");
+    type_text(
+        &mut ws,
+        "echo \"[${LD_PRELOAD}:${LD_LIBRARY_PATH}:$MINE:${TERM:+set}]\"\n",
+    );
+    read_output_until(&mut ws, "[::kept:set]");
+
+    // A resize over the socket is what `stty size` reports, and so is one over HTTP.
+    send(&mut ws, json!({"type": "resize", "cols": 132, "rows": 43}));
+    type_text(&mut ws, "stty size\n");
+    read_output_until(&mut ws, "43 132");
+    server.post(
+        &format!("/pty/sessions/{id}/resize"),
+        r#"{"cols": 90, "rows": 30}"#,
+    );
+    type_text(&mut ws, "stty size\n");
+    read_output_until(&mut ws, "30 90");
+
+    // SIGINT reaches the program in the foreground, not only the shell.
+    type_text(&mut ws, "sleep 100; echo slept-$?\n");
+    std::thread::sleep(Duration::from_millis(300));
+    send(&mut ws, json!({"type": "signal", "signal": "SIGINT"}));
+    type_text(&mut ws, "echo after-interrupt\n");
+    read_output_until(&mut ws, "after-interrupt");
+
+    // Bad messages are answered, and the session carries on.
+    send(&mut ws, json!({"type": "signal", "signal": "SIGSTOP"}));
+    send(&mut ws, json!({"type": "teleport"}));
+    ws.send(Message::text("not json")).unwrap();
+    let mut errors = 0;
+    while errors < 3 {
+        if let Message::Text(text) = ws.read().unwrap() {
+            if serde_json::from_str::<Value>(&text).unwrap()["type"] == "error" {
+                errors += 1;
+            }
+        }
+    }
+
+    type_text(&mut ws, "exit\n");
+    let exited = next_event(&mut ws);
+    assert_eq!(
+        exited,
+        json!({"type": "event", "event": "exited", "session_id": id})
+    );
+    assert_eq!(
+        server.get(&format!("/pty/sessions/{id}")).json()["alive"],
+        false
+    );
+}
+
+fn output_is_valid_utf8_across_reads(driver: &'static str) {
+    let server = Server::start(driver);
+    let id = new_session(&server);
+    let mut ws = connect(&server, &id);
+    // 20,000 three-byte characters: reads of the terminal split some of them.
+    // (Needles are computed by the shell, so the terminal's echo of the typed line never
+    // matches them.)
+    type_text(
+        &mut ws,
+        "printf '€%.0s' $(seq 20000); echo; echo done-$((1+1))\n",
+    );
+    let output = read_output_until(&mut ws, "done-2");
+    assert!(!output.contains('\u{fffd}'), "a character was split");
+    assert!(
+        output.matches('€').count() >= 20_000,
+        "{}",
+        output.matches('€').count()
+    );
+}
+
+fn reconnecting_replays_and_several_sockets_share_a_session(driver: &'static str) {
+    let server = Server::start(driver);
+    let id = new_session(&server);
+    let mut first = connect(&server, &id);
+    type_text(&mut first, "echo replay-$((40+2))\n");
+    read_output_until(&mut first, "replay-42");
+    drop(first);
+    // The session outlives its socket, and a new one first gets what was said.
+    assert_eq!(
+        server.get(&format!("/pty/sessions/{id}")).json()["alive"],
+        true
+    );
+    let mut second = connect(&server, &id);
+    read_output_until(&mut second, "replay-42");
+    // Two sockets at once: both see output, either may type.
+    let mut third = connect(&server, &id);
+    read_output_until(&mut third, "replay-42");
+    type_text(&mut third, "echo from-third\n");
+    read_output_until(&mut second, "from-third");
+    read_output_until(&mut third, "from-third");
+}
+
+fn a_full_screen_program_survives_a_resize(driver: &'static str) {
+    let server = Server::start(driver);
+    let id = new_session(&server);
+    let mut ws = connect(&server, &id);
+    type_text(&mut ws, "seq 1 500 > numbers.txt; less numbers.txt\n");
+    // less shows the first screen (line 23 is not in the typed command).
+    read_output_until(&mut ws, "23");
+    send(&mut ws, json!({"type": "resize", "cols": 60, "rows": 10}));
+    // Redrawn for the new size; a search shows the lines after the match.
+    type_text(&mut ws, "/250\n");
+    read_output_until(&mut ws, "253");
+    type_text(&mut ws, "q");
+    type_text(&mut ws, "echo less-quit-$(stty size | tr ' ' x)\n");
+    read_output_until(&mut ws, "less-quit-10x60");
+}
+
+fn the_auth_matrix_and_close_codes(driver: &'static str) {
+    let server = Launch::new(driver)
+        .env("ABX_SERVER_TOKEN", "s3cr3t/+")
+        .start();
+    let auth = [("X-Access-Token", "s3cr3t/+")];
+    let reply = server.request("POST", "/pty/sessions", &auth, Some(b"{}"));
+    let body = reply.json();
+    let id = body["session_id"].as_str().unwrap().to_string();
+    let pty = server.pty_addr.unwrap();
+    assert_eq!(
+        body["ws_url"],
+        format!(
+            "ws://localhost:{}/pty?session_id={id}&token=s3cr3t%2F%2B",
+            pty.port()
+        )
+    );
+    let query = format!("session_id={id}");
+    assert_eq!(close_code(pty, &query, &[]), 4001);
+    assert_eq!(close_code(pty, &format!("{query}&token=wrong"), &[]), 4001);
+    assert_eq!(
+        close_code(pty, &query, &[("Authorization", "Bearer wrong")]),
+        4001
+    );
+    for (q, headers) in [
+        (format!("{query}&token=s3cr3t%2F%2B"), vec![]),
+        (query.clone(), vec![("Authorization", "Bearer s3cr3t/+")]),
+        (query.clone(), vec![("X-Access-Token", "s3cr3t/+")]),
+    ] {
+        let mut ws = open(pty, &q, &headers);
+        assert_eq!(next_event(&mut ws)["event"], "started", "{q} {headers:?}");
+    }
+    assert_eq!(
+        close_code(pty, "session_id=000000000000&token=s3cr3t%2F%2B", &[]),
+        4004
+    );
+    assert_eq!(close_code(pty, "token=s3cr3t%2F%2B", &[]), 4000);
+    // Not a WebSocket handshake: a plain 400.
+    let mut plain = TcpStream::connect(pty).unwrap();
+    std::io::Write::write_all(&mut plain, b"GET /pty HTTP/1.1\r\nHost: t\r\n\r\n").unwrap();
+    let reply = crate::support::read_reply(&mut std::io::BufReader::new(plain)).unwrap();
+    assert_eq!(reply.status, 400);
+
+    // pty_connect disabled by policy while the rest of the group is on: 4003.
+    let dir = TempDir::new("ptypolicy");
+    let policy = dir.path().join("policy.json");
+    std::fs::write(
+        &policy,
+        r#"{"endpoints": {"pty_connect": {"enabled": false}}}"#,
+    )
+    .unwrap();
+    let disabled = Launch::new(driver)
+        .env("ABX_SERVER_POLICY", policy.to_str().unwrap())
+        .start();
+    let id = new_session(&disabled);
+    assert_eq!(
+        close_code(disabled.pty_addr.unwrap(), &format!("session_id={id}"), &[]),
+        4003
+    );
+    // The whole group off: nothing listens.
+    std::fs::write(&policy, r#"{"groups": {"terminal": false}}"#).unwrap();
+    let off = Launch::new(driver)
+        .env("ABX_SERVER_POLICY", policy.to_str().unwrap())
+        .start();
+    assert_eq!(off.pty_addr, None, "{:?}", off.startup);
+}
+
+/// The server's resident memory in KiB.
+fn rss_kib(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.split_whitespace().next()?.parse().ok())
+        .unwrap()
+}
+
+fn a_client_that_never_reads_costs_no_memory(driver: &'static str) {
+    let server = Server::start(driver);
+    let id = new_session(&server);
+    let mut ws = connect(&server, &id);
+    next_event(&mut ws);
+    let before = rss_kib(server.child.id());
+    type_text(&mut ws, "yes 0123456789012345678901234567890123456789\n");
+    // Never read: the output log keeps 1 MiB, the socket's buffers fill, and the rest is
+    // dropped while `yes` runs on.
+    std::thread::sleep(Duration::from_secs(3));
+    let during = rss_kib(server.child.id());
+    assert!(
+        during < before + 16 * 1024,
+        "RSS grew from {before} KiB to {during} KiB with a client that never reads"
+    );
+    // The session still answers HTTP, and is ended cleanly.
+    let reply = server.request("DELETE", &format!("/pty/sessions/{id}"), &[], None);
+    assert_eq!(reply.status, 200);
+}
+
+on_both_drivers!(
+    sessions_follow_the_contract,
+    typing_echo_resize_signals_and_exit,
+    output_is_valid_utf8_across_reads,
+    reconnecting_replays_and_several_sockets_share_a_session,
+    a_full_screen_program_survives_a_resize,
+    the_auth_matrix_and_close_codes,
+    a_client_that_never_reads_costs_no_memory,
+);

@@ -45,9 +45,7 @@ pub enum Plan<C> {
     Read { limit: u64, call: C },
     /// Stream the body into `sink`, up to `limit` bytes; the sink's answer is sent.
     Stream { limit: u64, sink: Box<dyn BodySink> },
-    /// Hand the connection over (after writing nothing). The PTY WebSocket (terminal
-    /// group) is its first user; until it lands nothing constructs it.
-    #[allow(dead_code)]
+    /// Hand the connection over (after writing nothing): the PTY WebSocket.
     Upgrade(Upgrade),
 }
 

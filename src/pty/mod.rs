@@ -303,30 +303,39 @@ async fn read_until_closed(
     text: &mut Utf8Pieces,
     piece: &mut [u8],
 ) {
+    // A terminal hands out at most about 4 KiB per read; what one wake-up finds is
+    // gathered into one log entry (up to a read piece), so a fast writer costs one
+    // append and one notification per 64 KiB, not per 4 KiB.
+    let mut gathered = String::new();
     let mut reads_without_waiting = 0u32;
     loop {
         match rustix::io::read(&session.master, &mut *piece) {
-            Ok(0) => return,
+            Ok(0) => break,
             Ok(n) => {
-                append(session, text.decode(&piece[..n]));
-                reads_without_waiting += 1;
-                // monoio has no scheduling budget: a program that writes as fast as
-                // we read (`yes`) must not hold the worker.
-                if reads_without_waiting >= 16 {
-                    reads_without_waiting = 0;
-                    crate::runtime::yield_now().await;
+                gathered.push_str(&text.decode(&piece[..n]));
+                if gathered.len() >= piece.len() {
+                    append(session, std::mem::take(&mut gathered));
+                    reads_without_waiting += 1;
+                    // monoio has no scheduling budget: a program that writes as fast as
+                    // we read (`yes`) must not hold the worker.
+                    if reads_without_waiting >= 16 {
+                        reads_without_waiting = 0;
+                        crate::runtime::yield_now().await;
+                    }
                 }
             }
             Err(rustix::io::Errno::AGAIN) => {
+                append(session, std::mem::take(&mut gathered));
                 reads_without_waiting = 0;
                 if ready.readable().await.is_err() {
-                    return;
+                    break;
                 }
             }
             Err(rustix::io::Errno::INTR) => {}
-            Err(_) => return,
+            Err(_) => break,
         }
     }
+    append(session, gathered);
 }
 
 fn append(session: &Session, decoded: String) {

@@ -163,6 +163,10 @@ impl Server {
                 if let Some(bridge) = &bridge {
                     bridge.stop();
                 }
+                // Terminal jobs live in process groups of their own, out of the registry.
+                for session in children_state.services.sessions.all() {
+                    session.kill();
+                }
                 let children = &children_state.services.children;
                 if children.signal_all(nix::sys::signal::Signal::SIGTERM) > 0 {
                     std::thread::sleep(std::time::Duration::from_millis(200));

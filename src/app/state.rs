@@ -38,6 +38,8 @@ pub struct Services {
     pub bridge: Option<Arc<Bridge>>,
     /// Terminal sessions.
     pub sessions: crate::pty::Sessions,
+    /// How long a write may wait for a client that does not read (the read timeout).
+    pub write_timeout: std::time::Duration,
     configured_pty_port: u16,
     /// The PTY WebSocket's port as bound (`--pty-port 0` picks one), set at startup.
     pub bound_pty_port: std::sync::OnceLock<u16>,
@@ -169,6 +171,7 @@ impl AppState {
                 commands,
                 bridge: extras.bridge,
                 sessions: Default::default(),
+                write_timeout: config.read_timeout,
                 configured_pty_port: config.pty_port,
                 bound_pty_port: std::sync::OnceLock::new(),
                 started: Instant::now(),

@@ -96,12 +96,18 @@ pub enum Received {
 pub struct WebSocket {
     stream: TcpStream,
     socket: tungstenite::WebSocket<Buffers>,
+    /// How long one write may wait for a client that does not read.
+    write_timeout: std::time::Duration,
 }
 
 impl WebSocket {
     /// Wraps `stream` after the 101 was sent; `leftover` are bytes the client sent
     /// after its handshake, already read by the engine.
-    pub fn new(stream: TcpStream, leftover: Vec<u8>) -> WebSocket {
+    pub fn new(
+        stream: TcpStream,
+        leftover: Vec<u8>,
+        write_timeout: std::time::Duration,
+    ) -> WebSocket {
         let mut config = WebSocketConfig::default();
         config.max_message_size = Some(MAX_MESSAGE_BYTES);
         config.max_frame_size = Some(MAX_MESSAGE_BYTES);
@@ -112,6 +118,7 @@ impl WebSocket {
         WebSocket {
             stream,
             socket: tungstenite::WebSocket::from_raw_socket(buffers, Role::Server, Some(config)),
+            write_timeout,
         }
     }
 
@@ -186,7 +193,18 @@ impl WebSocket {
         if pending.is_empty() {
             return Ok(());
         }
-        let (written, buffer) = self.stream.write_all(pending).await;
+        // A client that stops reading for this long is gone: its connection (and what
+        // it holds, such as a deleted session) is let go.
+        let (written, buffer) =
+            match monoio::time::timeout(self.write_timeout, self.stream.write_all(pending)).await {
+                Ok(done) => done,
+                Err(_) => {
+                    return Err(io::Error::new(
+                        io::ErrorKind::TimedOut,
+                        "the client did not read for the whole write timeout",
+                    ))
+                }
+            };
         // Keep the allocation for the next message.
         let mut buffer = buffer;
         buffer.clear();

@@ -42,6 +42,10 @@ pub struct OutputLog {
     next_seq: u64,
     bytes: usize,
     cap: usize,
+    /// Bytes each event counts beyond its text, so a writer of many tiny pieces cannot
+    /// hold far more memory than the cap says (0: the text alone, as `/process`'s
+    /// contract counts it).
+    event_overhead: usize,
 }
 
 /// What a caller reads from a cursor.
@@ -61,6 +65,15 @@ impl OutputLog {
             next_seq: 0,
             bytes: 0,
             cap,
+            event_overhead: 0,
+        }
+    }
+
+    /// A log whose cap also counts `overhead` bytes per event.
+    pub fn with_event_overhead(cap: usize, overhead: usize) -> OutputLog {
+        OutputLog {
+            event_overhead: overhead,
+            ..OutputLog::new(cap)
         }
     }
 
@@ -77,13 +90,14 @@ impl OutputLog {
             }
             data.drain(..cut);
         }
-        while self.bytes + data.len() > self.cap {
+        let cost = data.len() + self.event_overhead;
+        while self.bytes + cost > self.cap {
             match self.events.pop_front() {
-                Some(old) => self.bytes -= old.data.len(),
+                Some(old) => self.bytes -= old.data.len() + self.event_overhead,
                 None => break,
             }
         }
-        self.bytes += data.len();
+        self.bytes += cost;
         self.events.push_back(OutputEvent {
             seq: self.next_seq,
             stream,
@@ -99,12 +113,30 @@ impl OutputLog {
 
     /// Everything held at or after `since`. A cursor past the end reads as the end.
     pub fn read(&self, since: u64) -> OutputPage {
+        self.read_at_most(since, usize::MAX)
+    }
+
+    /// Like [`OutputLog::read`], but stops once `max_bytes` of text are taken (always
+    /// taking at least one event), so a slow reader copies one piece at a time.
+    pub fn read_at_most(&self, since: u64, max_bytes: usize) -> OutputPage {
         let since = since.min(self.next_seq);
         let first_held = self.events.front().map_or(self.next_seq, |e| e.seq);
         let skip = since.saturating_sub(first_held) as usize;
+        let mut taken = 0;
+        let events: Vec<OutputEvent> = self
+            .events
+            .iter()
+            .skip(skip)
+            .take_while(|e| {
+                let fits = taken == 0 || taken + e.data.len() <= max_bytes;
+                taken += e.data.len();
+                fits
+            })
+            .cloned()
+            .collect();
         OutputPage {
-            events: self.events.iter().skip(skip).cloned().collect(),
-            next: self.next_seq,
+            next: events.last().map_or(self.next_seq, |e| e.seq + 1),
+            events,
             dropped: since < first_held,
         }
     }
@@ -239,6 +271,29 @@ mod tests {
         );
         log.push(Stream::Stdout, String::new());
         assert_eq!(log.next_seq(), 3, "empty reads are not events");
+    }
+
+    #[test]
+    fn bounded_reads_and_per_event_overhead() {
+        let mut log = OutputLog::new(100);
+        for piece in ["aaaa", "bbbb", "cccc"] {
+            log.push(Stream::Stdout, piece.into());
+        }
+        let page = log.read_at_most(0, 8);
+        let texts: Vec<&str> = page.events.iter().map(|e| e.data.as_str()).collect();
+        assert_eq!((texts, page.next), (vec!["aaaa", "bbbb"], 2));
+        let page = log.read_at_most(page.next, 1);
+        assert_eq!((page.events.len(), page.next), (1, 3), "one event at least");
+        assert_eq!(log.read_at_most(3, 8).next, 3, "at the end");
+
+        // With 10 bytes of overhead per event, a cap of 30 holds two 5-byte events.
+        let mut log = OutputLog::with_event_overhead(30, 10);
+        for piece in ["11111", "22222", "33333"] {
+            log.push(Stream::Stdout, piece.into());
+        }
+        let page = log.read(0);
+        let texts: Vec<&str> = page.events.iter().map(|e| e.data.as_str()).collect();
+        assert_eq!((texts, page.dropped), (vec!["22222", "33333"], true));
     }
 
     #[test]

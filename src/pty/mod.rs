@@ -38,6 +38,9 @@ pub const MAX_SESSIONS: usize = 10;
 pub const IDLE_REAP: Duration = Duration::from_secs(1800);
 /// Output kept per session for clients that connect later or fall behind.
 pub const OUTPUT_LOG_BYTES: usize = 1024 * 1024;
+/// What one log entry costs beyond its text (entry and allocation), counted against
+/// the log's size so a program writing a byte at a time cannot hold more memory.
+const LOG_EVENT_OVERHEAD: usize = 64;
 /// Shells a session may run.
 pub const ALLOWED_SHELLS: [&str; 5] = [
     "/bin/bash",
@@ -92,9 +95,10 @@ impl Session {
         self.exited.load(Ordering::SeqCst)
     }
 
-    /// Output from sequence number `since` on (see [`OutputLog::read`]).
-    pub fn read(&self, since: u64) -> OutputPage {
-        lock(&self.output).read(since)
+    /// Output from sequence number `since` on, at most about `max_bytes` of it (see
+    /// [`OutputLog::read_at_most`]).
+    pub fn read(&self, since: u64, max_bytes: usize) -> OutputPage {
+        lock(&self.output).read_at_most(since, max_bytes)
     }
 
     /// Marks the session as used now (it is not idle).
@@ -141,14 +145,12 @@ impl Session {
         }
     }
 
-    /// Kills the session's process group (deletion, shutdown).
-    fn kill(&self) {
-        if self.has_exited() {
-            return;
-        }
-        if let Some(pid) = rustix::process::Pid::from_raw(self.pid) {
-            let _ = rustix::process::kill_process_group(pid, rustix::process::Signal::KILL);
-        }
+    /// Kills every process of the session: the shell's group, and every other group
+    /// of its terminal session (an interactive shell gives each job a group of its own,
+    /// and background jobs outlive the shell). Blocking: it scans `/proc`, so run it
+    /// on the blocking pool.
+    pub fn kill(&self) {
+        kill_session(self.pid);
     }
 }
 
@@ -185,13 +187,14 @@ impl Sessions {
         request: NewSession,
         children: &Arc<ChildRegistry>,
     ) -> Result<Arc<Session>, CreateError> {
-        self.reap_idle();
         // Counted again on insertion; this early check spares a spawn.
         if lock(&self.table).len() >= MAX_SESSIONS {
             return Err(CreateError::Full);
         }
         let (master, slave_path) = open_pty().map_err(CreateError::Io)?;
         set_size(&master, request.cols, request.rows).map_err(CreateError::Io)?;
+        pipe::set_nonblocking(&master).map_err(CreateError::Io)?;
+        let ready = Readiness::new(master.as_fd()).map_err(CreateError::Io)?;
         let spec = Spawn {
             argv: vec![request.shell.clone()],
             cwd: request.cwd,
@@ -203,30 +206,42 @@ impl Sessions {
         let child = Child::spawn(spec, children)
             .await
             .map_err(CreateError::Io)?;
-        let session = Arc::new(Session {
-            id: new_id(),
-            pid: child.pid(),
-            created_at: SystemTime::now()
-                .duration_since(UNIX_EPOCH)
-                .map(|d| d.as_secs_f64())
-                .unwrap_or(0.0),
-            master,
-            size: Mutex::new((request.cols, request.rows)),
-            output: Mutex::new(OutputLog::new(OUTPUT_LOG_BYTES)),
-            changed: Notify::default(),
-            exited: AtomicBool::new(false),
-            last_activity: Mutex::new(Instant::now()),
-        });
-        {
+        let created_at = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map(|d| d.as_secs_f64())
+            .unwrap_or(0.0);
+        let session = {
             let mut table = lock(&self.table);
             if table.len() >= MAX_SESSIONS {
                 // Another create won the last place meanwhile; `child` is dropped and
                 // killed here.
                 return Err(CreateError::Full);
             }
-            table.insert(session.id.clone(), session.clone());
-        }
-        monoio::spawn(follow(session.clone(), child));
+            // Unique under the lock: a repeated id would replace a live session.
+            let id = loop {
+                let id = new_id().map_err(CreateError::Io)?;
+                if !table.contains_key(&id) {
+                    break id;
+                }
+            };
+            let session = Arc::new(Session {
+                id: id.clone(),
+                pid: child.pid(),
+                created_at,
+                master,
+                size: Mutex::new((request.cols, request.rows)),
+                output: Mutex::new(OutputLog::with_event_overhead(
+                    OUTPUT_LOG_BYTES,
+                    LOG_EVENT_OVERHEAD,
+                )),
+                changed: Notify::default(),
+                exited: AtomicBool::new(false),
+                last_activity: Mutex::new(Instant::now()),
+            });
+            table.insert(id, session.clone());
+            session
+        };
+        monoio::spawn(follow(session.clone(), child, ready));
         Ok(session)
     }
 
@@ -234,60 +249,68 @@ impl Sessions {
         lock(&self.table).get(id).cloned()
     }
 
-    /// Every session, oldest first, after reaping idle ones.
+    /// Every session, oldest first.
     pub fn list(&self) -> Vec<Arc<Session>> {
-        self.reap_idle();
         let mut sessions: Vec<Arc<Session>> = lock(&self.table).values().cloned().collect();
         sessions.sort_by(|a, b| a.created_at.total_cmp(&b.created_at));
         sessions
     }
 
-    /// Removes a session and kills its processes; `false` if there was none.
-    pub fn delete(&self, id: &str) -> bool {
+    /// Removes a session; the caller kills its processes ([`Session::kill`], off the
+    /// event loop). Its sockets are told at once.
+    pub fn remove(&self, id: &str) -> Option<Arc<Session>> {
         let removed = lock(&self.table).remove(id);
-        match removed {
-            Some(session) => {
-                session.kill();
-                session.changed.notify();
-                true
-            }
-            None => false,
+        if let Some(session) = &removed {
+            session.changed.notify();
         }
+        removed
     }
 
-    fn reap_idle(&self) {
-        let idle: Vec<String> = lock(&self.table)
+    /// Removes the sessions idle for [`IDLE_REAP`]; the caller kills them.
+    pub fn take_idle(&self) -> Vec<Arc<Session>> {
+        let mut table = lock(&self.table);
+        let idle: Vec<String> = table
             .values()
             .filter(|s| s.idle_for() >= IDLE_REAP)
             .map(|s| s.id.clone())
             .collect();
-        for id in idle {
-            self.delete(&id);
+        let removed: Vec<Arc<Session>> = idle.iter().filter_map(|id| table.remove(id)).collect();
+        drop(table);
+        for session in &removed {
+            session.changed.notify();
         }
+        removed
+    }
+
+    /// Every session, for shutdown.
+    pub fn all(&self) -> Vec<Arc<Session>> {
+        lock(&self.table).values().cloned().collect()
     }
 }
 
 /// The session's output task: master to log until the shell exits (or the terminal
 /// closes), then what is left in the terminal, then the exit.
-async fn follow(session: Arc<Session>, mut child: Child) {
+async fn follow(session: Arc<Session>, mut child: Child, ready: Readiness) {
     let mut text = Utf8Pieces::default();
     let mut piece = vec![0u8; pipe::READ_PIECE];
-    let ready = pipe::set_nonblocking(&session.master)
-        .and_then(|()| Readiness::new(session.master.as_fd()));
-    if let Ok(ready) = &ready {
-        let reading = read_until_closed(&session, ready, &mut text, &mut piece);
+    {
+        let reading = read_until_closed(&session, &ready, &mut text, &mut piece);
         monoio::select! {
             _ = reading => {}
             _ = child.wait() => {}
         }
     }
-    // The shell has exited (or the terminal closed): take what it wrote last. A
-    // background job of the shell that still holds the terminal is not waited for.
-    while let Ok(n) = rustix::io::read(&session.master, &mut piece[..]) {
-        if n == 0 {
-            break;
+    // The shell has exited (or the terminal closed): take what it wrote last, but no
+    // more than a log's worth, since a background job may still be writing.
+    let mut drained = 0;
+    while drained < OUTPUT_LOG_BYTES {
+        match rustix::io::read(&session.master, &mut piece[..]) {
+            Ok(n) if n > 0 => {
+                drained += n;
+                append(&session, text.decode(&piece[..n]));
+            }
+            _ => break,
         }
-        append(&session, text.decode(&piece[..n]));
     }
     append(&session, text.finish());
     let _ = child.wait().await;
@@ -367,11 +390,51 @@ fn set_size(master: &OwnedFd, cols: u16, rows: u16) -> io::Result<()> {
     Ok(())
 }
 
-/// 12 hex characters from the kernel's random source.
-fn new_id() -> String {
+/// 12 hex characters from the kernel's random source (never blocking: the pool is
+/// initialised long before a session is created, and an error is reported, not hidden).
+fn new_id() -> io::Result<String> {
     let mut bytes = [0u8; 6];
-    let _ = rustix::rand::getrandom(&mut bytes, rustix::rand::GetRandomFlags::empty());
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
+    let n = rustix::rand::getrandom(&mut bytes, rustix::rand::GetRandomFlags::NONBLOCK)?;
+    if n < bytes.len() {
+        return Err(io::Error::other(
+            "the kernel's random source returned too few bytes",
+        ));
+    }
+    Ok(bytes.iter().map(|b| format!("{b:02x}")).collect())
+}
+
+/// SIGKILL to every process whose session is `sid` (a terminal session's shell pid),
+/// found in `/proc`, and to the shell's own group first.
+pub fn kill_session(sid: i32) {
+    use rustix::process::{kill_process, kill_process_group, Pid, Signal};
+    if let Some(pid) = Pid::from_raw(sid) {
+        let _ = kill_process_group(pid, Signal::KILL);
+    }
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return;
+    };
+    for entry in entries.flatten() {
+        let Some(pid) = entry
+            .file_name()
+            .to_str()
+            .and_then(|n| n.parse::<i32>().ok())
+        else {
+            continue;
+        };
+        let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+            continue;
+        };
+        // After the command's closing parenthesis: state ppid pgrp session ...
+        let session = stat
+            .rsplit_once(')')
+            .and_then(|(_, rest)| rest.split_whitespace().nth(3))
+            .and_then(|s| s.parse::<i32>().ok());
+        if session == Some(sid) {
+            if let Some(pid) = Pid::from_raw(pid) {
+                let _ = kill_process(pid, Signal::KILL);
+            }
+        }
+    }
 }
 
 fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {

@@ -266,53 +266,49 @@ fn python_commands_bind_like_rust_commands(driver: &'static str) {
     );
 }
 
+fn worker_pid(server: &Server) -> i64 {
+    let (status, body) = run(server, "_debug_info", json!({}));
+    assert_eq!(status, 200, "{body}");
+    body["result"]["pid"].as_i64().unwrap()
+}
+
+/// Runs `command`, which ends the worker: the call is a 500 `worker_lost` whose message
+/// contains `says`, and the next call waits for a new worker instead of failing.
+/// Returns the new worker's pid.
+fn ends_the_worker(server: &Server, command: &str, says: &str) -> i64 {
+    let first_pid = worker_pid(server);
+    let (status, body) = run(server, command, json!({}));
+    assert_eq!(
+        (status, body["code"].as_str()),
+        (500, Some("worker_lost")),
+        "{body}"
+    );
+    assert!(body["error"].as_str().unwrap().contains(says), "{body}");
+    let second_pid = worker_pid(server);
+    assert_ne!(second_pid, first_pid);
+    assert!(
+        !Path::new(&format!("/proc/{first_pid}")).exists(),
+        "the ended worker was reaped"
+    );
+    second_pid
+}
+
 fn a_crashing_python_worker_is_restarted(driver: &'static str) {
     let server = bridge_server(driver);
-    let (_, first) = run(&server, "_debug_info", json!({}));
-    let first_pid = first["result"]["pid"].as_i64().unwrap();
-    let (status, body) = run(&server, "crash", json!({}));
-    assert_eq!(status, 500, "{body}");
-    assert_eq!(body["code"], "worker_lost");
-    assert!(
-        body["error"].as_str().unwrap().contains("exit status 3"),
-        "the error says how the worker ended: {body}"
-    );
-    // The next call waits for the restarted worker instead of failing.
-    let (status, body) = run(&server, "_debug_info", json!({}));
-    assert_eq!(status, 200, "{body}");
-    assert_ne!(body["result"]["pid"].as_i64().unwrap(), first_pid);
+    ends_the_worker(&server, "crash", "exit status 3");
     assert_eq!(
         run(&server, "hello", json!({"name": "again"})).1,
         json!({"result": "Hello, again!"})
-    );
-    assert!(
-        !Path::new(&format!("/proc/{first_pid}")).exists(),
-        "the crashed worker was reaped"
     );
 }
 
 fn a_hung_python_worker_is_killed_and_restarted(driver: &'static str) {
     let server = bridge_server(driver);
-    let (_, first) = run(&server, "_debug_info", json!({}));
-    let first_pid = first["result"]["pid"].as_i64().unwrap();
     // The worker stops itself (SIGSTOP): it answers neither this call nor pings.
-    let (status, body) = run(&server, "freeze", json!({}));
-    assert_eq!(status, 500, "{body}");
-    assert_eq!(body["code"], "worker_lost");
-    assert!(
-        body["error"].as_str().unwrap().contains("did not answer"),
-        "{body}"
-    );
-    let (status, body) = run(&server, "_debug_info", json!({}));
-    assert_eq!(status, 200, "{body}");
-    let second_pid = body["result"]["pid"].as_i64().unwrap();
-    assert_ne!(second_pid, first_pid);
+    let second_pid = ends_the_worker(&server, "freeze", "did not answer");
     // A worker that answers its pings is left alone, even with a 1 s hang timeout.
     std::thread::sleep(Duration::from_millis(2500));
-    assert_eq!(
-        run(&server, "_debug_info", json!({})).1["result"]["pid"],
-        second_pid
-    );
+    assert_eq!(worker_pid(&server), second_pid);
 }
 
 fn python_calls_run_concurrently(driver: &'static str) {

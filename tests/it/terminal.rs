@@ -17,8 +17,14 @@ fn create(server: &Server, body: Value) -> (u16, Value) {
     (reply.status, reply.json())
 }
 
+/// Shells start with HOME in the base directory, so no rc file of the machine running
+/// the tests (a pyenv hook, a banner) takes part.
 fn new_session(server: &Server) -> String {
-    let (status, body) = create(server, json!({"shell": "/bin/bash", "env": {"PS1": "$ "}}));
+    let home = server.base_dir().to_str().unwrap();
+    let (status, body) = create(
+        server,
+        json!({"shell": "/bin/bash", "env": {"PS1": "$ ", "HOME": home}}),
+    );
     assert_eq!(status, 200, "{body}");
     body["session_id"].as_str().unwrap().to_string()
 }
@@ -191,7 +197,8 @@ fn sessions_follow_the_contract(driver: &'static str) {
     }
     // At most ten.
     let ids: Vec<String> = (0..10).map(|_| new_session(&server)).collect();
-    let (status, body) = create(&server, json!({}));
+    let home = server.base_dir().to_str().unwrap().to_string();
+    let (status, body) = create(&server, json!({"env": {"HOME": home}}));
     assert_eq!(
         (status, body["type"].as_str()),
         (429, Some("ResourceError")),
@@ -200,15 +207,16 @@ fn sessions_follow_the_contract(driver: &'static str) {
     for id in &ids {
         server.request("DELETE", &format!("/pty/sessions/{id}"), &[], None);
     }
-    assert_eq!(create(&server, json!({})).0, 200);
+    assert_eq!(create(&server, json!({"env": {"HOME": home}})).0, 200);
 }
 
 fn typing_echo_resize_signals_and_exit(driver: &'static str) {
     let server = Server::start(driver);
+    let home = server.base_dir().to_str().unwrap().to_string();
     let (_, body) = create(
         &server,
         json!({"shell": "/bin/bash", "cols": 80, "rows": 24,
-               "env": {"PS1": "$ ", "LD_PRELOAD": "/nonexistent.so", "LD_LIBRARY_PATH": "/x", "MINE": "kept"}}),
+               "env": {"PS1": "$ ", "HOME": home, "LD_PRELOAD": "/nonexistent.so", "LD_LIBRARY_PATH": "/x", "MINE": "kept"}}),
     );
     let id = body["session_id"].as_str().unwrap().to_string();
     let pid = body["pid"].as_i64().unwrap();
@@ -258,8 +266,20 @@ fn typing_echo_resize_signals_and_exit(driver: &'static str) {
         }
     }
 
-    type_text(&mut ws, "exit\n");
-    let exited = next_event(&mut ws);
+    // The last words of the shell come before `exited`.
+    type_text(&mut ws, "echo bye-$((2+3)); exit\n");
+    let mut said = String::new();
+    let exited = loop {
+        if let Message::Text(text) = ws.read().unwrap() {
+            let message: Value = serde_json::from_str(&text).unwrap();
+            match message["type"].as_str() {
+                Some("output") => said.push_str(message["data"].as_str().unwrap()),
+                Some("event") => break message,
+                _ => {}
+            }
+        }
+    };
+    assert!(said.contains("bye-5"), "{said:?}");
     assert_eq!(
         exited,
         json!({"type": "event", "event": "exited", "session_id": id})
@@ -326,6 +346,37 @@ fn a_full_screen_program_survives_a_resize(driver: &'static str) {
     type_text(&mut ws, "q");
     type_text(&mut ws, "echo less-quit-$(stty size | tr ' ' x)\n");
     read_output_until(&mut ws, "less-quit-10x60");
+}
+
+fn deleting_a_session_ends_its_background_jobs(driver: &'static str) {
+    let server = Server::start(driver);
+    let id = new_session(&server);
+    let mut ws = connect(&server, &id);
+    // An interactive shell puts each job in a process group of its own.
+    type_text(&mut ws, "sleep 4242 & echo job-$((1000000+$!))\n");
+    let output = read_output_until(&mut ws, "job-1");
+    let job: i64 = output
+        .rsplit("job-1")
+        .next()
+        .and_then(|rest| rest.get(..6))
+        .and_then(|digits| digits.parse().ok())
+        .unwrap_or_else(|| panic!("no job pid in {output:?}"));
+    assert!(std::path::Path::new(&format!("/proc/{job}")).exists());
+    let reply = server.request("DELETE", &format!("/pty/sessions/{id}"), &[], None);
+    assert_eq!(reply.status, 200);
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let gone = || {
+        std::fs::read_to_string(format!("/proc/{job}/stat"))
+            .map(|s| s.contains(") Z "))
+            .unwrap_or(true)
+    };
+    while !gone() && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert!(
+        gone(),
+        "the background job {job} outlived its deleted session"
+    );
 }
 
 fn the_auth_matrix_and_close_codes(driver: &'static str) {
@@ -430,6 +481,7 @@ on_both_drivers!(
     output_is_valid_utf8_across_reads,
     reconnecting_replays_and_several_sockets_share_a_session,
     a_full_screen_program_survives_a_resize,
+    deleting_a_session_ends_its_background_jobs,
     the_auth_matrix_and_close_codes,
     a_client_that_never_reads_costs_no_memory,
 );

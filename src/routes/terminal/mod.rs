@@ -4,6 +4,7 @@
 mod socket;
 
 use std::ffi::OsString;
+use std::sync::Arc;
 
 use serde_json::{json, Map, Value};
 
@@ -13,7 +14,7 @@ use crate::api::{ApiError, Group, Method, Param};
 use crate::app::{handler, Call, Endpoint};
 use crate::http::Response;
 use crate::pty::{
-    CreateError, NewSession, SessionInfo, ALLOWED_SHELLS, MAX_SESSIONS, STRIPPED_VARS,
+    CreateError, NewSession, Session, SessionInfo, ALLOWED_SHELLS, MAX_SESSIONS, STRIPPED_VARS,
 };
 
 const DEFAULT_SHELL: &str = "/bin/bash";
@@ -96,6 +97,20 @@ fn dimension(body: &Value, name: &str, default: Option<u16>) -> Result<u16, ApiE
     }
 }
 
+/// Kills the processes of sessions that were removed from the table, on the blocking
+/// pool (each kill scans `/proc` for the session's jobs).
+async fn kill_off_the_loop(sessions: Vec<Arc<Session>>) {
+    if sessions.is_empty() {
+        return;
+    }
+    let _ = monoio::spawn_blocking(move || {
+        for session in sessions {
+            session.kill();
+        }
+    })
+    .await;
+}
+
 fn not_found(id: &str) -> ApiError {
     ApiError::new(404, "ValueError", format!("Session not found: {id}"))
 }
@@ -135,6 +150,7 @@ async fn create(call: Call) -> Result<Response, ApiError> {
         env.push(("TERM".into(), "xterm-256color".into()));
     }
     let cwd = working_dir(&call, None).await?;
+    kill_off_the_loop(services.sessions.take_idle()).await;
     let session = services
         .sessions
         .create(NewSession { shell: shell.clone(), cols, rows, env, cwd }, &services.children)
@@ -184,6 +200,7 @@ fn env_overrides(map: &Map<String, Value>) -> Result<Vec<(String, String)>, ApiE
 
 /// `GET /pty/sessions`.
 async fn list(call: Call) -> Result<Response, ApiError> {
+    kill_off_the_loop(call.services().sessions.take_idle()).await;
     let sessions: Vec<Value> = call
         .services()
         .sessions
@@ -225,8 +242,11 @@ async fn resize(call: Call) -> Result<Response, ApiError> {
 /// `DELETE /pty/sessions/{id}`.
 async fn delete(call: Call) -> Result<Response, ApiError> {
     let id = call.path_param("id").unwrap_or_default().to_string();
-    if !call.services().sessions.delete(&id) {
-        return Err(not_found(&id));
-    }
+    let session = call
+        .services()
+        .sessions
+        .remove(&id)
+        .ok_or_else(|| not_found(&id))?;
+    kill_off_the_loop(vec![session]).await;
     Ok(Response::ok(&json!({"status": "closed", "session_id": id})))
 }

@@ -18,8 +18,14 @@ use crate::app::{Endpoint, Upgraded};
 use crate::http::websocket::{Received, WebSocket};
 use crate::pty::Session;
 
-/// The most output one `output` message carries.
+/// About the most output one `output` message carries (a single log entry may be a
+/// little larger, up to one read of the terminal).
 const MESSAGE_TEXT: usize = 64 * 1024;
+/// Client messages taken per turn of the loop before output gets its turn.
+const MESSAGES_PER_TURN: usize = 64;
+/// How long keystrokes may wait for room in the terminal's input queue (a program that
+/// reads nothing) before they are refused, so the socket keeps serving signals.
+const INPUT_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
 
 /// Close codes beyond the contract's 4001 (credentials) and 4003 (policy).
 const CLOSE_NORMAL: u16 = 1000;
@@ -41,7 +47,7 @@ pub fn endpoint() -> Endpoint {
 }
 
 async fn serve(upgraded: Upgraded, stream: TcpStream, leftover: Vec<u8>) {
-    let mut ws = WebSocket::new(stream, leftover);
+    let mut ws = WebSocket::new(stream, leftover, upgraded.services().write_timeout);
     if let Err(refusal) = &upgraded.admitted {
         let _ = ws.close(refusal.close_code, &refusal.reason).await;
         return;
@@ -68,7 +74,13 @@ async fn serve(upgraded: Upgraded, stream: TcpStream, leftover: Vec<u8>) {
     let mut first_page = true;
     loop {
         let seen = session.changed.version();
-        loop {
+        // Read before the output: the reader appends all output before it marks the
+        // session exited, so an exit seen here means the page below has the last of it.
+        let ended = session.has_exited() || sessions.get(&id).is_none();
+        // A bounded batch of the client's messages, then output: a flood of pings or
+        // keystrokes cannot hold the worker.
+        let mut client_drained = false;
+        for _ in 0..MESSAGES_PER_TURN {
             match ws.try_receive() {
                 Ok(Some(Received::Text(text))) => {
                     if let Err(reply) = handle(&session, &text).await {
@@ -78,21 +90,26 @@ async fn serve(upgraded: Upgraded, stream: TcpStream, leftover: Vec<u8>) {
                     }
                 }
                 Ok(Some(Received::Binary(bytes))) => {
-                    if session.input(&bytes).await.is_err() {
-                        break;
+                    if let Err(reply) = give_input(&session, &bytes).await {
+                        if ws.send_text(reply.to_string()).await.is_err() {
+                            return;
+                        }
                     }
                 }
                 Ok(Some(Received::Closed)) | Err(_) => {
                     let _ = ws.flush().await;
                     return;
                 }
-                Ok(None) => break,
+                Ok(None) => {
+                    client_drained = true;
+                    break;
+                }
             }
         }
         if ws.flush().await.is_err() {
             return;
         }
-        let page = session.read(cursor);
+        let page = session.read(cursor, MESSAGE_TEXT);
         if page.dropped && !first_page {
             let notice = json!({"type": "event", "event": "dropped", "session_id": id});
             if ws.send_text(notice.to_string()).await.is_err() {
@@ -101,25 +118,21 @@ async fn serve(upgraded: Upgraded, stream: TcpStream, leftover: Vec<u8>) {
         }
         first_page = false;
         let sent_output = !page.events.is_empty();
-        let mut text = String::new();
-        for event in page.events {
-            text.push_str(&event.data);
-            if text.len() >= MESSAGE_TEXT
-                && send_output(&mut ws, std::mem::take(&mut text))
-                    .await
-                    .is_err()
-            {
-                return;
-            }
-        }
+        let text: String = page.events.into_iter().map(|e| e.data).collect();
         if !text.is_empty() && send_output(&mut ws, text).await.is_err() {
             return;
         }
         cursor = page.next;
+        if !client_drained {
+            // More messages are waiting (perhaps already inside tungstenite, where a
+            // readiness wait would not see them): let others run, then take them.
+            crate::runtime::yield_now().await;
+            continue;
+        }
         if sent_output {
             continue;
         }
-        if session.has_exited() || sessions.get(&id).is_none() {
+        if ended {
             let exited = json!({"type": "event", "event": "exited", "session_id": id});
             let _ = ws.send_text(exited.to_string()).await;
             let _ = ws.close(CLOSE_NORMAL, "session ended").await;
@@ -129,6 +142,20 @@ async fn serve(upgraded: Upgraded, stream: TcpStream, leftover: Vec<u8>) {
             ready = ws.readable() => if ready.is_err() { return },
             _ = session.changed.changed(seen) => {}
         }
+    }
+}
+
+/// Writes keystrokes, giving up after [`INPUT_WAIT`] when the terminal's input queue
+/// stays full; `Err` is the `error` message to send back.
+async fn give_input(session: &Session, data: &[u8]) -> Result<(), Value> {
+    match monoio::time::timeout(INPUT_WAIT, session.input(data)).await {
+        Ok(Ok(())) => Ok(()),
+        Ok(Err(e)) => Err(
+            json!({"type": "error", "message": format!("the terminal did not take the input: {e}")}),
+        ),
+        Err(_) => Err(
+            json!({"type": "error", "message": "the terminal's input queue stayed full (the program is not reading); some input was not delivered"}),
+        ),
     }
 }
 
@@ -148,10 +175,7 @@ async fn handle(session: &Session, text: &str) -> Result<(), Value> {
                 .get("data")
                 .and_then(Value::as_str)
                 .ok_or_else(|| error("input needs data (a string)".into()))?;
-            session
-                .input(data.as_bytes())
-                .await
-                .map_err(|e| error(format!("the terminal did not take the input: {e}")))
+            give_input(session, data.as_bytes()).await
         }
         Some("resize") => {
             let size = |name: &str| {

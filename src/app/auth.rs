@@ -4,11 +4,17 @@
 //! Comparison is constant-time: both sides go through HMAC-SHA256 under a key drawn at
 //! startup and the fixed-length tags are compared with `verify_slice`, so neither the
 //! content nor the length of the expected token leaks through timing.
+//!
+//! A policy may add identities (`docs/policy.md`): several tokens, each with an id and
+//! scopes, known only by their SHA-256 digest. Every token, `ABX_SERVER_TOKEN` included,
+//! is therefore kept as `HMAC(key, SHA-256(token))`, a presented credential is hashed the
+//! same way once, and it is compared with every identity's tag (all of them, whichever
+//! matches), so which identity matched does not show in the time taken either.
 
 use std::sync::Arc;
 
 use hmac::{Hmac, Mac};
-use sha2::Sha256;
+use sha2::{Digest, Sha256};
 
 use crate::api::ApiError;
 
@@ -37,32 +43,71 @@ impl Identity {
     }
 }
 
+/// One accepted token: who presents it, and the tag it must produce.
+struct Holder {
+    identity: Arc<Identity>,
+    tag: Vec<u8>,
+}
+
+/// A token known by its SHA-256 digest, with the identity it stands for.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TokenIdentity {
+    pub id: String,
+    pub scopes: Vec<String>,
+    pub digest: [u8; 32],
+}
+
 /// The credential check, built once from the configuration.
 pub struct Auth {
     key: [u8; 32],
-    expected_tag: Option<Vec<u8>>,
+    holders: Vec<Holder>,
+    /// Identities come from a policy (not only `ABX_SERVER_TOKEN`).
+    per_identity: bool,
     anonymous: Arc<Identity>,
-    token_holder: Arc<Identity>,
+}
+
+/// SHA-256 of a token, as policies store it.
+pub fn token_digest(token: &str) -> [u8; 32] {
+    Sha256::digest(token.as_bytes()).into()
 }
 
 impl Auth {
     /// `token` is `ABX_SERVER_TOKEN` (None or empty: local mode).
     pub fn new(token: Option<&str>) -> Auth {
+        Auth::with_identities(token, &[])
+    }
+
+    /// `ABX_SERVER_TOKEN` (identity `token`, every scope) plus a policy's identities.
+    /// With neither, the server is in local mode.
+    pub fn with_identities(token: Option<&str>, identities: &[TokenIdentity]) -> Auth {
         let mut key = [0u8; 32];
         // A failed getrandom leaves a zero key: still constant-time, just not secret.
         let _ = rustix::rand::getrandom(&mut key, rustix::rand::GetRandomFlags::empty());
-        let expected_tag = token
-            .filter(|t| !t.is_empty())
-            .map(|t| tag(&key, t.as_bytes()));
+        let mut holders = Vec::new();
+        if let Some(token) = token.filter(|t| !t.is_empty()) {
+            holders.push(Holder {
+                identity: Arc::new(Identity {
+                    id: "token".into(),
+                    scopes: vec!["*".into()],
+                }),
+                tag: tag(&key, &token_digest(token)),
+            });
+        }
+        for identity in identities {
+            holders.push(Holder {
+                identity: Arc::new(Identity {
+                    id: identity.id.clone(),
+                    scopes: identity.scopes.clone(),
+                }),
+                tag: tag(&key, &identity.digest),
+            });
+        }
         Auth {
             key,
-            expected_tag,
+            holders,
+            per_identity: !identities.is_empty(),
             anonymous: Arc::new(Identity {
                 id: "anonymous".into(),
-                scopes: vec!["*".into()],
-            }),
-            token_holder: Arc::new(Identity {
-                id: "token".into(),
                 scopes: vec!["*".into()],
             }),
         }
@@ -70,11 +115,16 @@ impl Auth {
 
     /// `"token"` when a token is configured, `"local"` otherwise.
     pub fn mode(&self) -> &'static str {
-        if self.expected_tag.is_some() {
-            "token"
-        } else {
+        if self.holders.is_empty() {
             "local"
+        } else {
+            "token"
         }
+    }
+
+    /// Whether a policy's identities are in use (then no token is handed out in URLs).
+    pub fn per_identity(&self) -> bool {
+        self.per_identity
     }
 
     /// The identity of a caller who presents no credential.
@@ -91,9 +141,9 @@ impl Auth {
         query_token: Option<&str>,
         required: bool,
     ) -> Result<Arc<Identity>, ApiError> {
-        let Some(expected) = &self.expected_tag else {
+        if self.holders.is_empty() {
             return Ok(self.anonymous.clone());
-        };
+        }
         if !required {
             return Ok(self.anonymous.clone());
         }
@@ -133,21 +183,23 @@ impl Auth {
                 }
             }
         }
-        let mut accepted = false;
-        // Evaluate every candidate so the time taken does not depend on which one matched.
+        let mut accepted: Option<&Arc<Identity>> = None;
+        // Evaluate every candidate against every holder so the time taken does not
+        // depend on which one matched.
         for candidate in [access_token, bearer, query_token].into_iter().flatten() {
-            accepted |= self.matches(expected, candidate);
+            let digest = token_digest(candidate);
+            for holder in &self.holders {
+                if self.matches(&holder.tag, &digest) && accepted.is_none() {
+                    accepted = Some(&holder.identity);
+                }
+            }
         }
-        if accepted {
-            Ok(self.token_holder.clone())
-        } else {
-            Err(ApiError::unauthorized())
-        }
+        accepted.cloned().ok_or_else(ApiError::unauthorized)
     }
 
-    fn matches(&self, expected: &[u8], candidate: &str) -> bool {
+    fn matches(&self, expected: &[u8], digest: &[u8]) -> bool {
         let mut mac = <Hmac<Sha256> as Mac>::new_from_slice(&self.key).expect("any key length");
-        mac.update(candidate.as_bytes());
+        mac.update(digest);
         mac.verify_slice(expected).is_ok()
     }
 }
@@ -225,6 +277,47 @@ mod tests {
         );
         let same_twice = h(&[("x-access-token", "s3cret"), ("x-access-token", "s3cret")]);
         assert!(auth.authenticate(&same_twice, None, true).is_ok());
+    }
+
+    #[test]
+    fn policy_identities_each_get_their_scopes() {
+        let reader = TokenIdentity {
+            id: "reader".into(),
+            scopes: vec!["files:read".into()],
+            digest: token_digest("r-token"),
+        };
+        let writer = TokenIdentity {
+            id: "writer".into(),
+            scopes: vec!["files:read".into(), "files:write".into()],
+            digest: token_digest("w-token"),
+        };
+        let auth = Auth::with_identities(Some("root"), &[reader, writer]);
+        assert!(auth.per_identity());
+        let who = |headers: &[(&str, &str)]| {
+            auth.authenticate(&h(headers), None, true)
+                .map(|i| (i.id.clone(), i.scopes.clone()))
+        };
+        assert_eq!(who(&[("x-access-token", "r-token")]).unwrap().0, "reader");
+        assert_eq!(
+            who(&[("authorization", "Bearer w-token")]).unwrap().1,
+            vec!["files:read", "files:write"]
+        );
+        assert_eq!(
+            who(&[("x-access-token", "root")]).unwrap(),
+            ("token".into(), vec!["*".into()])
+        );
+        assert!(who(&[("x-access-token", "nobody")]).is_err());
+        // Identities alone are token mode.
+        let only = Auth::with_identities(
+            None,
+            &[TokenIdentity {
+                id: "a".into(),
+                scopes: vec![],
+                digest: token_digest("a"),
+            }],
+        );
+        assert_eq!(only.mode(), "token");
+        assert!(only.authenticate(&[], None, true).is_err());
     }
 
     #[test]

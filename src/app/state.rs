@@ -6,8 +6,9 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use super::auth::{Auth, Identity};
+use super::auth::{token_digest, Auth, Identity, TokenIdentity};
 use super::endpoint::Endpoint;
+use super::policy::TokenSource;
 use super::policy::{Decision, Policy};
 use super::router::Router;
 use crate::api::{Group, Listener};
@@ -159,7 +160,30 @@ impl AppState {
             ));
         }
         let router = Router::new(&endpoints, Listener::Api)?;
-        let auth = Auth::new(config.token.as_deref());
+        let identities = policy
+            .identities
+            .iter()
+            .map(|rule| {
+                let digest = match &rule.token {
+                    TokenSource::Digest(digest) => *digest,
+                    TokenSource::Env(name) => match std::env::var(name) {
+                        Ok(token) if !token.is_empty() => token_digest(&token),
+                        _ => {
+                            return Err(format!(
+                                "ABX_SERVER_POLICY: identity '{}' takes its token from ${name}, which is not set",
+                                rule.id
+                            ))
+                        }
+                    },
+                };
+                Ok(TokenIdentity {
+                    id: rule.id.clone(),
+                    scopes: rule.scopes.clone(),
+                    digest,
+                })
+            })
+            .collect::<Result<Vec<_>, String>>()?;
+        let auth = Auth::with_identities(config.token.as_deref(), &identities);
         Ok(AppState {
             services: Services {
                 base: BaseDir::new(base_dir),

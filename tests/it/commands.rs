@@ -498,7 +498,91 @@ fn a_private_registry_is_served(driver: &'static str) {
     assert_eq!(run(&server, "global_one", json!({})).0, 404);
 }
 
+fn scopes_hide_and_refuse_commands_per_identity(driver: &'static str) {
+    let dir = TempDir::new("identities");
+    let policy = dir.path().join("policy.json");
+    // sha256("r-token"), as `printf r-token | sha256sum` prints it.
+    let reader_digest = "90fedcbce452b5a8a6f979579502bffa56b69a8a3543833062e46632f658e0b8";
+    std::fs::write(
+        &policy,
+        json!({
+            "identities": [
+                {"id": "reader", "scopes": ["files:read"], "token_sha256": reader_digest},
+                {"id": "admin", "scopes": ["example:admin"], "token_env": "TEST_ADMIN_TOKEN"},
+            ],
+            "endpoints": {"shell": {"scopes": ["shell:run"]}},
+        })
+        .to_string(),
+    )
+    .unwrap();
+    let policy_path = policy.to_str().unwrap();
+    let check_as = |server: &Server, token: &str| {
+        let auth = [("X-Access-Token", token)];
+        let listed = names(&server.request("GET", "/commands", &auth, None).json());
+        let run = server.request("POST", "/commands/admin_only", &auth, Some(b"{}"));
+        let shell = server.request("POST", "/shell", &auth, Some(br#"{"command": "true"}"#));
+        let identity =
+            server.request("GET", "/capabilities", &auth, None).json()["identity"].clone();
+        (listed, run.status, run.json(), shell.status, identity)
+    };
+    for server in [
+        Launch::example(driver)
+            .env("ABX_SERVER_POLICY", policy_path)
+            .env("TEST_ADMIN_TOKEN", "a-token")
+            .start(),
+        Launch::python(driver, &fixture())
+            .env("ABX_SERVER_POLICY", policy_path)
+            .env("TEST_ADMIN_TOKEN", "a-token")
+            .start(),
+    ] {
+        let (listed, status, body, shell, identity) = check_as(&server, "r-token");
+        assert!(!listed.contains(&"admin_only".to_string()), "{listed:?}");
+        assert!(listed.contains(&"hello".to_string()));
+        assert_eq!(
+            (status, body["code"].as_str()),
+            (403, Some("missing_scope")),
+            "{body}"
+        );
+        assert_eq!(shell, 403, "the policy's endpoint scope");
+        assert_eq!(identity, json!({"id": "reader", "scopes": ["files:read"]}));
+        let (listed, status, body, shell, identity) = check_as(&server, "a-token");
+        assert!(listed.contains(&"admin_only".to_string()), "{listed:?}");
+        assert_eq!((status, body), (200, json!({"result": "secret"})));
+        assert_eq!(shell, 403);
+        assert_eq!(identity["id"], "admin");
+        let wrong = server.request("GET", "/commands", &[("X-Access-Token", "wrong")], None);
+        assert_eq!(wrong.status, 401);
+        // Each caller has a token of their own: a terminal's ws_url carries none.
+        let auth = [("X-Access-Token", "r-token")];
+        let created = server.request(
+            "POST",
+            "/pty/sessions",
+            &auth,
+            Some(br#"{"shell": "/bin/sh"}"#),
+        );
+        let url = created.json()["ws_url"].as_str().unwrap().to_string();
+        assert!(!url.contains("token="), "{url}");
+    }
+    // A token's variable that is not set, or a plain token in the file, stops the server.
+    let (code, stderr) = Launch::example(driver)
+        .env("ABX_SERVER_POLICY", policy_path)
+        .fail();
+    assert_eq!(code, 2, "{stderr}");
+    assert!(stderr.contains("TEST_ADMIN_TOKEN"), "{stderr}");
+    std::fs::write(
+        &policy,
+        r#"{"identities": [{"id": "x", "token": "plain"}]}"#,
+    )
+    .unwrap();
+    let (code, stderr) = Launch::example(driver)
+        .env("ABX_SERVER_POLICY", policy_path)
+        .fail();
+    assert_eq!(code, 2, "{stderr}");
+    assert!(stderr.contains("never holds a token itself"), "{stderr}");
+}
+
 on_both_drivers!(
+    scopes_hide_and_refuse_commands_per_identity,
     python_commands_see_post_env,
     a_private_registry_is_served,
     rust_commands_follow_the_contract,

@@ -22,6 +22,23 @@ pub struct EndpointRule {
     pub scopes: Option<Vec<String>>,
 }
 
+/// Where an identity's token comes from: never the token itself.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum TokenSource {
+    /// `token_sha256`: the SHA-256 of the token, in hex.
+    Digest([u8; 32]),
+    /// `token_env`: the name of an environment variable holding the token.
+    Env(String),
+}
+
+/// One `identities[]` entry.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct IdentityRule {
+    pub id: String,
+    pub scopes: Vec<String>,
+    pub token: TokenSource,
+}
+
 /// The loaded policy document (or the empty one).
 #[derive(Debug, Clone)]
 pub struct Policy {
@@ -34,6 +51,7 @@ pub struct Policy {
     pub groups: Vec<(Group, bool, String)>,
     pub endpoints: HashMap<String, EndpointRule>,
     pub base_dir: Option<PathBuf>,
+    pub identities: Vec<IdentityRule>,
     pub warnings: Vec<String>,
 }
 
@@ -50,7 +68,14 @@ pub struct Decision {
     pub scopes_rule: String,
 }
 
-const KNOWN_KEYS: [&str; 5] = ["preset", "groups", "server", "endpoints", "base_dir"];
+const KNOWN_KEYS: [&str; 6] = [
+    "preset",
+    "groups",
+    "server",
+    "endpoints",
+    "base_dir",
+    "identities",
+];
 
 impl Policy {
     /// The policy in force when no document is configured.
@@ -84,6 +109,7 @@ impl Policy {
             groups: Vec::new(),
             endpoints: HashMap::new(),
             base_dir: None,
+            identities: Vec::new(),
             warnings: Vec::new(),
         };
         for key in map.keys() {
@@ -149,6 +175,9 @@ impl Policy {
                 }
                 policy.endpoints.insert(id.clone(), parsed);
             }
+        }
+        if let Some(identities) = map.get("identities") {
+            policy.identities = parse_identities(identities)?;
         }
         if policy
             .groups
@@ -253,6 +282,83 @@ impl Policy {
         }
         decided(true, format!("default:{g}"), None)
     }
+}
+
+/// `identities`: a list of `{id, scopes, token_sha256 | token_env}`.
+fn parse_identities(value: &Value) -> Result<Vec<IdentityRule>, String> {
+    let Value::Array(entries) = value else {
+        return Err("identities must be a list of {id, scopes, token_sha256 or token_env}".into());
+    };
+    let mut identities: Vec<IdentityRule> = Vec::new();
+    for (i, entry) in entries.iter().enumerate() {
+        let at = format!("identities[{i}]");
+        let Value::Object(entry) = entry else {
+            return Err(format!("{at} must be an object"));
+        };
+        let id = match entry.get("id") {
+            Some(Value::String(id)) if !id.trim().is_empty() => id.clone(),
+            _ => return Err(format!("{at}.id must be a non-empty string")),
+        };
+        if id == "anonymous" {
+            return Err(format!(
+                "{at}.id: 'anonymous' is the caller without a credential"
+            ));
+        }
+        if identities.iter().any(|known| known.id == id) {
+            return Err(format!("{at}.id: '{id}' is listed twice"));
+        }
+        let scopes = match entry.get("scopes") {
+            None => Vec::new(),
+            Some(Value::Array(items)) => items
+                .iter()
+                .map(|s| s.as_str().map(String::from))
+                .collect::<Option<Vec<String>>>()
+                .ok_or_else(|| format!("{at}.scopes must be a list of strings"))?,
+            Some(_) => return Err(format!("{at}.scopes must be a list of strings")),
+        };
+        if entry.contains_key("token") {
+            return Err(format!(
+                "{at}.token: a policy never holds a token itself; store its SHA-256 as token_sha256 (sha256sum of the token) or name an environment variable with token_env"
+            ));
+        }
+        let token = match (entry.get("token_sha256"), entry.get("token_env")) {
+            (Some(Value::String(hex)), None) => {
+                TokenSource::Digest(parse_digest(hex).ok_or_else(|| {
+                    format!("{at}.token_sha256 must be 64 hex digits (the SHA-256 of the token)")
+                })?)
+            }
+            (None, Some(Value::String(name))) if !name.is_empty() => TokenSource::Env(name.clone()),
+            (Some(_), Some(_)) => {
+                return Err(format!("{at}: give token_sha256 or token_env, not both"))
+            }
+            _ => {
+                return Err(format!(
+                    "{at} needs token_sha256 (64 hex digits) or token_env (a variable name)"
+                ))
+            }
+        };
+        for key in entry.keys() {
+            if !["id", "scopes", "token_sha256", "token_env"].contains(&key.as_str()) {
+                return Err(format!(
+                    "{at}.{key} is not an identity key (id, scopes, token_sha256, token_env)"
+                ));
+            }
+        }
+        identities.push(IdentityRule { id, scopes, token });
+    }
+    Ok(identities)
+}
+
+fn parse_digest(hex: &str) -> Option<[u8; 32]> {
+    let hex = hex.trim();
+    if hex.len() != 64 {
+        return None;
+    }
+    let mut digest = [0u8; 32];
+    for (i, byte) in digest.iter_mut().enumerate() {
+        *byte = u8::from_str_radix(hex.get(i * 2..i * 2 + 2)?, 16).ok()?;
+    }
+    Some(digest)
 }
 
 fn parse_groups(

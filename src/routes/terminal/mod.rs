@@ -168,7 +168,11 @@ async fn create(call: Call) -> Result<Response, ApiError> {
         services.pty_port(),
         session.id
     );
-    if let Some(token) = call.state.config.token.as_deref().filter(|t| !t.is_empty()) {
+    // With a policy's identities, each caller has a token of their own: none is handed out.
+    let shared_token = (!call.catalog().auth.per_identity())
+        .then(|| call.state.config.token.as_deref())
+        .flatten();
+    if let Some(token) = shared_token.filter(|t| !t.is_empty()) {
         ws_url.push_str("&token=");
         ws_url.extend(percent_encoding::utf8_percent_encode(
             token,

@@ -262,7 +262,8 @@ const SETTINGS: &[Setting] = &[
 fn usage() -> String {
     let mut text = String::from(
         "usage: agent-sandbox [--FLAG VALUE | --FLAG=VALUE]...\n\
-         \x20      agent-sandbox --health-check   (exit 0 when the configured server answers /health)\n\n\
+         \x20      agent-sandbox --health-check   (exit 0 when the configured server answers /health)\n\
+         \x20      agent-sandbox --check-policy FILE   (print the effective per-endpoint table; exit 2 on an error)\n\n\
          Every setting, with its flag (flag beats environment beats default):\n",
     );
     for setting in SETTINGS {
@@ -282,6 +283,8 @@ pub enum Parsed {
     Run(Box<Config>),
     /// `--health-check`: probe the server this configuration describes and exit.
     HealthCheck(Box<Config>),
+    /// `--check-policy FILE`: print what the policy document decides and exit.
+    CheckPolicy(Box<Config>),
     Help(String),
     Version,
 }
@@ -295,6 +298,7 @@ impl Config {
     ) -> Result<Parsed, String> {
         let mut flags: Vec<(String, String)> = Vec::new();
         let mut health_check = false;
+        let mut check_policy: Option<String> = None;
         let mut args = args.into_iter();
         while let Some(arg) = args.next() {
             match arg.as_str() {
@@ -302,6 +306,10 @@ impl Config {
                 "-V" | "--version" => return Ok(Parsed::Version),
                 "--health-check" => {
                     health_check = true;
+                    continue;
+                }
+                "--check-policy" => {
+                    check_policy = Some(args.next().ok_or("--check-policy needs a policy file")?);
                     continue;
                 }
                 _ => {}
@@ -346,8 +354,22 @@ impl Config {
                 (setting.apply)(&mut config, &source, &value)?;
             }
         }
+        if let Some(path) = check_policy {
+            config.policy_path = Some(PathBuf::from(path));
+            return Ok(Parsed::CheckPolicy(Box::new(config)));
+        }
         if health_check {
             return Ok(Parsed::HealthCheck(Box::new(config)));
+        }
+        // A template's template.yaml in the working directory is its policy (its
+        // `server:` section) when no document is named.
+        if config.policy_path.is_none() && env("ABX_SERVER_POLICY").is_none() {
+            for name in ["template.yaml", "template.yml"] {
+                if std::path::Path::new(name).is_file() {
+                    config.policy_path = std::env::current_dir().ok().map(|d| d.join(name));
+                    break;
+                }
+            }
         }
         Ok(Parsed::Run(Box::new(config)))
     }

@@ -14,6 +14,18 @@ fn main() -> ExitCode {
             return ExitCode::SUCCESS;
         }
         Ok(Parsed::HealthCheck(config)) => return health_check(&config),
+        Ok(Parsed::CheckPolicy(config)) => {
+            return match Server::new(*config).check_policy() {
+                Ok(table) => {
+                    agent_sandbox::log::stdout_line(format_args!("{table}"));
+                    ExitCode::SUCCESS
+                }
+                Err(message) => {
+                    agent_sandbox::log::line(format_args!("{message}"));
+                    ExitCode::from(2)
+                }
+            }
+        }
         Ok(Parsed::Version) => {
             agent_sandbox::log::stdout_line(format_args!(
                 "agent-sandbox {}",

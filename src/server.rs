@@ -79,6 +79,65 @@ impl Server {
         self
     }
 
+    /// What the configured policy document decides for every endpoint of this server,
+    /// as a table (`--check-policy`); the error is one line, as at startup.
+    pub fn check_policy(self) -> Result<String, String> {
+        let mut endpoints = builtin_endpoints();
+        endpoints.extend(self.custom);
+        let extras = Extras {
+            commands: self.commands,
+            group_switches: self.group_switches,
+            ..Extras::default()
+        };
+        let state = AppState::build(
+            self.config,
+            endpoints,
+            crate::runtime::IoDriver::Epoll,
+            extras,
+        )?;
+        let catalog = &state.catalog;
+        let mut out = format!(
+            "policy {} preset={} revision={}\n",
+            state
+                .config
+                .policy_path
+                .as_deref()
+                .map_or("(none)".into(), |p| p.display().to_string()),
+            catalog.policy.preset,
+            catalog.policy.revision
+        );
+        out.push_str(&format!(
+            "{:<24} {:<7} {:<36} {:<7} {:<28} {:<24} {}\n",
+            "endpoint", "method", "path", "enabled", "rule", "scopes", "limits"
+        ));
+        for (endpoint, decision) in catalog.endpoints.iter().zip(&catalog.decisions) {
+            let spec = &endpoint.spec;
+            let method = match spec.listener {
+                Listener::Pty => "WS",
+                Listener::Api => spec.method.as_str(),
+            };
+            let scopes = if decision.scopes.is_empty() {
+                "-".to_string()
+            } else {
+                decision.scopes.join(",")
+            };
+            let limits = if spec.limits.is_empty() {
+                "-".to_string()
+            } else {
+                serde_json::Value::Object(spec.limits.clone()).to_string()
+            };
+            out.push_str(&format!(
+                "{:<24} {:<7} {:<36} {:<7} {:<28} {:<24} {}\n",
+                spec.id, method, spec.path, decision.enabled, decision.rule, scopes, limits
+            ));
+        }
+        for warning in &catalog.warnings {
+            out.push_str(&format!("warning: {warning}\n"));
+        }
+        out.pop();
+        Ok(out)
+    }
+
     /// Binds, prints the startup lines, and serves until SIGTERM/SIGINT.
     pub fn run(self) -> Result<(), String> {
         // Before any thread exists, so every thread inherits the blocked mask and only the

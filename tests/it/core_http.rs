@@ -716,7 +716,7 @@ fn sse_events_are_framed_and_flushed_one_by_one(driver: &'static str) {
 fn policy_file_sets_revision_and_switches(driver: &'static str) {
     let dir = TempDir::new("policy");
     let policy = dir.path().join("policy.json");
-    std::fs::write(&policy, r#"{"preset": "locked", "groups": {"commands": false}, "endpoints": {"GET /hello/{name}": {"enabled": true}}}"#).unwrap();
+    std::fs::write(&policy, r#"{"preset": "default", "groups": {"commands": false}, "endpoints": {"GET /hello/{name}": {"enabled": true}}}"#).unwrap();
     let server = Launch::example(driver)
         .env("ABX_SERVER_POLICY", policy.to_str().unwrap())
         .start();
@@ -724,7 +724,7 @@ fn policy_file_sets_revision_and_switches(driver: &'static str) {
     // sha256 of json.dumps(doc, sort_keys=True), computed by CPython.
     assert_eq!(
         doc["policy"],
-        json!({"preset": "locked", "revision": expected_revision(), "configured": true})
+        json!({"preset": "default", "revision": expected_revision(), "configured": true})
     );
     assert_eq!(server.get("/hello/a").status, 200);
     let reply = server.get("/open/ping");
@@ -749,7 +749,7 @@ fn policy_file_sets_revision_and_switches(driver: &'static str) {
 fn expected_revision() -> String {
     let output = std::process::Command::new("python3")
         .arg("-c")
-        .arg(r#"import hashlib, json; print(hashlib.sha256(json.dumps({"preset": "locked", "groups": {"commands": False}, "endpoints": {"GET /hello/{name}": {"enabled": True}}}, sort_keys=True).encode()).hexdigest()[:16])"#)
+        .arg(r#"import hashlib, json; print(hashlib.sha256(json.dumps({"preset": "default", "groups": {"commands": False}, "endpoints": {"GET /hello/{name}": {"enabled": True}}}, sort_keys=True).encode()).hexdigest()[:16])"#)
         .output()
         .expect("python3");
     String::from_utf8(output.stdout).unwrap().trim().to_string()

@@ -7,6 +7,7 @@ mod commands;
 mod core_http;
 mod files;
 mod operations;
+mod policy;
 mod process;
 mod system;
 mod terminal;

@@ -5,6 +5,7 @@
 //! the rule that made it, which `/capabilities`, `/capabilities/check` and the 404 of a
 //! disabled endpoint all report. The document format is in `docs/policy.md`.
 
+pub mod presets;
 pub mod pydumps;
 
 use std::collections::HashMap;
@@ -85,15 +86,27 @@ impl Policy {
 
     /// Loads the document at `path` (JSON; see `docs/policy.md`).
     pub fn load(path: &Path) -> Result<Policy, String> {
-        let text = std::fs::read(path)
-            .map_err(|e| format!("ABX_SERVER_POLICY: cannot read {}: {e}", path.display()))?;
-        let value: Value = serde_json::from_slice(&text).map_err(|e| {
-            format!(
-                "ABX_SERVER_POLICY: {} is not a JSON policy document ({e}); see docs/policy.md",
-                path.display()
-            )
-        })?;
-        Policy::from_value(value, true).map_err(|e| format!("ABX_SERVER_POLICY: {e}"))
+        let shown = path.display();
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| format!("policy {shown}: cannot read it: {e}"))?;
+        let mut doc = parse_document(&text).map_err(|e| format!("policy {shown}: {e}"))?;
+        if is_template(path) {
+            // A template's template.yaml: its `server:` section is the policy.
+            doc = match doc.get("server") {
+                Some(server @ Value::Object(_)) => server.clone(),
+                None | Some(Value::Null) => Value::Object(Default::default()),
+                Some(_) => {
+                    return Err(format!(
+                        "policy {shown}: server (line {}) must be a mapping of policy keys",
+                        line_of(&text, "server").unwrap_or(1)
+                    ))
+                }
+            };
+        }
+        Policy::from_value(doc, true).map_err(|e| match line_of(&text, key_of(&e)) {
+            Some(line) => format!("policy {shown}, line {line}: {e}"),
+            None => format!("policy {shown}: {e}"),
+        })
     }
 
     /// Builds a policy from a parsed document.
@@ -121,8 +134,15 @@ impl Policy {
         }
         match map.get("preset") {
             None => {}
-            Some(Value::String(s)) => policy.preset = s.clone(),
-            Some(_) => return Err("preset must be a string".into()),
+            Some(Value::String(s)) if presets::PRESETS.contains(&s.as_str()) => {
+                policy.preset = s.clone()
+            }
+            Some(_) => {
+                return Err(format!(
+                    "preset must be one of {} (docs/policy.md describes each)",
+                    presets::PRESETS.join(", ")
+                ))
+            }
         }
         match map.get("base_dir") {
             None => {}
@@ -262,6 +282,13 @@ impl Policy {
             });
             return decided(*enabled, format!("policy:{key}"), message);
         }
+        if let Some(enabled) = presets::decide(&self.preset, endpoint) {
+            let preset = &self.preset;
+            let message = (!enabled).then(|| {
+                format!("Endpoint '{id}' is disabled by preset '{preset}'. Enable it with policy endpoints.{id}.enabled: true, or its group with policy groups")
+            });
+            return decided(enabled, format!("preset:{preset}"), message);
+        }
         if env_groups.contains(&group) {
             return decided(true, "env:ABX_SERVER_ENABLED_GROUPS".into(), None);
         }
@@ -282,6 +309,76 @@ impl Policy {
         }
         decided(true, format!("default:{g}"), None)
     }
+}
+
+/// A policy document: YAML (which includes JSON). YAML's own errors carry their line.
+fn parse_document(text: &str) -> Result<Value, String> {
+    if text.trim().is_empty() {
+        return Ok(Value::Object(Default::default()));
+    }
+    let doc: Value = yaml_serde::from_str(text)
+        .map_err(|e| format!("not a YAML or JSON policy document: {e}; see docs/policy.md"))?;
+    match doc {
+        Value::Object(_) => Ok(doc),
+        Value::Null => Ok(Value::Object(Default::default())),
+        _ => Err("the policy document must be a mapping of policy keys".into()),
+    }
+}
+
+/// Whether `path` is a template's `template.yaml`, whose `server:` section is the policy.
+pub fn is_template(path: &Path) -> bool {
+    matches!(
+        path.file_name().and_then(|n| n.to_str()),
+        Some("template.yaml" | "template.yml")
+    )
+}
+
+/// The key path an error message starts with (`endpoints.shell.enabled must be ...`).
+fn key_of(message: &str) -> &str {
+    message
+        .split_whitespace()
+        .next()
+        .unwrap_or("")
+        .trim_end_matches(':')
+}
+
+/// The line (1-based) of the key path `key` (`endpoints.shell.enabled`,
+/// `identities[1].id`) in a YAML or JSON text: each segment is looked for as a key after
+/// the line of the one before it. `None` when a segment cannot be found.
+pub fn line_of(text: &str, key: &str) -> Option<usize> {
+    let segments: Vec<&str> = key
+        .split(['.', '['])
+        .map(|s| s.trim_end_matches(']'))
+        .filter(|s| !s.is_empty() && !s.bytes().all(|b| b.is_ascii_digit()))
+        .collect();
+    if segments.is_empty() {
+        return None;
+    }
+    let lines: Vec<&str> = text.lines().collect();
+    let mut from = 0;
+    let mut found = None;
+    for segment in segments {
+        let hit = (from..lines.len()).find(|&i| {
+            let line = lines[i]
+                .trim_start()
+                .trim_start_matches(['-', '{', ',', ' ']);
+            [
+                format!("{segment}:"),
+                format!("\"{segment}\":"),
+                format!("\"{segment}\" :"),
+                format!("'{segment}':"),
+            ]
+            .iter()
+            .any(|k| {
+                line.starts_with(k.as_str())
+                    || lines[i].contains(&format!(" {k}"))
+                    || lines[i].contains(&format!("{{{k}"))
+            })
+        })?;
+        found = Some(hit + 1);
+        from = hit;
+    }
+    found
 }
 
 /// `identities`: a list of `{id, scopes, token_sha256 | token_env}`.
@@ -421,6 +518,116 @@ mod tests {
     }
 
     #[test]
+    fn presets_rank_below_the_documents_own_rules() {
+        let locked = Policy::from_value(json!({"preset": "locked-down", "groups": {"process": true}, "endpoints": {"upload": {"enabled": true}}}), true).unwrap();
+        let d = |p: &Policy, id: &str, g: Group| {
+            let decision = p.decide(&ep(id, g), None, &[Group::DevTools]);
+            (decision.enabled, decision.rule)
+        };
+        assert_eq!(
+            d(&locked, "download", Group::FileOps),
+            (true, "preset:locked-down".into())
+        );
+        assert_eq!(
+            d(&locked, "files_mkdir", Group::FileOps),
+            (false, "preset:locked-down".into())
+        );
+        assert_eq!(
+            d(&locked, "upload", Group::FileOps),
+            (true, "policy:endpoints.upload".into())
+        );
+        assert_eq!(
+            d(&locked, "shell", Group::Process),
+            (true, "policy:groups.process".into())
+        );
+        assert_eq!(
+            d(&locked, "code_run", Group::DevTools),
+            (false, "preset:locked-down".into()),
+            "the preset beats the environment"
+        );
+        assert_eq!(
+            d(&locked, "health", Group::Core),
+            (true, "default:core".into())
+        );
+        let read_only = Policy::from_value(json!({"preset": "read-only"}), true).unwrap();
+        assert_eq!(
+            d(&read_only, "files_list", Group::FileOps),
+            (true, "default:file_ops".into())
+        );
+        assert_eq!(
+            d(&read_only, "upload", Group::FileOps),
+            (false, "preset:read-only".into())
+        );
+        let mut search = ep("files_search", Group::FileOps);
+        search.method = Method::Post;
+        assert!(
+            read_only.decide(&search, None, &[]).enabled,
+            "a read that takes a body"
+        );
+        let mut custom = ep("POST /custom", Group::Commands);
+        custom.method = Method::Post;
+        assert!(!read_only.decide(&custom, None, &[]).enabled);
+        assert!(Policy::from_value(json!({"preset": "lenient"}), true).is_err());
+    }
+
+    #[test]
+    fn yaml_documents_templates_and_error_lines() {
+        let dir = std::env::temp_dir().join(format!("abx-policy-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let yaml = dir.join("policy.yaml");
+        std::fs::write(&yaml, "# comment\npreset: read-only\ngroups: [dev_tools]\nendpoints:\n  shell:\n    enabled: true\n").unwrap();
+        let p = Policy::load(&yaml).unwrap();
+        assert_eq!(p.preset, "read-only");
+        assert_eq!(p.endpoints["shell"].enabled, Some(true));
+        std::fs::write(
+            &yaml,
+            "endpoints:\n  shell:\n    scopes: x\n  code_run:\n    enabled: maybe\n",
+        )
+        .unwrap();
+        let err = Policy::load(&yaml).unwrap_err();
+        assert!(
+            err.contains("line 3: endpoints.shell.scopes must be a list"),
+            "{err}"
+        );
+        let json_doc = dir.join("policy.json");
+        std::fs::write(
+            &json_doc,
+            "{\n  \"groups\": {\n    \"core\": false\n  }\n}\n",
+        )
+        .unwrap();
+        let err = Policy::load(&json_doc).unwrap_err();
+        assert!(err.contains("core group cannot be disabled"), "{err}");
+        std::fs::write(
+            &json_doc,
+            "{\"identities\": [{\"id\": \"a\", \"token_sha256\": \"00\"}]}",
+        )
+        .unwrap();
+        let err = Policy::load(&json_doc).unwrap_err();
+        assert!(
+            err.contains("line 1: identities[0].token_sha256 must be 64 hex digits"),
+            "{err}"
+        );
+        let template = dir.join("template.yaml");
+        std::fs::write(
+            &template,
+            "name: t\nports: [9000, 9001]\nserver:\n  groups: [agents]\n  preset: locked-down\n",
+        )
+        .unwrap();
+        let p = Policy::load(&template).unwrap();
+        assert_eq!(p.preset, "locked-down");
+        assert!(p.groups.iter().any(|(g, on, _)| *g == Group::Agents && *on));
+        std::fs::write(&template, "name: t\n").unwrap();
+        assert_eq!(
+            Policy::load(&template).unwrap().preset,
+            "default",
+            "no server: section"
+        );
+        assert_eq!(line_of("a:\n  b:\n    c: 1\n", "a.b.c"), Some(3));
+        assert_eq!(line_of("a: 1\n", "z"), None);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
     fn empty_policy_revision_is_the_hash_of_an_empty_object() {
         let p = Policy::empty();
         assert!(!p.configured);
@@ -495,8 +702,8 @@ mod tests {
 
     #[test]
     fn unknown_keys_are_warnings() {
-        let p = Policy::from_value(json!({"frobnicate": 1, "preset": "strict"}), true).unwrap();
-        assert_eq!(p.preset, "strict");
+        let p = Policy::from_value(json!({"frobnicate": 1, "preset": "read-only"}), true).unwrap();
+        assert_eq!(p.preset, "read-only");
         assert_eq!(p.warnings.len(), 1);
         assert_ne!(p.revision, Policy::empty().revision);
     }

@@ -121,10 +121,10 @@ impl Server {
             } else {
                 decision.scopes.join(",")
             };
-            let limits = if spec.limits.is_empty() {
+            let limits = if decision.limits.is_empty() {
                 "-".to_string()
             } else {
-                serde_json::Value::Object(spec.limits.clone()).to_string()
+                serde_json::Value::Object(decision.limits.clone()).to_string()
             };
             out.push_str(&format!(
                 "{:<24} {:<7} {:<36} {:<7} {:<28} {:<24} {}\n",

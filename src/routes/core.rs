@@ -88,7 +88,7 @@ async fn capabilities(call: Call) -> Result<Response, ApiError> {
         entry.insert("rule".into(), json!(access.rule));
         entry.insert("scopes".into(), json!(decision.scopes));
         if access.allowed {
-            entry.insert("limits".into(), Value::Object(ep.limits.clone()));
+            entry.insert("limits".into(), Value::Object(decision.limits.clone()));
             entry.insert("params".into(), ep.params_json());
         }
         endpoints.insert(ep.id.clone(), Value::Object(entry));

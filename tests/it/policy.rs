@@ -108,7 +108,7 @@ fn yaml_policies_and_template_yaml_are_applied(driver: &'static str) {
     let policy = dir.path().join("policy.yml");
     std::fs::write(
         &policy,
-        "# YAML, with comments\npreset: read-only\ngroups:\n  dev_tools: true\nendpoints:\n  code_run: {enabled: false}\n",
+        "# YAML, with comments\npreset: read-only\ngroups:\n  dev_tools: true\nendpoints:\n  code_run: {enabled: false}\n  upload: {overwrite: false}\n",
     )
     .unwrap();
     let server = Launch::new(driver)
@@ -124,6 +124,11 @@ fn yaml_policies_and_template_yaml_are_applied(driver: &'static str) {
     assert_eq!(
         caps["endpoints"]["code_run"]["rule"],
         "policy:endpoints.code_run"
+    );
+    let warnings = caps["warnings"].to_string();
+    assert!(
+        warnings.contains("endpoints.upload.overwrite is accepted but not applied"),
+        "{warnings}"
     );
     let reply = server.post("/upload", r#"{"path": "x.txt", "content_base64": ""}"#);
     assert_eq!(
@@ -148,4 +153,133 @@ fn yaml_policies_and_template_yaml_are_applied(driver: &'static str) {
     assert_eq!(caps["endpoints"]["shell"]["rule"], "policy:endpoints.shell");
 }
 
-on_both_drivers!(yaml_policies_and_template_yaml_are_applied);
+fn per_endpoint_knobs_are_enforced(driver: &'static str) {
+    let dir = TempDir::new("knobs");
+    let policy = dir.path().join("policy.json");
+    std::fs::write(
+        &policy,
+        json!({
+            "groups": ["dev_tools"],
+            "endpoints": {
+                "shell": {"commands": {"deny": ["rm", "curl*"]}, "timeout_seconds": 1, "max_output_bytes": 10},
+                "process_start": {"commands": {"allow": ["sleep", "echo"]}},
+                "env_set": {"allow_vars": ["APP_*", "SECRET_*"], "deny_vars": ["SECRET_*"]},
+                "env_get": {"deny_vars": ["APP_HIDDEN"]},
+                "code_run": {"languages": ["bash"]},
+            }
+        })
+        .to_string(),
+    )
+    .unwrap();
+    let server = Launch::new(driver)
+        .env("ABX_SERVER_POLICY", policy.to_str().unwrap())
+        .start();
+    let post = |path: &str, body: serde_json::Value| {
+        let reply = server.post(path, &body.to_string());
+        (reply.status, reply.json())
+    };
+    for command in ["rm -rf nothing", "/bin/rm nothing", "curl-config --version"] {
+        let (status, body) = post("/shell", json!({"command": command}));
+        assert_eq!(
+            (status, body["code"].as_str(), body["endpoint"].as_str()),
+            (403, Some("command_not_allowed"), Some("shell")),
+            "{command}: {body}"
+        );
+    }
+    let (status, body) = post("/shell", json!({"command": "echo 0123456789abcdef"}));
+    assert_eq!(
+        (status, &body["stdout"], &body["truncated"]),
+        (200, &json!("0123456789"), &json!(true)),
+        "{body}"
+    );
+    for body in [
+        json!({"command": "sleep 5"}),
+        json!({"command": "sleep 5", "timeout": 30}),
+    ] {
+        let (status, answer) = post("/shell", body);
+        assert_eq!(
+            (status, answer["error"].as_str()),
+            (500, Some("Command timed out after 1s")),
+            "{answer}"
+        );
+    }
+    let (status, body) = post("/process/start", json!({"command": "ls"}));
+    assert_eq!(
+        (status, body["code"].as_str()),
+        (403, Some("command_not_allowed")),
+        "{body}"
+    );
+    assert_eq!(
+        post("/process/start", json!({"command": "sleep 0.1"})).0,
+        200
+    );
+
+    assert_eq!(
+        post("/env", json!({"vars": {"APP_X": "1", "APP_HIDDEN": "2"}})).0,
+        200
+    );
+    for name in ["OTHER", "SECRET_A"] {
+        let (status, body) = post("/env", json!({"vars": {name: "1"}}));
+        assert_eq!(
+            (status, body["code"].as_str()),
+            (403, Some("variable_not_allowed")),
+            "{name}: {body}"
+        );
+    }
+    assert_eq!(
+        server.get("/env?filter=APP_X,APP_HIDDEN").json(),
+        json!({"variables": {"APP_X": "1"}})
+    );
+
+    let (status, body) = post(
+        "/code/run",
+        json!({"code": "print(1)", "language": "python"}),
+    );
+    assert_eq!(
+        (status, body["code"].as_str()),
+        (403, Some("language_not_allowed")),
+        "{body}"
+    );
+    assert_eq!(
+        post("/code/run", json!({"code": "echo ok", "language": "bash"})).1["stdout"],
+        "ok\n"
+    );
+
+    let caps = server.get("/capabilities").json();
+    let limits = &caps["endpoints"]["shell"]["limits"];
+    assert_eq!(
+        (&limits["timeout_seconds"], &limits["max_output_bytes"]),
+        (&json!(1), &json!(10))
+    );
+    assert_eq!(limits["commands"], json!({"deny": ["rm", "curl*"]}));
+}
+
+#[test]
+fn knob_values_are_checked() {
+    let dir = TempDir::new("badknobs");
+    let path = dir.path().join("policy.yaml");
+    for (doc, says) in [
+        (
+            "endpoints:\n  shell:\n    timeout_seconds: -1\n",
+            "line 3: endpoints.shell.timeout_seconds must be a number of seconds above 0",
+        ),
+        (
+            "endpoints:\n  shell:\n    commands: {allow: rm}\n",
+            "endpoints.shell.commands must be {allow",
+        ),
+        (
+            "endpoints:\n  upload:\n    overwrite: no-thanks\n",
+            "endpoints.upload.overwrite must be true or false",
+        ),
+    ] {
+        std::fs::write(&path, doc).unwrap();
+        let (code, _, stderr) = check_policy(&path);
+        assert_eq!(code, 2, "{doc}");
+        assert!(stderr.contains(says), "{stderr}");
+    }
+}
+
+on_both_drivers!(
+    yaml_policies_and_template_yaml_are_applied,
+    per_endpoint_knobs_are_enforced,
+);

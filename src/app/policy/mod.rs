@@ -21,6 +21,8 @@ use crate::api::{EndpointSpec, Group};
 pub struct EndpointRule {
     pub enabled: Option<bool>,
     pub scopes: Option<Vec<String>>,
+    /// Per-endpoint limits and rules (`timeout_seconds`, `commands`, ...), validated.
+    pub knobs: serde_json::Map<String, Value>,
 }
 
 /// Where an identity's token comes from: never the token itself.
@@ -67,6 +69,110 @@ pub struct Decision {
     /// Scopes required of the caller (the endpoint's own, or the policy's override).
     pub scopes: Vec<String>,
     pub scopes_rule: String,
+    /// The endpoint's limits with the policy's knobs on top, as `/capabilities` shows
+    /// them.
+    pub limits: serde_json::Map<String, Value>,
+    /// The knobs the policy set for this endpoint, which its route enforces.
+    pub knobs: serde_json::Map<String, Value>,
+}
+
+impl Decision {
+    /// A whole-number knob (a byte count, a depth), if the policy set it.
+    pub fn knob_u64(&self, name: &str) -> Option<u64> {
+        self.knobs.get(name).and_then(Value::as_u64)
+    }
+
+    /// A number of seconds, if the policy set it.
+    pub fn knob_seconds(&self, name: &str) -> Option<f64> {
+        self.knobs.get(name).and_then(Value::as_f64)
+    }
+
+    /// A list of strings (globs, names) such as `languages` or `commands.allow`, if the
+    /// policy set it.
+    pub fn knob_list(&self, name: &str) -> Option<Vec<&str>> {
+        let mut path = name.split('.');
+        let mut value = self.knobs.get(path.next()?)?;
+        for key in path {
+            value = value.get(key)?;
+        }
+        value.as_array()?.iter().map(Value::as_str).collect()
+    }
+
+    /// A switch, if the policy set it.
+    pub fn knob_bool(&self, name: &str) -> Option<bool> {
+        self.knobs.get(name).and_then(Value::as_bool)
+    }
+}
+
+/// How a knob's value is checked.
+enum KnobKind {
+    /// A number above 0 (seconds).
+    Seconds,
+    /// A whole number above 0 (bytes, counts, depths).
+    Count,
+    Switch,
+    /// A list of strings.
+    Strings,
+    /// `{allow: [...], deny: [...]}` of strings.
+    AllowDeny,
+}
+
+/// Every per-endpoint knob the document may set; the route of an endpoint enforces the
+/// ones that concern it (`docs/policy.md`).
+const KNOBS: [(&str, KnobKind); 18] = [
+    ("paths", KnobKind::AllowDeny),
+    ("timeout_seconds", KnobKind::Seconds),
+    ("max_duration_seconds", KnobKind::Seconds),
+    ("max_output_bytes", KnobKind::Count),
+    ("max_upload_bytes", KnobKind::Count),
+    ("max_depth", KnobKind::Count),
+    ("max_files", KnobKind::Count),
+    ("max_bytes", KnobKind::Count),
+    ("overwrite", KnobKind::Switch),
+    ("block_private_networks", KnobKind::Switch),
+    ("allow_extensions", KnobKind::Strings),
+    ("deny_extensions", KnobKind::Strings),
+    ("languages", KnobKind::Strings),
+    ("allow_vars", KnobKind::Strings),
+    ("deny_vars", KnobKind::Strings),
+    ("url_allow", KnobKind::Strings),
+    ("url_deny", KnobKind::Strings),
+    ("commands", KnobKind::AllowDeny),
+];
+
+/// Which endpoints apply which knob in this build.
+const ENFORCED: [(&str, &[&str]); 6] = [
+    ("timeout_seconds", &["shell", "shell_stream", "code_run"]),
+    ("max_output_bytes", &["shell"]),
+    ("commands", &["shell", "shell_stream", "process_start"]),
+    ("languages", &["code_run"]),
+    ("allow_vars", &["env_get", "env_set"]),
+    ("deny_vars", &["env_get", "env_set"]),
+];
+
+/// Checks one knob's value; `Err` is the message after the key.
+fn check_knob(kind: &KnobKind, value: &Value) -> Result<(), &'static str> {
+    let strings = |v: &Value| v.as_array().is_some_and(|a| a.iter().all(Value::is_string));
+    let ok = match kind {
+        KnobKind::Seconds => value.as_f64().is_some_and(|v| v > 0.0),
+        KnobKind::Count => value.as_u64().is_some_and(|v| v > 0),
+        KnobKind::Switch => value.is_boolean(),
+        KnobKind::Strings => strings(value),
+        KnobKind::AllowDeny => value.as_object().is_some_and(|m| {
+            m.iter()
+                .all(|(k, v)| matches!(k.as_str(), "allow" | "deny") && strings(v))
+        }),
+    };
+    if ok {
+        return Ok(());
+    }
+    Err(match kind {
+        KnobKind::Seconds => "must be a number of seconds above 0",
+        KnobKind::Count => "must be a whole number above 0",
+        KnobKind::Switch => "must be true or false",
+        KnobKind::Strings => "must be a list of strings",
+        KnobKind::AllowDeny => "must be {allow: [...], deny: [...]} with lists of strings",
+    })
 }
 
 const KNOWN_KEYS: [&str; 6] = [
@@ -188,6 +294,11 @@ impl Policy {
                             );
                         }
                         ("scopes", _) => return Err(format!("endpoints.{id}.scopes must be a list of strings")),
+                        (knob, value) if KNOBS.iter().any(|(name, _)| *name == knob) => {
+                            let (_, kind) = KNOBS.iter().find(|(name, _)| *name == knob).expect("just found");
+                            check_knob(kind, value).map_err(|why| format!("endpoints.{id}.{knob} {why}"))?;
+                            parsed.knobs.insert(knob.to_string(), value.clone());
+                        }
                         (other, _) => policy.warnings.push(format!(
                             "policy key 'endpoints.{id}.{other}' is not understood by this server and was ignored"
                         )),
@@ -220,7 +331,20 @@ impl Policy {
                 Some(e) if e.group == Group::Core && rule.enabled == Some(false) => {
                     return Err(format!("endpoints.{id}: core endpoints cannot be disabled"));
                 }
-                Some(_) => {}
+                Some(_) => {
+                    // Said out loud: a limit that is listed but not applied would read as
+                    // a protection that is not there.
+                    for knob in rule.knobs.keys() {
+                        let enforced = ENFORCED
+                            .iter()
+                            .any(|(name, ids)| name == knob && ids.contains(&id.as_str()));
+                        if !enforced {
+                            warnings.push(format!(
+                                "policy endpoints.{id}.{knob} is accepted but not applied by this build of agent-sandbox (docs/policy.md lists what is)"
+                            ));
+                        }
+                    }
+                }
             }
         }
         Ok(warnings)
@@ -252,12 +376,23 @@ impl Policy {
             Some(scopes) => (scopes, format!("policy:endpoints.{id}.scopes")),
             None => (endpoint.scopes.clone(), format!("default:scopes:{id}")),
         };
+        let knobs = self
+            .endpoints
+            .get(id)
+            .map(|rule| rule.knobs.clone())
+            .unwrap_or_default();
+        let mut limits = endpoint.limits.clone();
+        for (name, value) in &knobs {
+            limits.insert(name.clone(), value.clone());
+        }
         let decided = |enabled: bool, rule: String, message: Option<String>| Decision {
             enabled,
             rule,
             message,
             scopes: scopes.clone(),
             scopes_rule: scopes_rule.clone(),
+            limits: limits.clone(),
+            knobs: knobs.clone(),
         };
         if group == Group::Core {
             return decided(true, "default:core".into(), None);

@@ -92,6 +92,19 @@ async fn code_run(call: Call) -> Result<Response, ApiError> {
             )))
         }
     };
+    if let Some(languages) = call.decision().knob_list("languages") {
+        if !languages.contains(&language.as_str()) {
+            return Err(ApiError::new(
+                403,
+                "PermissionError",
+                format!(
+                    "Language {language} is not allowed by policy rule endpoints.code_run.languages (allowed: {})",
+                    languages.join(", ")
+                ),
+            )
+            .with_code("language_not_allowed"));
+        }
+    }
     let timeout = match body.get("timeout") {
         None | Some(Value::Null) => CODE_DEFAULT_TIMEOUT,
         Some(Value::Number(n)) if n.as_f64().is_some_and(|t| t > 0.0) => n
@@ -107,6 +120,11 @@ async fn code_run(call: Call) -> Result<Response, ApiError> {
     if code.contains('\0') {
         return Err(ApiError::bad_request("code contains a NUL byte"));
     }
+    // The policy's timeout_seconds lowers the maximum (and the default with it).
+    let timeout = match call.decision().knob_seconds("timeout_seconds") {
+        Some(cap) => timeout.min(cap),
+        None => timeout,
+    };
     let cwd = working_dir(&call, None).await?;
     let argv = vec![program.to_string(), flag.to_string(), code];
     let started = Instant::now();

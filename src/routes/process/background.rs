@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use serde_json::{json, Value};
 
-use super::{spawn_in, split, working_dir, RunRequest};
+use super::{check_command, spawn_in, split, working_dir, RunRequest};
 use crate::api::ApiError;
 use crate::app::Call;
 use crate::http::Response;
@@ -41,6 +41,7 @@ pub async fn start(call: Call) -> Result<Response, ApiError> {
         _ => None,
     };
     let argv = split(&request.command, 400)?;
+    check_command(&call, &argv)?;
     // A bad cwd is 403 even when the table is full.
     let cwd = working_dir(&call, request.cwd.as_deref()).await?;
     let table = &call.services().processes;

@@ -217,6 +217,76 @@ impl RunRequest {
             format!("Command timed out after {}s", dumps_sorted(&self.timeout)),
         )
     }
+
+    /// Whether the caller gave a timeout.
+    fn timeout_given(body: &Value) -> bool {
+        matches!(body.get("timeout"), Some(Value::Number(n)) if n.as_f64().is_some_and(|t| t > 0.0))
+    }
+
+    /// The timeout as the policy allows it: the error names the seconds that applied.
+    fn with_timeout(mut self, seconds: f64) -> RunRequest {
+        if (seconds - self.timeout_secs()).abs() > f64::EPSILON {
+            self.timeout = serde_json::Number::from_f64(seconds)
+                .map(|n| {
+                    if seconds.fract() == 0.0 {
+                        json!(seconds as u64)
+                    } else {
+                        Value::Number(n)
+                    }
+                })
+                .unwrap_or(self.timeout);
+        }
+        self
+    }
+}
+
+/// The policy's `commands` rule for this endpoint: `deny` globs refuse a program,
+/// and with `allow` only programs matching one of its globs run. A glob is matched
+/// against argv[0] as given and against its last path component, so `rm` catches
+/// `/bin/rm` too. 403 `command_not_allowed` otherwise.
+fn check_command(call: &Call, argv: &[String]) -> Result<(), ApiError> {
+    let decision = call.decision();
+    let program = argv.first().map(String::as_str).unwrap_or_default();
+    let name = program.rsplit('/').next().unwrap_or(program);
+    let matches = |globs: &[&str]| {
+        globs.iter().any(|glob| {
+            crate::fs::fnmatch::fnmatch(glob.as_bytes(), name.as_bytes())
+                || crate::fs::fnmatch::fnmatch(glob.as_bytes(), program.as_bytes())
+        })
+    };
+    let denied = decision
+        .knob_list("commands.deny")
+        .is_some_and(|deny| matches(&deny));
+    let not_allowed = decision
+        .knob_list("commands.allow")
+        .is_some_and(|allow| !matches(&allow));
+    if denied || not_allowed {
+        let id = &call.spec().id;
+        return Err(ApiError::new(
+            403,
+            "PermissionError",
+            format!(
+                "Command '{name}' is not allowed by policy rule endpoints.{id}.commands ({})",
+                if denied {
+                    "it matches commands.deny"
+                } else {
+                    "it matches nothing in commands.allow"
+                }
+            ),
+        )
+        .with_code("command_not_allowed"));
+    }
+    Ok(())
+}
+
+/// The seconds a run may take: the caller's (or the default), no more than the
+/// policy's `timeout_seconds`, which is also the default when the caller gives none.
+fn effective_timeout(call: &Call, request: &RunRequest, given: bool) -> f64 {
+    match call.decision().knob_seconds("timeout_seconds") {
+        Some(cap) if given => request.timeout_secs().min(cap),
+        Some(cap) => cap,
+        None => request.timeout_secs(),
+    }
 }
 
 /// A shlex failure, with the status each route gives it (500 on `/shell`, 400 else).

@@ -4,7 +4,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 
-use super::{spawn, split, RunRequest, SHELL_MAX_OUTPUT_BYTES};
+use super::{check_command, effective_timeout, spawn, split, RunRequest, SHELL_MAX_OUTPUT_BYTES};
 use crate::api::ApiError;
 use crate::app::Call;
 use crate::http::{sse, Response};
@@ -20,11 +20,18 @@ const HEARTBEAT: Duration = Duration::from_secs(15);
 pub async fn shell(call: Call) -> Result<Response, ApiError> {
     let body: Value = call.json()?;
     let request = RunRequest::parse(&body)?;
+    let seconds = effective_timeout(&call, &request, RunRequest::timeout_given(&body));
+    let request = request.with_timeout(seconds);
     // Python's shlex failure escapes the handler here: the contract's 500.
     let argv = split(&request.command, 500)?;
+    check_command(&call, &argv)?;
     let child = spawn(&call, argv, &request, false, true).await?;
     let timeout = timeout_duration(request.timeout_secs());
-    match run_to_end(child, timeout, SHELL_MAX_OUTPUT_BYTES).await {
+    let max_output = call
+        .decision()
+        .knob_u64("max_output_bytes")
+        .map_or(SHELL_MAX_OUTPUT_BYTES, |cap| cap as usize);
+    match run_to_end(child, timeout, max_output).await {
         Ok(RunEnd::Completed(done)) => {
             let mut answer = json!({
                 "stdout": done.stdout,
@@ -46,7 +53,10 @@ pub async fn shell(call: Call) -> Result<Response, ApiError> {
 pub async fn shell_stream(call: Call) -> Result<Response, ApiError> {
     let body: Value = call.json()?;
     let request = RunRequest::parse(&body)?;
+    let seconds = effective_timeout(&call, &request, RunRequest::timeout_given(&body));
+    let request = request.with_timeout(seconds);
     let argv = split(&request.command, 400)?;
+    check_command(&call, &argv)?;
     let mut child = spawn(&call, argv, &request, false, true).await?;
     let outputs = Outputs::of(&mut child).map_err(|e| crate::api::errno::os_error(&e, None))?;
     let (tx, rx) = sse::channel(64);

@@ -168,6 +168,20 @@ async fn metrics(call: Call) -> Result<Response, ApiError> {
     })))
 }
 
+/// The policy's `allow_vars` / `deny_vars` globs for this endpoint: whether `name` may
+/// be listed (`GET /env`) or set (`POST /env`).
+fn var_allowed(call: &Call, name: &str) -> bool {
+    let decision = call.decision();
+    let matches = |globs: Vec<&str>| {
+        globs
+            .iter()
+            .any(|g| crate::fs::fnmatch::fnmatch(g.as_bytes(), name.as_bytes()))
+    };
+    let denied = decision.knob_list("deny_vars").is_some_and(matches);
+    let allowed = decision.knob_list("allow_vars").is_none_or(matches);
+    allowed && !denied
+}
+
 fn looks_secret(name: &str) -> bool {
     let upper = name.to_uppercase();
     SECRET_WORDS.iter().any(|word| upper.contains(word))
@@ -185,7 +199,10 @@ async fn env_get(call: Call) -> Result<Response, ApiError> {
     let mut variables = Map::new();
     for (name, value) in snapshot.iter() {
         let name = name.to_string_lossy();
-        if looks_secret(&name) || allowed.as_ref().is_some_and(|a| !a.contains(name.as_ref())) {
+        if looks_secret(&name)
+            || allowed.as_ref().is_some_and(|a| !a.contains(name.as_ref()))
+            || !var_allowed(&call, &name)
+        {
             continue;
         }
         variables.insert(
@@ -213,6 +230,14 @@ async fn env_set(call: Call) -> Result<Response, ApiError> {
                 "PermissionError",
                 format!("Cannot set protected variable: {name} (PATH, HOME, USER, SHELL and ABX_* cannot be changed)"),
             ));
+        }
+        if !var_allowed(&call, name) {
+            return Err(ApiError::new(
+                403,
+                "PermissionError",
+                format!("Variable {name} is not allowed by policy rule endpoints.env_set (allow_vars / deny_vars)"),
+            )
+            .with_code("variable_not_allowed"));
         }
         if name.is_empty() || name.contains('=') || name.contains('\0') {
             return Err(ApiError::bad_request(format!(

@@ -107,6 +107,24 @@ impl ApiService {
             }
             return Err(self.decorate(found.index, render(error, style)));
         }
+        // rate limit
+        if let Some((requests, per_seconds)) = catalog.decisions[found.index].rate_limit() {
+            if let Err(wait) = take_token(found.index, &identity.id, requests, per_seconds) {
+                let seconds = wait.ceil().max(1.0) as u64;
+                let error = ApiError::new(
+                    429,
+                    "RateLimitError",
+                    format!(
+                        "Rate limit of endpoint '{}': {requests} requests per {per_seconds} s for '{}'; retry in {seconds} s",
+                        endpoint.spec.id, identity.id
+                    ),
+                )
+                .with_code("rate_limited")
+                .with_field("endpoint", endpoint.spec.id.clone())
+                .with_header("Retry-After", seconds.to_string());
+                return Err(self.decorate(found.index, render(error, style)));
+            }
+        }
         let query = query.map_err(|e| self.decorate(found.index, render(e, style)))?;
         Ok(Accepted {
             index: found.index,
@@ -354,6 +372,44 @@ impl Service for ApiService {
         api.code = error.code;
         render(api, ErrorStyle::Contract)
     }
+}
+
+/// A token bucket per (endpoint, identity) for the policy's `rate_limit`. Each worker
+/// keeps its own buckets, so the hot path takes no lock; the limit is therefore per
+/// worker (with W workers, a caller spread over all of them gets up to W times it).
+struct Bucket {
+    tokens: f64,
+    refilled: std::time::Instant,
+}
+
+thread_local! {
+    static BUCKETS: std::cell::RefCell<std::collections::HashMap<(usize, String), Bucket>> =
+        std::cell::RefCell::new(std::collections::HashMap::new());
+}
+
+/// Takes one token of endpoint `index`'s bucket for `identity`, or says how many
+/// seconds until one is there.
+fn take_token(index: usize, identity: &str, requests: f64, per_seconds: f64) -> Result<(), f64> {
+    let rate = requests / per_seconds;
+    BUCKETS.with(|buckets| {
+        let mut buckets = buckets.borrow_mut();
+        let now = std::time::Instant::now();
+        let bucket = buckets
+            .entry((index, identity.to_string()))
+            .or_insert(Bucket {
+                tokens: requests,
+                refilled: now,
+            });
+        let elapsed = now.duration_since(bucket.refilled).as_secs_f64();
+        bucket.tokens = (bucket.tokens + elapsed * rate).min(requests);
+        bucket.refilled = now;
+        if bucket.tokens >= 1.0 {
+            bucket.tokens -= 1.0;
+            Ok(())
+        } else {
+            Err((1.0 - bucket.tokens) / rate)
+        }
+    })
 }
 
 /// Renders `error` in `style`: the only place an [`ApiError`] becomes a response.

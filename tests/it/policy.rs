@@ -254,6 +254,38 @@ fn per_endpoint_knobs_are_enforced(driver: &'static str) {
     assert_eq!(limits["commands"], json!({"deny": ["rm", "curl*"]}));
 }
 
+fn rate_limits_answer_429_with_retry_after(driver: &'static str) {
+    let dir = TempDir::new("ratelimit");
+    let policy = dir.path().join("policy.yaml");
+    std::fs::write(
+        &policy,
+        "endpoints:\n  env_get:\n    rate_limit: {requests: 3, per_seconds: 60}\n",
+    )
+    .unwrap();
+    // One worker: the buckets are per worker.
+    let server = Launch::new(driver)
+        .arg("--workers")
+        .arg("1")
+        .env("ABX_SERVER_POLICY", policy.to_str().unwrap())
+        .start();
+    let statuses: Vec<u16> = (0..4)
+        .map(|_| server.get("/env?filter=HOME").status)
+        .collect();
+    assert_eq!(statuses, [200, 200, 200, 429]);
+    let reply = server.get("/env?filter=HOME");
+    assert_eq!(reply.json()["code"], "rate_limited");
+    assert_eq!(reply.json()["endpoint"], "env_get");
+    let retry: u64 = reply.header("retry-after").unwrap().parse().unwrap();
+    assert!((1..=20).contains(&retry), "{retry}");
+    // Other endpoints, and the limit shown where callers look.
+    assert_eq!(server.get("/system/metrics").status, 200);
+    let caps = server.get("/capabilities").json();
+    assert_eq!(
+        caps["endpoints"]["env_get"]["limits"]["rate_limit"],
+        json!({"requests": 3, "per_seconds": 60})
+    );
+}
+
 #[test]
 fn knob_values_are_checked() {
     let dir = TempDir::new("badknobs");
@@ -282,4 +314,5 @@ fn knob_values_are_checked() {
 on_both_drivers!(
     yaml_policies_and_template_yaml_are_applied,
     per_endpoint_knobs_are_enforced,
+    rate_limits_answer_429_with_retry_after,
 );

@@ -102,6 +102,15 @@ impl Decision {
     pub fn knob_bool(&self, name: &str) -> Option<bool> {
         self.knobs.get(name).and_then(Value::as_bool)
     }
+
+    /// `rate_limit`: (requests, per seconds), if the policy set it.
+    pub fn rate_limit(&self) -> Option<(f64, f64)> {
+        let rate = self.knobs.get("rate_limit")?;
+        Some((
+            rate.get("requests")?.as_u64()? as f64,
+            rate.get("per_seconds")?.as_f64()?,
+        ))
+    }
 }
 
 /// How a knob's value is checked.
@@ -115,12 +124,15 @@ enum KnobKind {
     Strings,
     /// `{allow: [...], deny: [...]}` of strings.
     AllowDeny,
+    /// `{requests: N, per_seconds: S}`.
+    Rate,
 }
 
 /// Every per-endpoint knob the document may set; the route of an endpoint enforces the
 /// ones that concern it (`docs/policy.md`).
-const KNOBS: [(&str, KnobKind); 18] = [
+const KNOBS: [(&str, KnobKind); 19] = [
     ("paths", KnobKind::AllowDeny),
+    ("rate_limit", KnobKind::Rate),
     ("timeout_seconds", KnobKind::Seconds),
     ("max_duration_seconds", KnobKind::Seconds),
     ("max_output_bytes", KnobKind::Count),
@@ -162,6 +174,15 @@ fn check_knob(kind: &KnobKind, value: &Value) -> Result<(), &'static str> {
             m.iter()
                 .all(|(k, v)| matches!(k.as_str(), "allow" | "deny") && strings(v))
         }),
+        KnobKind::Rate => value.as_object().is_some_and(|m| {
+            m.len() == 2
+                && m.get("requests")
+                    .and_then(Value::as_u64)
+                    .is_some_and(|n| n > 0)
+                && m.get("per_seconds")
+                    .and_then(Value::as_f64)
+                    .is_some_and(|s| s > 0.0)
+        }),
     };
     if ok {
         return Ok(());
@@ -172,6 +193,9 @@ fn check_knob(kind: &KnobKind, value: &Value) -> Result<(), &'static str> {
         KnobKind::Switch => "must be true or false",
         KnobKind::Strings => "must be a list of strings",
         KnobKind::AllowDeny => "must be {allow: [...], deny: [...]} with lists of strings",
+        KnobKind::Rate => {
+            "must be {requests: <whole number above 0>, per_seconds: <seconds above 0>}"
+        }
     })
 }
 
@@ -335,9 +359,11 @@ impl Policy {
                     // Said out loud: a limit that is listed but not applied would read as
                     // a protection that is not there.
                     for knob in rule.knobs.keys() {
-                        let enforced = ENFORCED
-                            .iter()
-                            .any(|(name, ids)| name == knob && ids.contains(&id.as_str()));
+                        // The dispatcher applies rate limits to every endpoint.
+                        let enforced = knob == "rate_limit"
+                            || ENFORCED
+                                .iter()
+                                .any(|(name, ids)| name == knob && ids.contains(&id.as_str()));
                         if !enforced {
                             warnings.push(format!(
                                 "policy endpoints.{id}.{knob} is accepted but not applied by this build of agent-sandbox (docs/policy.md lists what is)"

@@ -228,7 +228,10 @@ impl ApiService {
     /// The most body bytes this request may send.
     fn body_limit(&self, index: usize, method: Method, head: &RequestHead) -> u64 {
         if self.is_raw(index, method, head) {
-            self.state.services.max_upload_size
+            let knob = self.state.catalog.decisions[index].knob_u64("max_upload_bytes");
+            knob.map_or(self.state.services.max_upload_size, |cap| {
+                cap.min(self.state.services.max_upload_size)
+            })
         } else {
             MAX_JSON_BODY as u64
         }

@@ -37,6 +37,7 @@ pub fn endpoints() -> Vec<Endpoint> {
         .params(&[
             Param::body("endpoint", "string", true),
             Param::body("path", "string", false),
+            Param::body("command", "string", false),
         ])
         .returns(json!({"type": "object", "required": ["endpoint", "allowed", "code", "reason"], "properties": {
             "endpoint": {"type": "string"}, "allowed": {"type": "boolean"},
@@ -127,6 +128,7 @@ async fn capabilities(call: Call) -> Result<Response, ApiError> {
 struct CheckBody {
     endpoint: Option<Value>,
     path: Option<Value>,
+    command: Option<Value>,
 }
 
 async fn capabilities_check(call: Call) -> Result<Response, ApiError> {
@@ -162,8 +164,8 @@ async fn capabilities_check(call: Call) -> Result<Response, ApiError> {
             "rule": access.rule,
         })));
     }
-    if let Some(path) = path {
-        if let Err(refusal) = call.services().base.confine(&path) {
+    if let Some(path) = &path {
+        if let Err(refusal) = call.services().base.confine(path) {
             let refusal = super::files::fs_error(refusal);
             let rule = if catalog.policy.base_dir.is_some() {
                 "policy:base_dir"
@@ -178,6 +180,33 @@ async fn capabilities_check(call: Call) -> Result<Response, ApiError> {
                 "rule": rule,
             })));
         }
+    }
+    // The same refusals the endpoint's route gives, from the same functions.
+    let decision = &catalog.decisions[index];
+    let refused = |error: ApiError, rule: String| {
+        Ok(Response::ok(&json!({
+            "endpoint": endpoint,
+            "allowed": false,
+            "code": error.code,
+            "reason": error.message,
+            "rule": rule,
+        })))
+    };
+    if let Some(path) = &path {
+        if let Some(error) = super::files::transfer::extension_refusal(decision, &endpoint, path) {
+            return refused(error, format!("policy:endpoints.{endpoint}.extensions"));
+        }
+    }
+    match body.command {
+        None | Some(Value::Null) => {}
+        Some(Value::String(command)) => {
+            let argv = crate::process::shlex::split(&command)
+                .map_err(|e| ApiError::bad_request(format!("command: {}", e.0)))?;
+            if let Some(error) = super::process::command_refusal(decision, &endpoint, &argv) {
+                return refused(error, format!("policy:endpoints.{endpoint}.commands"));
+            }
+        }
+        Some(_) => return Err(ApiError::bad_request("command: must be a string")),
     }
     Ok(Response::ok(
         &json!({"endpoint": endpoint, "allowed": true, "code": null, "reason": null}),

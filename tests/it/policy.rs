@@ -166,6 +166,8 @@ fn per_endpoint_knobs_are_enforced(driver: &'static str) {
                 "env_set": {"allow_vars": ["APP_*", "SECRET_*"], "deny_vars": ["SECRET_*"]},
                 "env_get": {"deny_vars": ["APP_HIDDEN"]},
                 "code_run": {"languages": ["bash"]},
+                "upload": {"deny_extensions": [".EXE"], "max_upload_bytes": 4},
+                "files_upload_stream": {"allow_extensions": ["txt"]},
             }
         })
         .to_string(),
@@ -244,6 +246,77 @@ fn per_endpoint_knobs_are_enforced(driver: &'static str) {
         post("/code/run", json!({"code": "echo ok", "language": "bash"})).1["stdout"],
         "ok\n"
     );
+
+    // Uploads: extensions (case-insensitive) and the policy's size cap.
+    let (status, body) = post(
+        "/upload",
+        json!({"path": "tool.exe", "content_base64": "AA=="}),
+    );
+    assert_eq!(
+        (status, body["code"].as_str()),
+        (403, Some("extension_not_allowed")),
+        "{body}"
+    );
+    let (status, body) = post(
+        "/upload",
+        json!({"path": "five.bin", "content_base64": "AAAAAAA="}),
+    );
+    assert_eq!(
+        (status, body["code"].as_str()),
+        (413, Some("payload_too_large")),
+        "{body}"
+    );
+    assert_eq!(
+        post(
+            "/upload",
+            json!({"path": "four.bin", "content_base64": "AAAAAA=="})
+        )
+        .0,
+        200
+    );
+    let raw = server.request(
+        "POST",
+        "/files/upload-stream?path=notes.md",
+        &[("Content-Type", "application/octet-stream")],
+        Some(b"hi"),
+    );
+    assert_eq!(
+        (raw.status, raw.json()["code"].clone()),
+        (403, json!("extension_not_allowed"))
+    );
+    assert!(!server.base_dir().join("notes.md").exists());
+    let raw = server.request(
+        "POST",
+        "/files/upload-stream?path=notes.txt",
+        &[("Content-Type", "application/octet-stream")],
+        Some(b"hi"),
+    );
+    assert_eq!(raw.status, 200);
+
+    // /capabilities/check answers from the same rules.
+    for (body, code) in [
+        (
+            json!({"endpoint": "shell", "command": "rm -rf /"}),
+            json!("command_not_allowed"),
+        ),
+        (
+            json!({"endpoint": "process_start", "command": "ls"}),
+            json!("command_not_allowed"),
+        ),
+        (
+            json!({"endpoint": "upload", "path": "x.exe"}),
+            json!("extension_not_allowed"),
+        ),
+        (
+            json!({"endpoint": "shell", "command": "echo fine"}),
+            json!(null),
+        ),
+        (json!({"endpoint": "upload", "path": "x.txt"}), json!(null)),
+    ] {
+        let (status, answer) = post("/capabilities/check", body.clone());
+        assert_eq!((status, &answer["code"]), (200, &code), "{body}: {answer}");
+        assert_eq!(answer["allowed"], code.is_null(), "{answer}");
+    }
 
     let caps = server.get("/capabilities").json();
     let limits = &caps["endpoints"]["shell"]["limits"];

@@ -153,7 +153,10 @@ const KNOBS: [(&str, KnobKind); 19] = [
 ];
 
 /// Which endpoints apply which knob in this build.
-const ENFORCED: [(&str, &[&str]); 6] = [
+const ENFORCED: [(&str, &[&str]); 9] = [
+    ("allow_extensions", &["upload", "files_upload_stream"]),
+    ("deny_extensions", &["upload", "files_upload_stream"]),
+    ("max_upload_bytes", &["upload", "files_upload_stream"]),
     ("timeout_seconds", &["shell", "shell_stream", "code_run"]),
     ("max_output_bytes", &["shell"]),
     ("commands", &["shell", "shell_stream", "process_start"]),

@@ -4,7 +4,7 @@
 
 mod archive;
 mod search;
-mod transfer;
+pub(crate) mod transfer;
 mod tree;
 mod watch;
 

@@ -68,18 +68,72 @@ fn decode_base64(text: &str, limit: u64) -> Result<Vec<u8>, ApiError> {
     Ok(decoded)
 }
 
+/// Decoded upload bytes allowed: `ABX_MAX_UPLOAD_SIZE`, or the policy's
+/// `max_upload_bytes` for this endpoint when lower.
+fn upload_limit(call: &Call) -> u64 {
+    let configured = call.services().max_upload_size;
+    call.decision()
+        .knob_u64("max_upload_bytes")
+        .map_or(configured, |cap| cap.min(configured))
+}
+
+/// The policy's `allow_extensions` / `deny_extensions` for this endpoint, against the
+/// file name's extension (case-insensitive, with or without the dot in the policy).
+/// 403 `extension_not_allowed` otherwise.
+pub fn check_extension(call: &Call, input: &str) -> Result<(), ApiError> {
+    extension_refusal(call.decision(), &call.spec().id, input).map_or(Ok(()), Err)
+}
+
+/// The refusal [`check_extension`] gives, for `/capabilities/check` too.
+pub fn extension_refusal(
+    decision: &crate::app::policy::Decision,
+    id: &str,
+    input: &str,
+) -> Option<ApiError> {
+    let allow = decision.knob_list("allow_extensions");
+    let deny = decision.knob_list("deny_extensions");
+    if allow.is_none() && deny.is_none() {
+        return None;
+    }
+    let name = input.rsplit('/').next().unwrap_or(input);
+    let extension = name
+        .rsplit_once('.')
+        .filter(|(stem, _)| !stem.is_empty())
+        .map(|(_, ext)| ext.to_ascii_lowercase())
+        .unwrap_or_default();
+    let listed = |list: &[&str]| {
+        list.iter()
+            .any(|e| e.trim_start_matches('.').eq_ignore_ascii_case(&extension))
+    };
+    let refused =
+        deny.as_deref().is_some_and(listed) || allow.as_deref().is_some_and(|a| !listed(a));
+    refused.then(|| {
+        let shown = if extension.is_empty() {
+            "(none)".to_string()
+        } else {
+            format!(".{extension}")
+        };
+        ApiError::new(
+            403,
+            "PermissionError",
+            format!("Extension {shown} of '{input}' is not allowed by policy rule endpoints.{id} (allow_extensions / deny_extensions)"),
+        )
+        .with_code("extension_not_allowed")
+    })
+}
+
 fn upload_too_large(limit: u64) -> ApiError {
     ApiError::new(
         413,
         "ValueError",
-        format!("Upload too large: the limit is {limit} bytes (ABX_MAX_UPLOAD_SIZE)"),
+        format!("Upload too large: the limit is {limit} bytes (ABX_MAX_UPLOAD_SIZE, or the policy's max_upload_bytes when lower)"),
     )
     .with_code("payload_too_large")
 }
 
 /// `POST /upload` and the JSON form of `/files/upload-stream`.
 pub async fn upload(mut call: Call) -> Result<Response, ApiError> {
-    let limit = call.services().max_upload_size;
+    let limit = upload_limit(&call);
     let body = call.take_body();
     let (input, data) = if body.len() > OFFLOAD_BYTES {
         blocking(move || parse_upload(&body, limit))
@@ -88,6 +142,7 @@ pub async fn upload(mut call: Call) -> Result<Response, ApiError> {
     } else {
         parse_upload(&body, limit)?
     };
+    check_extension(&call, &input)?;
     let caller = confine(&call, &input)?;
     let services = call.services();
     let (bytes, shown) = write_atomic(&services.base, caller, data, services.driver)
@@ -100,6 +155,7 @@ pub async fn upload(mut call: Call) -> Result<Response, ApiError> {
 /// into, before the body is read.
 pub async fn open_raw_upload(call: Call) -> Result<Box<dyn RawSink>, ApiError> {
     let input = query_path(&call)?;
+    check_extension(&call, &input)?;
     let caller = confine(&call, &input)?;
     let services = call.services();
     let upload = Upload::open(&services.base, caller, services.driver)

@@ -245,7 +245,15 @@ impl RunRequest {
 /// against argv[0] as given and against its last path component, so `rm` catches
 /// `/bin/rm` too. 403 `command_not_allowed` otherwise.
 fn check_command(call: &Call, argv: &[String]) -> Result<(), ApiError> {
-    let decision = call.decision();
+    command_refusal(call.decision(), &call.spec().id, argv).map_or(Ok(()), Err)
+}
+
+/// The refusal [`check_command`] gives, for `/capabilities/check` too.
+pub(crate) fn command_refusal(
+    decision: &crate::app::policy::Decision,
+    id: &str,
+    argv: &[String],
+) -> Option<ApiError> {
     let program = argv.first().map(String::as_str).unwrap_or_default();
     let name = program.rsplit('/').next().unwrap_or(program);
     let matches = |globs: &[&str]| {
@@ -260,9 +268,8 @@ fn check_command(call: &Call, argv: &[String]) -> Result<(), ApiError> {
     let not_allowed = decision
         .knob_list("commands.allow")
         .is_some_and(|allow| !matches(&allow));
-    if denied || not_allowed {
-        let id = &call.spec().id;
-        return Err(ApiError::new(
+    (denied || not_allowed).then(|| {
+        ApiError::new(
             403,
             "PermissionError",
             format!(
@@ -274,9 +281,8 @@ fn check_command(call: &Call, argv: &[String]) -> Result<(), ApiError> {
                 }
             ),
         )
-        .with_code("command_not_allowed"));
-    }
-    Ok(())
+        .with_code("command_not_allowed")
+    })
 }
 
 /// The seconds a run may take: the caller's (or the default), no more than the

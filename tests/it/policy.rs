@@ -168,6 +168,8 @@ fn per_endpoint_knobs_are_enforced(driver: &'static str) {
                 "code_run": {"languages": ["bash"]},
                 "upload": {"deny_extensions": [".EXE"], "max_upload_bytes": 4},
                 "files_upload_stream": {"allow_extensions": ["txt"]},
+                "files_archive": {"max_files": 2},
+                "files_search": {"max_depth": 0, "max_files": 1},
             }
         })
         .to_string(),
@@ -292,6 +294,27 @@ fn per_endpoint_knobs_are_enforced(driver: &'static str) {
         Some(b"hi"),
     );
     assert_eq!(raw.status, 200);
+
+    // Archives and searches under lowered limits.
+    let tree = server.base_dir().join("tree");
+    std::fs::create_dir_all(tree.join("sub")).unwrap();
+    for name in ["a.py", "b.py", "c.py", "sub/deep.py"] {
+        std::fs::write(tree.join(name), "x").unwrap();
+    }
+    let (status, body) = post("/files/archive", json!({"paths": ["tree"]}));
+    assert_eq!(status, 400, "more than max_files: {body}");
+    assert!(body["error"].as_str().unwrap().contains('2'), "{body}");
+    let (status, body) = post(
+        "/files/search",
+        json!({"path": "tree", "pattern": "*.py", "max_results": 50}),
+    );
+    assert_eq!(status, 200, "{body}");
+    let results = body["results"].as_array().unwrap();
+    assert_eq!(results.len(), 1, "max_files caps the results: {body}");
+    assert!(
+        !results[0].to_string().contains("deep"),
+        "max_depth 0: {body}"
+    );
 
     // /capabilities/check answers from the same rules.
     for (body, code) in [

@@ -117,8 +117,10 @@ impl Decision {
 enum KnobKind {
     /// A number above 0 (seconds).
     Seconds,
-    /// A whole number above 0 (bytes, counts, depths).
+    /// A whole number above 0 (bytes, counts).
     Count,
+    /// A whole number, 0 included (a depth: 0 is the directory itself).
+    Depth,
     Switch,
     /// A list of strings.
     Strings,
@@ -137,7 +139,7 @@ const KNOBS: [(&str, KnobKind); 19] = [
     ("max_duration_seconds", KnobKind::Seconds),
     ("max_output_bytes", KnobKind::Count),
     ("max_upload_bytes", KnobKind::Count),
-    ("max_depth", KnobKind::Count),
+    ("max_depth", KnobKind::Depth),
     ("max_files", KnobKind::Count),
     ("max_bytes", KnobKind::Count),
     ("overwrite", KnobKind::Switch),
@@ -153,7 +155,11 @@ const KNOBS: [(&str, KnobKind); 19] = [
 ];
 
 /// Which endpoints apply which knob in this build.
-const ENFORCED: [(&str, &[&str]); 9] = [
+const ENFORCED: [(&str, &[&str]); 13] = [
+    ("max_files", &["files_archive", "files_search"]),
+    ("max_bytes", &["files_archive"]),
+    ("max_depth", &["files_search"]),
+    ("max_duration_seconds", &["files_search"]),
     ("allow_extensions", &["upload", "files_upload_stream"]),
     ("deny_extensions", &["upload", "files_upload_stream"]),
     ("max_upload_bytes", &["upload", "files_upload_stream"]),
@@ -171,6 +177,7 @@ fn check_knob(kind: &KnobKind, value: &Value) -> Result<(), &'static str> {
     let ok = match kind {
         KnobKind::Seconds => value.as_f64().is_some_and(|v| v > 0.0),
         KnobKind::Count => value.as_u64().is_some_and(|v| v > 0),
+        KnobKind::Depth => value.as_u64().is_some(),
         KnobKind::Switch => value.is_boolean(),
         KnobKind::Strings => strings(value),
         KnobKind::AllowDeny => value.as_object().is_some_and(|m| {
@@ -193,6 +200,7 @@ fn check_knob(kind: &KnobKind, value: &Value) -> Result<(), &'static str> {
     Err(match kind {
         KnobKind::Seconds => "must be a number of seconds above 0",
         KnobKind::Count => "must be a whole number above 0",
+        KnobKind::Depth => "must be a whole number (0 or more)",
         KnobKind::Switch => "must be true or false",
         KnobKind::Strings => "must be a list of strings",
         KnobKind::AllowDeny => "must be {allow: [...], deny: [...]} with lists of strings",

@@ -46,9 +46,15 @@ pub async fn archive(call: Call) -> Result<Response, ApiError> {
         }
     };
     let base = call.services().base.clone();
+    // A policy can lower the built-in limits, never raise them.
+    let decision = call.decision();
     let limits = Limits {
-        max_files: MAX_FILES,
-        max_bytes: MAX_BYTES,
+        max_files: decision
+            .knob_u64("max_files")
+            .map_or(MAX_FILES, |cap| (cap as usize).min(MAX_FILES)),
+        max_bytes: decision
+            .knob_u64("max_bytes")
+            .map_or(MAX_BYTES, |cap| cap.min(MAX_BYTES as u64) as _),
     };
     let body = blocking(move || -> Result<Vec<u8>, ApiError> {
         let data = archive::build(&base, &inputs, format, limits).map_err(fs_error)?;

@@ -52,13 +52,24 @@ pub async fn search(call: Call) -> Result<Response, ApiError> {
     let max_depth = int_field(&body, "max_depth", DEFAULT_DEPTH)?;
     let max_results = int_field(&body, "max_results", DEFAULT_RESULTS)?;
     let root = confine(&call, &input)?;
+    // A policy can lower the depth, the number of results and the time, never raise them.
+    let decision = call.decision();
+    let depth_cap = decision
+        .knob_u64("max_depth")
+        .map_or(usize::MAX, |d| d as usize);
+    let results_cap = decision
+        .knob_u64("max_files")
+        .map_or(MAX_RESULTS, |n| (n as i64).min(MAX_RESULTS));
+    let time_limit = decision
+        .knob_seconds("max_duration_seconds")
+        .map_or(TIME_LIMIT, |s| TIME_LIMIT.min(Duration::from_secs_f64(s)));
     let found = tree::search(
         base,
         root,
         pattern,
-        max_depth.max(0) as usize,
-        max_results.clamp(0, MAX_RESULTS) as usize,
-        TIME_LIMIT,
+        (max_depth.max(0) as usize).min(depth_cap),
+        max_results.clamp(0, results_cap) as usize,
+        time_limit,
     )
     .await
     .map_err(fs_error)?;

@@ -54,7 +54,7 @@ pub async fn archive(call: Call) -> Result<Response, ApiError> {
             .map_or(MAX_FILES, |cap| (cap as usize).min(MAX_FILES)),
         max_bytes: decision
             .knob_u64("max_bytes")
-            .map_or(MAX_BYTES, |cap| cap.min(MAX_BYTES as u64) as _),
+            .map_or(MAX_BYTES, |cap| cap.min(MAX_BYTES)),
     };
     let body = blocking(move || -> Result<Vec<u8>, ApiError> {
         let data = archive::build(&base, &inputs, format, limits).map_err(fs_error)?;

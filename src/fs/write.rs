@@ -30,6 +30,10 @@ pub struct PendingWrite {
     /// Permission bits of the file being replaced, kept across the rename.
     keep_mode: Option<u32>,
     pub caller: CallerPath,
+    /// Replace a file already at the target (the default); `false` makes the commit
+    /// fail with EEXIST instead, decided by the kernel at the rename itself
+    /// (`RENAME_NOREPLACE`), so a file created meanwhile is never overwritten either.
+    pub replace: bool,
 }
 
 static TEMP_COUNTER: AtomicU64 = AtomicU64::new(0);
@@ -119,6 +123,7 @@ fn prepare_following(
             temp_name: None,
             target_name: name,
             keep_mode,
+            replace: true,
             caller,
         });
     }
@@ -142,6 +147,7 @@ fn prepare_following(
         temp_name: Some(temp),
         target_name: name,
         keep_mode,
+        replace: true,
         caller,
     })
 }
@@ -171,11 +177,17 @@ impl PendingWrite {
                 name
             }
         };
-        if let Err(e) = rustix::fs::renameat(
+        let flags = if self.replace {
+            rustix::fs::RenameFlags::empty()
+        } else {
+            rustix::fs::RenameFlags::NOREPLACE
+        };
+        if let Err(e) = rustix::fs::renameat_with(
             &self.parent,
             temp.as_os_str(),
             &self.parent,
             self.target_name.as_os_str(),
+            flags,
         ) {
             let _ = rustix::fs::unlinkat(&self.parent, temp.as_os_str(), AtFlags::empty());
             return Err(e.into());
@@ -215,6 +227,7 @@ pub async fn write_atomic(
     caller: CallerPath,
     data: Vec<u8>,
     driver: IoDriver,
+    replace: bool,
 ) -> Result<(usize, String), FsError> {
     let len = data.len();
     let shown = caller.display();
@@ -224,7 +237,8 @@ pub async fn write_atomic(
         // hand-off instead of two plus an io_uring write (docs/architecture.md).
         let base = base.clone();
         return blocking(move || {
-            let pending = prepare(&base, caller)?;
+            let mut pending = prepare(&base, caller)?;
+            pending.replace = replace;
             let display = pending.caller.display();
             let io = |e: io::Error| FsError::io(e, display.clone());
             let mut file = std::fs::File::from(pending.file.try_clone().map_err(io)?);
@@ -240,6 +254,9 @@ pub async fn write_atomic(
         .map_err(gone)?;
     }
     let mut upload = Upload::open(base, caller, driver).await?;
+    if !replace {
+        upload.keep_existing();
+    }
     if let Err(e) = upload.write(data).await {
         upload.abort().await;
         return Err(e);
@@ -302,6 +319,13 @@ impl Upload {
         result.map_err(|e| FsError::io(e, self.display()))?;
         self.written += len;
         Ok(piece)
+    }
+
+    /// Commit will fail with EEXIST rather than replace a file at the target.
+    pub fn keep_existing(&mut self) {
+        if let Some(pending) = &mut self.pending {
+            pending.replace = false;
+        }
     }
 
     /// Makes the data visible under the target name; returns the byte count and path.

@@ -108,7 +108,7 @@ fn yaml_policies_and_template_yaml_are_applied(driver: &'static str) {
     let policy = dir.path().join("policy.yml");
     std::fs::write(
         &policy,
-        "# YAML, with comments\npreset: read-only\ngroups:\n  dev_tools: true\nendpoints:\n  code_run: {enabled: false}\n  upload: {overwrite: false}\n",
+        "# YAML, with comments\npreset: read-only\ngroups:\n  dev_tools: true\nendpoints:\n  code_run: {enabled: false}\n  upload: {paths: {allow: [\"work/*\"]}}\n",
     )
     .unwrap();
     let server = Launch::new(driver)
@@ -127,7 +127,7 @@ fn yaml_policies_and_template_yaml_are_applied(driver: &'static str) {
     );
     let warnings = caps["warnings"].to_string();
     assert!(
-        warnings.contains("endpoints.upload.overwrite is accepted but not applied"),
+        warnings.contains("endpoints.upload.paths is accepted but not applied"),
         "{warnings}"
     );
     let reply = server.post("/upload", r#"{"path": "x.txt", "content_base64": ""}"#);
@@ -166,8 +166,8 @@ fn per_endpoint_knobs_are_enforced(driver: &'static str) {
                 "env_set": {"allow_vars": ["APP_*", "SECRET_*"], "deny_vars": ["SECRET_*"]},
                 "env_get": {"deny_vars": ["APP_HIDDEN"]},
                 "code_run": {"languages": ["bash"]},
-                "upload": {"deny_extensions": [".EXE"], "max_upload_bytes": 4},
-                "files_upload_stream": {"allow_extensions": ["txt"]},
+                "upload": {"deny_extensions": [".EXE"], "max_upload_bytes": 4, "overwrite": false},
+                "files_upload_stream": {"allow_extensions": ["txt"], "overwrite": false},
                 "files_archive": {"max_files": 2},
                 "files_search": {"max_depth": 0, "max_files": 1},
             }
@@ -276,6 +276,20 @@ fn per_endpoint_knobs_are_enforced(driver: &'static str) {
         .0,
         200
     );
+    // overwrite: false, decided at the rename itself.
+    let (status, body) = post(
+        "/upload",
+        json!({"path": "four.bin", "content_base64": "AQ=="}),
+    );
+    assert_eq!(
+        (status, body["type"].as_str()),
+        (409, Some("FileExistsError")),
+        "{body}"
+    );
+    assert_eq!(
+        std::fs::read(server.base_dir().join("four.bin")).unwrap(),
+        [0, 0, 0, 0]
+    );
     let raw = server.request(
         "POST",
         "/files/upload-stream?path=notes.md",
@@ -294,6 +308,23 @@ fn per_endpoint_knobs_are_enforced(driver: &'static str) {
         Some(b"hi"),
     );
     assert_eq!(raw.status, 200);
+    let again = server.request(
+        "POST",
+        "/files/upload-stream?path=notes.txt",
+        &[("Content-Type", "application/octet-stream")],
+        Some(b"replaced"),
+    );
+    assert_eq!(again.status, 409, "{}", again.text());
+    assert_eq!(
+        std::fs::read(server.base_dir().join("notes.txt")).unwrap(),
+        b"hi"
+    );
+    let leftovers: Vec<_> = std::fs::read_dir(server.base_dir())
+        .unwrap()
+        .filter_map(|e| e.ok())
+        .filter(|e| e.file_name().to_string_lossy().contains(".abx-"))
+        .collect();
+    assert!(leftovers.is_empty(), "no temporary file stays behind");
 
     // Archives and searches under lowered limits.
     let tree = server.base_dir().join("tree");

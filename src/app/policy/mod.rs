@@ -155,7 +155,8 @@ const KNOBS: [(&str, KnobKind); 19] = [
 ];
 
 /// Which endpoints apply which knob in this build.
-const ENFORCED: [(&str, &[&str]); 13] = [
+const ENFORCED: [(&str, &[&str]); 14] = [
+    ("overwrite", &["upload", "files_upload_stream"]),
     ("max_files", &["files_archive", "files_search"]),
     ("max_bytes", &["files_archive"]),
     ("max_depth", &["files_search"]),

@@ -122,6 +122,28 @@ pub fn extension_refusal(
     })
 }
 
+/// The policy's `overwrite: false` met a file at the target: 409 `FileExistsError`.
+fn exists_error(call: &Call, error: crate::fs::FsError) -> ApiError {
+    refused_overwrite(error, call.decision().knob_bool("overwrite") != Some(false))
+}
+
+fn refused_overwrite(error: crate::fs::FsError, overwrite: bool) -> ApiError {
+    match &error {
+        crate::fs::FsError::Io { error: io, path }
+            if !overwrite && io.raw_os_error() == Some(libc::EEXIST) =>
+        {
+            ApiError::new(
+                409,
+                "FileExistsError",
+                format!(
+                    "File exists: '{path}' (the policy sets overwrite: false for this endpoint)"
+                ),
+            )
+        }
+        _ => fs_error(error),
+    }
+}
+
 fn upload_too_large(limit: u64) -> ApiError {
     ApiError::new(
         413,
@@ -145,9 +167,10 @@ pub async fn upload(mut call: Call) -> Result<Response, ApiError> {
     check_extension(&call, &input)?;
     let caller = confine(&call, &input)?;
     let services = call.services();
-    let (bytes, shown) = write_atomic(&services.base, caller, data, services.driver)
+    let replace = call.decision().knob_bool("overwrite") != Some(false);
+    let (bytes, shown) = write_atomic(&services.base, caller, data, services.driver, replace)
         .await
-        .map_err(fs_error)?;
+        .map_err(|e| exists_error(&call, e))?;
     Ok(Response::ok(&json!({"path": shown, "bytes": bytes})))
 }
 
@@ -158,13 +181,18 @@ pub async fn open_raw_upload(call: Call) -> Result<Box<dyn RawSink>, ApiError> {
     check_extension(&call, &input)?;
     let caller = confine(&call, &input)?;
     let services = call.services();
-    let upload = Upload::open(&services.base, caller, services.driver)
+    let mut upload = Upload::open(&services.base, caller, services.driver)
         .await
         .map_err(fs_error)?;
-    Ok(Box::new(RawUpload(upload)))
+    let overwrite = call.decision().knob_bool("overwrite") != Some(false);
+    if !overwrite {
+        upload.keep_existing();
+    }
+    Ok(Box::new(RawUpload(upload, overwrite)))
 }
 
-struct RawUpload(Upload);
+/// The upload, and whether the policy lets it replace a file.
+struct RawUpload(Upload, bool);
 
 impl RawSink for RawUpload {
     fn write(&mut self, piece: Vec<u8>) -> LocalFuture<'_, Result<Vec<u8>, ApiError>> {
@@ -173,7 +201,12 @@ impl RawSink for RawUpload {
 
     fn finish(self: Box<Self>) -> HandlerFuture<Response> {
         Box::pin(async move {
-            let (bytes, shown) = self.0.commit().await.map_err(fs_error)?;
+            let overwrite = self.1;
+            let (bytes, shown) = self
+                .0
+                .commit()
+                .await
+                .map_err(|e| refused_overwrite(e, overwrite))?;
             Ok(Response::ok(&json!({"path": shown, "bytes": bytes})))
         })
     }

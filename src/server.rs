@@ -95,7 +95,7 @@ impl Server {
             crate::runtime::IoDriver::Epoll,
             extras,
         )?;
-        let catalog = &state.catalog;
+        let catalog = state.catalog();
         let mut out = format!(
             "policy {} preset={} revision={}\n",
             state
@@ -174,7 +174,7 @@ impl Server {
         if let Some(note) = fallback_note {
             crate::log!("{note}");
         }
-        for warning in &state.catalog.warnings {
+        for warning in &state.catalog().warnings {
             crate::log!("warning: {warning}");
         }
         crate::log::stdout_line(format_args!(
@@ -183,8 +183,8 @@ impl Server {
             bound,
             config.workers,
             driver.name(),
-            state.catalog.enabled_groups_line(),
-            state.catalog.auth.mode(),
+            state.catalog().enabled_groups_line(),
+            state.catalog().auth.mode(),
             state.services.base.path().display(),
         ));
         let shutdown = Arc::new(Shutdown::default());
@@ -194,7 +194,7 @@ impl Server {
         let mut slots = vec![Listener::Api];
         let mut per_worker: Vec<Vec<(usize, std::net::TcpListener)>> =
             listeners.into_iter().map(|l| vec![(0, l)]).collect();
-        if state.catalog.group_enabled(crate::api::Group::Terminal) {
+        if state.catalog().group_enabled(crate::api::Group::Terminal) {
             let pty_addr = SocketAddr::new(config.host, config.pty_port);
             let (pty_listeners, pty_bound) =
                 runtime::bind_all(pty_addr, config.workers).map_err(|e| {
@@ -215,9 +215,16 @@ impl Server {
             start_orphan_reaper(state.clone());
         }
         let children_state = state.clone();
+        let reload_state = state.clone();
         shutdown::spawn_signal_thread(
             shutdown,
             state.config.shutdown_grace,
+            Box::new(move || match reload_state.reload_policy() {
+                Ok(revision) => crate::log!("SIGHUP: policy reloaded, revision {revision}"),
+                Err(why) => {
+                    crate::log!("SIGHUP: policy not reloaded, the current one stays: {why}")
+                }
+            }),
             Box::new(move || {
                 if let Some(bridge) = &bridge {
                     bridge.stop();

@@ -35,6 +35,7 @@ pub struct Accepted {
     query: Vec<(String, String)>,
     path_params: Vec<(String, String)>,
     identity: Arc<Identity>,
+    catalog: super::state::CatalogRef,
 }
 
 impl ApiService {
@@ -48,7 +49,8 @@ impl ApiService {
 
     /// Route, authenticate and authorize; `Err` is the refusal to answer.
     fn admit(&self, head: &RequestHead) -> Result<Accepted, Response> {
-        let catalog = &self.state.catalog;
+        let catalog_ref = self.state.catalog();
+        let catalog = &**catalog_ref;
         // route
         let Some(method) = Method::from_http(&head.method) else {
             let error = ApiError::new(
@@ -133,6 +135,7 @@ impl ApiService {
             query,
             path_params: found.params,
             identity,
+            catalog: catalog_ref.clone(),
         })
     }
 
@@ -140,7 +143,8 @@ impl ApiService {
     /// handshake, and hand the socket over with the outcome of authentication and
     /// policy (a refusal becomes a close code: 4001 credentials, 4003 policy).
     fn plan_upgrade(&self, head: &RequestHead) -> Plan<Accepted> {
-        let catalog = &self.state.catalog;
+        let catalog_ref = self.state.catalog();
+        let catalog = &**catalog_ref;
         let (path, query) = split_target(&head.target);
         let found = catalog.endpoints.iter().position(|e| {
             e.spec.listener == Listener::Pty
@@ -214,7 +218,7 @@ impl ApiService {
 
     /// Whether this request streams a raw `application/octet-stream` body into a sink.
     fn is_raw(&self, index: usize, method: Method, head: &RequestHead) -> bool {
-        self.state.catalog.endpoints[index].spec.body == BodyMode::RawOrWholeJson
+        self.state.catalog().endpoints[index].spec.body == BodyMode::RawOrWholeJson
             && method == Method::Post
             && head.header("content-type").is_some_and(|v| {
                 v.split(';')
@@ -228,7 +232,7 @@ impl ApiService {
     /// The most body bytes this request may send.
     fn body_limit(&self, index: usize, method: Method, head: &RequestHead) -> u64 {
         if self.is_raw(index, method, head) {
-            let knob = self.state.catalog.decisions[index].knob_u64("max_upload_bytes");
+            let knob = self.state.catalog().decisions[index].knob_u64("max_upload_bytes");
             knob.map_or(self.state.services.max_upload_size, |cap| {
                 cap.min(self.state.services.max_upload_size)
             })
@@ -248,12 +252,13 @@ impl ApiService {
             identity: accepted.identity,
             endpoint: accepted.index,
             state: self.state.clone(),
+            catalog: accepted.catalog,
         }
     }
 
     /// Headers a whole group carries on every answer, errors included.
     fn decorate(&self, index: usize, response: Response) -> Response {
-        match self.state.catalog.endpoints[index].spec.group {
+        match self.state.catalog().endpoints[index].spec.group {
             Group::Agents => response.header("X-Agent-Sandbox-Local", "1"),
             _ => response,
         }
@@ -261,7 +266,8 @@ impl ApiService {
 
     /// Runs a handler, turning an error or a panic into its rendered answer.
     async fn invoke(&self, index: usize, handler: Handler, call: Call) -> Response {
-        let spec = &self.state.catalog.endpoints[index].spec;
+        let catalog = call.catalog.clone();
+        let spec = &catalog.endpoints[index].spec;
         let outcome = guarded(move || handler(call)).await;
         let response = match outcome {
             Ok(Ok(response)) => response,
@@ -312,7 +318,8 @@ impl Service for ApiService {
         };
         // body plan
         let index = accepted.index;
-        let endpoint = &self.state.catalog.endpoints[index];
+        let catalog = accepted.catalog.clone();
+        let endpoint = &catalog.endpoints[index];
         let limit = self.body_limit(index, accepted.method, head);
         let open_sink = match &endpoint.serve {
             Serve::HandlerOrSink { raw, .. } if self.is_raw(index, accepted.method, head) => raw,
@@ -348,7 +355,8 @@ impl Service for ApiService {
 
     async fn respond(&self, accepted: Accepted, head: RequestHead, body: Vec<u8>) -> Response {
         let index = accepted.index;
-        let endpoint = &self.state.catalog.endpoints[index];
+        let catalog = accepted.catalog.clone();
+        let endpoint = &catalog.endpoints[index];
         if accepted.method.takes_json_body() {
             let full_syntax = endpoint.spec.body == BodyMode::Json;
             if let Err(error) = validate_json_object(&body, full_syntax) {

@@ -35,6 +35,9 @@ pub struct Call {
     pub identity: Arc<Identity>,
     pub(crate) endpoint: usize,
     pub(crate) state: Arc<super::state::AppState>,
+    /// The catalog generation the request was admitted under: it keeps it to the end,
+    /// whatever a policy reload does meanwhile.
+    pub(crate) catalog: super::state::CatalogRef,
 }
 
 impl Call {
@@ -65,12 +68,12 @@ impl Call {
 
     /// The endpoint being served.
     pub fn spec(&self) -> &EndpointSpec {
-        &self.state.catalog.endpoints[self.endpoint].spec
+        &self.catalog.endpoints[self.endpoint].spec
     }
 
     /// The policy's decision for this endpoint.
     pub fn decision(&self) -> &Decision {
-        &self.state.catalog.decisions[self.endpoint]
+        &self.catalog.decisions[self.endpoint]
     }
 
     /// What handlers work with: confinement, the I/O driver, limits, children.
@@ -80,7 +83,7 @@ impl Call {
 
     /// The route table and its decisions, for the discovery routes.
     pub fn catalog(&self) -> &Catalog {
-        &self.state.catalog
+        &self.catalog
     }
 
     /// The body as a JSON object deserialised into `T`; an empty body is `{}`. The

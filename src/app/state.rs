@@ -68,11 +68,68 @@ pub struct Catalog {
     pub warnings: Vec<String>,
 }
 
-/// Shared, immutable server state.
+/// Shared server state. Everything is immutable but the catalog, which a policy reload
+/// replaces as a whole (`AppState::reload_policy`).
 pub struct AppState {
     pub config: Config,
     pub services: Services,
-    pub catalog: Catalog,
+    catalog: CatalogCell,
+    /// What the catalog is compiled from, kept for reloads.
+    group_switches: Vec<(Group, bool)>,
+}
+
+/// A thread's handle on one generation of the catalog: cloning it costs no atomic
+/// operation, and a request holds the same generation from its head to its answer.
+pub type CatalogRef = std::rc::Rc<Arc<Catalog>>;
+
+/// The current catalog and its generation.
+struct CatalogCell {
+    current: std::sync::RwLock<Arc<Catalog>>,
+    generation: std::sync::atomic::AtomicU64,
+}
+
+thread_local! {
+    /// This thread's handle on the current generation: (cell address, generation, handle).
+    static CACHED: std::cell::RefCell<Option<(usize, u64, CatalogRef)>> =
+        const { std::cell::RefCell::new(None) };
+}
+
+impl CatalogCell {
+    fn new(catalog: Catalog) -> CatalogCell {
+        CatalogCell {
+            current: std::sync::RwLock::new(Arc::new(catalog)),
+            generation: std::sync::atomic::AtomicU64::new(0),
+        }
+    }
+
+    /// The current catalog. The request path reads one atomic and, only after a
+    /// reload, takes the lock once per thread.
+    fn get(&self) -> CatalogRef {
+        let key = self as *const CatalogCell as usize;
+        let generation = self.generation.load(std::sync::atomic::Ordering::Acquire);
+        CACHED.with(|cached| {
+            let mut cached = cached.borrow_mut();
+            if let Some((cell, seen, handle)) = cached.as_ref() {
+                if *cell == key && *seen == generation {
+                    return handle.clone();
+                }
+            }
+            let current = self
+                .current
+                .read()
+                .unwrap_or_else(|e| e.into_inner())
+                .clone();
+            let handle = std::rc::Rc::new(current);
+            *cached = Some((key, generation, handle.clone()));
+            handle
+        })
+    }
+
+    fn replace(&self, catalog: Catalog) {
+        *self.current.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(catalog);
+        self.generation
+            .fetch_add(1, std::sync::atomic::Ordering::Release);
+    }
 }
 
 /// What the embedding program (or the Python worker's manifest) adds to the built-ins.
@@ -103,87 +160,33 @@ impl AppState {
         driver: IoDriver,
         extras: Extras,
     ) -> Result<AppState, String> {
-        let policy = match &config.policy_path {
-            Some(path) => Policy::load(path)?,
-            None => Policy::empty(),
-        };
         let mut seen = std::collections::HashSet::new();
         for ep in &endpoints {
             if !seen.insert(ep.spec.id.clone()) {
                 return Err(format!("two endpoints share the id '{}'", ep.spec.id));
             }
         }
-        let specs: Vec<_> = endpoints.iter().map(|e| e.spec.clone()).collect();
-        let mut warnings = policy
-            .validate(&specs)
-            .map_err(|e| format!("ABX_SERVER_POLICY: {e}"))?;
-        let decisions: Vec<Decision> = endpoints
-            .iter()
-            .map(|ep| {
-                policy.decide_with(
-                    &ep.spec,
-                    ep.unavailable(),
-                    &config.enabled_groups,
-                    &extras.group_switches,
-                )
-            })
-            .collect();
-        let empty: Vec<&str> = Group::ALL
-            .into_iter()
-            .filter(|g| {
-                !endpoints
-                    .iter()
-                    .any(|e| e.spec.group == *g && e.unavailable().is_none())
-            })
-            .map(Group::name)
-            .collect();
-        if !empty.is_empty() {
-            warnings.push(format!(
-                "groups with no endpoints in this build of agent-sandbox: {}",
-                empty.join(", ")
-            ));
-        }
+        let policy = match &config.policy_path {
+            Some(path) => Policy::load(path)?,
+            None => Policy::empty(),
+        };
         let base_dir = policy
             .base_dir
             .clone()
             .unwrap_or_else(|| config.base_dir.clone());
+        let (commands, replaced) = commands::Registry::new(extras.commands);
+        let mut catalog = compile(&config, endpoints, policy, &extras.group_switches)?;
+        for name in replaced {
+            catalog.warnings.push(format!(
+                "command '{name}' is registered twice; the later registration wins"
+            ));
+        }
         if !base_dir.is_dir() {
-            warnings.push(format!(
+            catalog.warnings.push(format!(
                 "base directory {} does not exist; file routes will fail until it is created",
                 base_dir.display()
             ));
         }
-        let (commands, replaced) = commands::Registry::new(extras.commands);
-        for name in replaced {
-            warnings.push(format!(
-                "command '{name}' is registered twice; the later registration wins"
-            ));
-        }
-        let router = Router::new(&endpoints, Listener::Api)?;
-        let identities = policy
-            .identities
-            .iter()
-            .map(|rule| {
-                let digest = match &rule.token {
-                    TokenSource::Digest(digest) => *digest,
-                    TokenSource::Env(name) => match std::env::var(name) {
-                        Ok(token) if !token.is_empty() => token_digest(&token),
-                        _ => {
-                            return Err(format!(
-                                "ABX_SERVER_POLICY: identity '{}' takes its token from ${name}, which is not set",
-                                rule.id
-                            ))
-                        }
-                    },
-                };
-                Ok(TokenIdentity {
-                    id: rule.id.clone(),
-                    scopes: rule.scopes.clone(),
-                    digest,
-                })
-            })
-            .collect::<Result<Vec<_>, String>>()?;
-        let auth = Auth::with_identities(config.token.as_deref(), &identities);
         Ok(AppState {
             services: Services {
                 base: BaseDir::new(base_dir),
@@ -200,17 +203,131 @@ impl AppState {
                 bound_pty_port: std::sync::OnceLock::new(),
                 started: Instant::now(),
             },
-            catalog: Catalog {
-                endpoints,
-                decisions,
-                router,
-                policy,
-                auth,
-                warnings,
-            },
+            catalog: CatalogCell::new(catalog),
+            group_switches: extras.group_switches,
             config,
         })
     }
+
+    /// The current catalog (route table, policy decisions, credentials).
+    pub fn catalog(&self) -> CatalogRef {
+        self.catalog.get()
+    }
+
+    /// Reads the policy document again and swaps the new catalog in, for requests that
+    /// start from now on (SIGHUP). A document that does not load, or that would move
+    /// the base directory (which needs a restart), keeps the current policy; the error
+    /// says why. Returns the new revision.
+    pub fn reload_policy(&self) -> Result<String, String> {
+        let policy = match &self.config.policy_path {
+            Some(path) => Policy::load(path)?,
+            None => Policy::empty(),
+        };
+        let base_dir = policy
+            .base_dir
+            .clone()
+            .unwrap_or_else(|| self.config.base_dir.clone());
+        if base_dir != self.services.base.path() {
+            return Err(format!(
+                "the policy moves base_dir to {}; that takes a restart, so the current policy stays",
+                base_dir.display()
+            ));
+        }
+        let current = self.catalog();
+        let mut catalog = compile(
+            &self.config,
+            current.endpoints.clone(),
+            policy,
+            &self.group_switches,
+        )?;
+        if !base_dir.is_dir() {
+            catalog.warnings.push(format!(
+                "base directory {} does not exist; file routes will fail until it is created",
+                base_dir.display()
+            ));
+        }
+        // Warnings about the build itself (commands registered twice) carry over.
+        for warning in &current.warnings {
+            if warning.starts_with("command '") && !catalog.warnings.contains(warning) {
+                catalog.warnings.push(warning.clone());
+            }
+        }
+        let revision = catalog.policy.revision.clone();
+        self.catalog.replace(catalog);
+        Ok(revision)
+    }
+}
+
+/// Decides every endpoint under `policy` and builds the credentials it names.
+fn compile(
+    config: &Config,
+    endpoints: Vec<Endpoint>,
+    policy: Policy,
+    group_switches: &[(Group, bool)],
+) -> Result<Catalog, String> {
+    let specs: Vec<_> = endpoints.iter().map(|e| e.spec.clone()).collect();
+    let mut warnings = policy
+        .validate(&specs)
+        .map_err(|e| format!("ABX_SERVER_POLICY: {e}"))?;
+    let decisions: Vec<Decision> = endpoints
+        .iter()
+        .map(|ep| {
+            policy.decide_with(
+                &ep.spec,
+                ep.unavailable(),
+                &config.enabled_groups,
+                group_switches,
+            )
+        })
+        .collect();
+    let empty: Vec<&str> = Group::ALL
+        .into_iter()
+        .filter(|g| {
+            !endpoints
+                .iter()
+                .any(|e| e.spec.group == *g && e.unavailable().is_none())
+        })
+        .map(Group::name)
+        .collect();
+    if !empty.is_empty() {
+        warnings.push(format!(
+            "groups with no endpoints in this build of agent-sandbox: {}",
+            empty.join(", ")
+        ));
+    }
+    let router = Router::new(&endpoints, Listener::Api)?;
+    let identities = policy
+        .identities
+        .iter()
+        .map(|rule| {
+            let digest = match &rule.token {
+                TokenSource::Digest(digest) => *digest,
+                TokenSource::Env(name) => match std::env::var(name) {
+                    Ok(token) if !token.is_empty() => token_digest(&token),
+                    _ => {
+                        return Err(format!(
+                            "ABX_SERVER_POLICY: identity '{}' takes its token from ${name}, which is not set",
+                            rule.id
+                        ))
+                    }
+                },
+            };
+            Ok(TokenIdentity {
+                id: rule.id.clone(),
+                scopes: rule.scopes.clone(),
+                digest,
+            })
+        })
+        .collect::<Result<Vec<_>, String>>()?;
+    let auth = Auth::with_identities(config.token.as_deref(), &identities);
+    Ok(Catalog {
+        endpoints,
+        decisions,
+        router,
+        policy,
+        auth,
+        warnings,
+    })
 }
 
 impl Catalog {

@@ -63,29 +63,40 @@ impl Shutdown {
     }
 }
 
-/// Blocks SIGTERM and SIGINT in the calling thread (and so in every thread it spawns
-/// later) so that only the dedicated signal thread receives them.
+/// Blocks SIGTERM, SIGINT and SIGHUP in the calling thread (and so in every thread it
+/// spawns later) so that only the dedicated signal thread receives them.
 pub fn block_termination_signals() {
+    let _ = handled_signals().thread_block();
+}
+
+fn handled_signals() -> SigSet {
     let mut set = SigSet::empty();
     set.add(Signal::SIGTERM);
     set.add(Signal::SIGINT);
-    let _ = set.thread_block();
+    set.add(Signal::SIGHUP);
+    set
 }
 
-/// Starts the thread that waits for SIGTERM/SIGINT, stops accepting, gives in-flight
-/// requests up to `grace`, runs `before_exit` (which ends the children) and exits 0.
+/// Starts the thread that handles the server's signals: SIGHUP runs `on_hangup` (the
+/// policy reload) and waits again; SIGTERM/SIGINT stop accepting, give in-flight
+/// requests up to `grace`, run `before_exit` (which ends the children) and exit 0.
 pub fn spawn_signal_thread(
     shutdown: Arc<Shutdown>,
     grace: Duration,
+    on_hangup: Box<dyn Fn() + Send>,
     before_exit: Box<dyn FnOnce() + Send>,
 ) -> std::io::Result<()> {
     std::thread::Builder::new()
         .name("abx-signals".into())
         .spawn(move || {
-            let mut set = SigSet::empty();
-            set.add(Signal::SIGTERM);
-            set.add(Signal::SIGINT);
-            let signal = set.wait().unwrap_or(Signal::SIGTERM);
+            let set = handled_signals();
+            let signal = loop {
+                match set.wait() {
+                    Ok(Signal::SIGHUP) => on_hangup(),
+                    Ok(signal) => break signal,
+                    Err(_) => break Signal::SIGTERM,
+                }
+            };
             crate::log!("{signal} received, shutting down");
             shutdown.begin();
             let deadline = Instant::now() + grace;

@@ -413,6 +413,71 @@ fn rate_limits_answer_429_with_retry_after(driver: &'static str) {
     );
 }
 
+fn sighup_reloads_the_policy_and_keeps_a_bad_one_out(driver: &'static str) {
+    let dir = TempDir::new("reload");
+    let policy = dir.path().join("policy.yaml");
+    std::fs::write(&policy, "endpoints:\n  shell: {enabled: false}\n").unwrap();
+    let server = Launch::new(driver)
+        .env("ABX_SERVER_POLICY", policy.to_str().unwrap())
+        .start();
+    let revision = || server.get("/capabilities").json()["policy"]["revision"].clone();
+    let first = revision();
+    assert_eq!(server.post("/shell", r#"{"command": "true"}"#).status, 404);
+    let hangup = || {
+        let status = Command::new("kill")
+            .args(["-HUP", &server.child.id().to_string()])
+            .status()
+            .unwrap();
+        assert!(status.success());
+    };
+    // A good document: swapped in for the requests that follow.
+    std::fs::write(
+        &policy,
+        "endpoints:\n  shell: {enabled: true, commands: {deny: [rm]}}\n",
+    )
+    .unwrap();
+    hangup();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while revision() == first && std::time::Instant::now() < deadline {
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    let second = revision();
+    assert_ne!(second, first, "the revision changes with the document");
+    assert_eq!(
+        server.post("/shell", r#"{"command": "echo on"}"#).json()["stdout"],
+        "on\n"
+    );
+    assert_eq!(
+        server.post("/shell", r#"{"command": "rm -f x"}"#).json()["code"],
+        "command_not_allowed"
+    );
+    // A bad document, and one that moves the base directory: the current policy stays,
+    // and the log says why.
+    for (doc, says) in [
+        ("endpoints: [\n", "not a YAML or JSON policy document"),
+        ("base_dir: /elsewhere\n", "takes a restart"),
+    ] {
+        std::fs::write(&policy, doc).unwrap();
+        hangup();
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        let mut logged = false;
+        while !logged && std::time::Instant::now() < deadline {
+            if let Ok(line) = server
+                .output
+                .recv_timeout(std::time::Duration::from_millis(200))
+            {
+                logged = line.contains("policy not reloaded") && line.contains(says);
+            }
+        }
+        assert!(logged, "no log line for {doc:?}");
+        assert_eq!(revision(), second);
+        assert_eq!(
+            server.post("/shell", r#"{"command": "echo still"}"#).status,
+            200
+        );
+    }
+}
+
 #[test]
 fn knob_values_are_checked() {
     let dir = TempDir::new("badknobs");
@@ -442,4 +507,5 @@ on_both_drivers!(
     yaml_policies_and_template_yaml_are_applied,
     per_endpoint_knobs_are_enforced,
     rate_limits_answer_429_with_retry_after,
+    sighup_reloads_the_policy_and_keeps_a_bad_one_out,
 );

@@ -193,6 +193,11 @@ async fn capabilities_check(call: Call) -> Result<Response, ApiError> {
         })))
     };
     if let Some(path) = &path {
+        if let Ok(caller) = call.services().base.confine(path) {
+            if let Some(error) = super::files::paths_refusal(decision, &endpoint, &caller) {
+                return refused(error, format!("policy:endpoints.{endpoint}.paths"));
+            }
+        }
         if let Some(error) = super::files::transfer::extension_refusal(decision, &endpoint, path) {
             return refused(error, format!("policy:endpoints.{endpoint}.extensions"));
         }

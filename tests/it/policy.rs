@@ -478,6 +478,73 @@ fn sighup_reloads_the_policy_and_keeps_a_bad_one_out(driver: &'static str) {
     }
 }
 
+fn paths_rules_confine_endpoints_further(driver: &'static str) {
+    let dir = TempDir::new("paths");
+    let policy = dir.path().join("policy.json");
+    std::fs::write(
+        &policy,
+        json!({"endpoints": {
+            "download": {"paths": {"allow": ["public/*"], "deny": ["public/secret*"]}},
+            "shell": {"paths": {"deny": ["private*"]}},
+        }})
+        .to_string(),
+    )
+    .unwrap();
+    let server = Launch::new(driver)
+        .env("ABX_SERVER_POLICY", policy.to_str().unwrap())
+        .start();
+    let base = server.base_dir();
+    std::fs::create_dir_all(base.join("public")).unwrap();
+    std::fs::create_dir_all(base.join("private")).unwrap();
+    for name in ["public/a.txt", "public/secret.txt", "other.txt"] {
+        std::fs::write(base.join(name), "x").unwrap();
+    }
+    assert_eq!(server.get("/download?path=public/a.txt").status, 200);
+    let absolute = format!("/download?path={}/public/a.txt", base.display());
+    assert_eq!(
+        server.get(&absolute).status,
+        200,
+        "absolute paths are matched beneath the base"
+    );
+    for path in ["public/secret.txt", "other.txt"] {
+        let reply = server.get(&format!("/download?path={path}"));
+        assert_eq!(
+            (reply.status, reply.json()["code"].clone()),
+            (403, json!("path_not_allowed")),
+            "{path}"
+        );
+    }
+    let reply = server.post("/shell", r#"{"command": "true", "cwd": "private"}"#);
+    assert_eq!(
+        (reply.status, reply.json()["code"].clone()),
+        (403, json!("path_not_allowed"))
+    );
+    assert_eq!(
+        server
+            .post("/shell", r#"{"command": "true", "cwd": "public"}"#)
+            .status,
+        200
+    );
+    assert_eq!(
+        server.get("/files/stat?path=other.txt").status,
+        200,
+        "other endpoints are not limited"
+    );
+    let check = server
+        .post(
+            "/capabilities/check",
+            r#"{"endpoint": "download", "path": "other.txt"}"#,
+        )
+        .json();
+    assert_eq!(
+        (check["code"].clone(), check["rule"].clone()),
+        (
+            json!("path_not_allowed"),
+            json!("policy:endpoints.download.paths")
+        )
+    );
+}
+
 #[test]
 fn knob_values_are_checked() {
     let dir = TempDir::new("badknobs");
@@ -508,4 +575,5 @@ on_both_drivers!(
     per_endpoint_knobs_are_enforced,
     rate_limits_answer_429_with_retry_after,
     sighup_reloads_the_policy_and_keeps_a_bad_one_out,
+    paths_rules_confine_endpoints_further,
 );

@@ -155,7 +155,27 @@ const KNOBS: [(&str, KnobKind); 19] = [
 ];
 
 /// Which endpoints apply which knob in this build.
-const ENFORCED: [(&str, &[&str]); 14] = [
+const ENFORCED: [(&str, &[&str]); 15] = [
+    (
+        "paths",
+        &[
+            "upload",
+            "download",
+            "files_list",
+            "files_stat",
+            "files_mkdir",
+            "files_delete",
+            "files_move",
+            "files_search",
+            "files_upload_stream",
+            "files_download_stream",
+            "files_archive",
+            "files_watch",
+            "shell",
+            "shell_stream",
+            "process_start",
+        ],
+    ),
     ("overwrite", &["upload", "files_upload_stream"]),
     ("max_files", &["files_archive", "files_search"]),
     ("max_bytes", &["files_archive"]),

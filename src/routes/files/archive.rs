@@ -34,6 +34,10 @@ pub async fn archive(call: Call) -> Result<Response, ApiError> {
             .collect::<Result<_, _>>()?,
         _ => return Err(not_a_list()),
     };
+    // Each member root passes the same checks as any file route's path.
+    for input in &inputs {
+        super::confine(&call, input)?;
+    }
     let format = match body.format {
         None | Some(Value::Null) => Format::TarGz,
         Some(Value::String(name)) => Format::parse(&name).ok_or_else(|| {

@@ -337,7 +337,54 @@ fn truthy(value: Option<&str>) -> bool {
     )
 }
 
-/// Checks a caller path against the base directory.
+/// Checks a caller path against the base directory, then against the endpoint's
+/// policy `paths` rule.
 fn confine(call: &Call, input: &str) -> Result<crate::fs::CallerPath, ApiError> {
-    call.services().base.confine(input).map_err(fs_error)
+    let caller = call.services().base.confine(input).map_err(fs_error)?;
+    match paths_refusal(call.decision(), &call.spec().id, &caller) {
+        Some(refusal) => Err(refusal),
+        None => Ok(caller),
+    }
+}
+
+/// The policy's `paths: {allow, deny}` for an endpoint, matched (as `fnmatch`: `*`
+/// crosses `/`) against the path beneath the base directory (`work/notes.txt`) and
+/// the absolute path (`/home/user/work/notes.txt`). A `deny` match, or no `allow`
+/// match when `allow` is given, is 403 `path_not_allowed`. The check is lexical, on
+/// the path as written.
+pub(crate) fn paths_refusal(
+    decision: &crate::app::policy::Decision,
+    id: &str,
+    caller: &crate::fs::CallerPath,
+) -> Option<ApiError> {
+    let allow = decision.knob_list("paths.allow");
+    let deny = decision.knob_list("paths.deny");
+    if allow.is_none() && deny.is_none() {
+        return None;
+    }
+    let rel = caller.rel.to_string_lossy();
+    let shown = caller.display();
+    let matches = |globs: &[&str]| {
+        globs.iter().any(|glob| {
+            let target = if glob.starts_with('/') {
+                shown.as_str()
+            } else {
+                rel.as_ref()
+            };
+            crate::fs::fnmatch::fnmatch(glob.as_bytes(), target.as_bytes())
+        })
+    };
+    let refused =
+        deny.as_deref().is_some_and(matches) || allow.as_deref().is_some_and(|a| !matches(a));
+    refused.then(|| {
+        ApiError::new(
+            403,
+            "PermissionError",
+            format!(
+                "Path '{}' is not allowed by policy rule endpoints.{id}.paths; use a path its allow list names",
+                caller.input
+            ),
+        )
+        .with_code("path_not_allowed")
+    })
 }

@@ -305,6 +305,9 @@ pub(crate) async fn working_dir(call: &Call, cwd: Option<&str>) -> Result<OwnedF
     let base = &call.services().base;
     let input = cwd.unwrap_or(".");
     let caller = base.confine(input).map_err(super::files::fs_error)?;
+    if let Some(refusal) = super::files::paths_refusal(call.decision(), &call.spec().id, &caller) {
+        return Err(refusal);
+    }
     match crate::fs::tree::open_dir(base, &caller).await {
         Ok(fd) => Ok(fd),
         Err(FsError::Io { error, .. }) if matches!(error.raw_os_error(), Some(23 | 24)) => {

@@ -27,11 +27,12 @@ fn pool_error(error: io::Error, caller: &CallerPath) -> FsError {
 }
 
 /// `/files/list`: the JSON text of `{"entries": [...]}`, written directly (a fraction of
-/// the cost of building a tree of values).
+/// the cost of building a tree of values), `levels` deep (1: the directory's own
+/// entries).
 pub async fn list_json(
     base: &BaseDir,
     caller: CallerPath,
-    recursive: bool,
+    levels: usize,
 ) -> Result<Vec<u8>, FsError> {
     let base = base.clone();
     let shown = caller.display();
@@ -44,7 +45,7 @@ pub async fn list_json(
         };
         listing.out.extend_from_slice(b"{\"entries\":[");
         let rules = Rules {
-            max_depth: if recursive { LIST_MAX_DEPTH - 1 } else { 0 },
+            max_depth: levels.saturating_sub(1),
             order: Order::Interleaved,
         };
         walk::walk(dir.as_fd(), rules, &mut listing)

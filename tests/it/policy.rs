@@ -486,6 +486,7 @@ fn paths_rules_confine_endpoints_further(driver: &'static str) {
         json!({"endpoints": {
             "download": {"paths": {"allow": ["public/*"], "deny": ["public/secret*"]}},
             "shell": {"paths": {"deny": ["private*"]}},
+            "files_list": {"max_depth": 1},
         }})
         .to_string(),
     )
@@ -529,6 +530,12 @@ fn paths_rules_confine_endpoints_further(driver: &'static str) {
         server.get("/files/stat?path=other.txt").status,
         200,
         "other endpoints are not limited"
+    );
+    // max_depth 1: a recursive listing shows the directory's own entries only.
+    let listing = server.get("/files/list?path=.&recursive=true").text();
+    assert!(
+        listing.contains("public") && !listing.contains("a.txt"),
+        "{listing}"
     );
     let check = server
         .post(

@@ -179,7 +179,7 @@ const ENFORCED: [(&str, &[&str]); 15] = [
     ("overwrite", &["upload", "files_upload_stream"]),
     ("max_files", &["files_archive", "files_search"]),
     ("max_bytes", &["files_archive"]),
-    ("max_depth", &["files_search"]),
+    ("max_depth", &["files_search", "files_list"]),
     ("max_duration_seconds", &["files_search"]),
     ("allow_extensions", &["upload", "files_upload_stream"]),
     ("deny_extensions", &["upload", "files_upload_stream"]),

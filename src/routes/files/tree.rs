@@ -15,7 +15,18 @@ pub async fn list(call: Call) -> Result<Response, ApiError> {
     let input = query_path(&call)?;
     let recursive = truthy(call.query("recursive"));
     let caller = confine(&call, &input)?;
-    let body = tree::list_json(&call.services().base, caller, recursive)
+    // Levels listed: the directory's own entries, and with `recursive` down to
+    // LIST_MAX_DEPTH, or the policy's lower max_depth.
+    let levels = if recursive {
+        call.decision()
+            .knob_u64("max_depth")
+            .map_or(tree::LIST_MAX_DEPTH, |d| {
+                (d as usize).min(tree::LIST_MAX_DEPTH)
+            })
+    } else {
+        1
+    };
+    let body = tree::list_json(&call.services().base, caller, levels)
         .await
         .map_err(fs_error)?;
     Ok(Response::raw(200, JSON_CONTENT_TYPE, body))

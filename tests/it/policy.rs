@@ -487,6 +487,8 @@ fn paths_rules_confine_endpoints_further(driver: &'static str) {
             "download": {"paths": {"allow": ["public/*"], "deny": ["public/secret*"]}},
             "shell": {"paths": {"deny": ["private*"]}},
             "files_list": {"max_depth": 1},
+            "files_search": {"max_duration_seconds": 0.000001},
+            "files_archive": {"max_bytes": 5},
         }})
         .to_string(),
     )
@@ -536,6 +538,20 @@ fn paths_rules_confine_endpoints_further(driver: &'static str) {
     assert!(
         listing.contains("public") && !listing.contains("a.txt"),
         "{listing}"
+    );
+    // max_duration_seconds: a search that cannot finish in a microsecond says so.
+    let found = server
+        .post("/files/search", r#"{"path": ".", "pattern": "*.txt"}"#)
+        .json();
+    assert_eq!(found["timed_out"], true, "{found}");
+    // max_bytes: an archive over 5 bytes of content is refused.
+    std::fs::write(base.join("public/big.txt"), "0123456789").unwrap();
+    let reply = server.post("/files/archive", r#"{"paths": ["public/big.txt"]}"#);
+    assert_eq!(
+        (reply.status, reply.json()["code"].clone()),
+        (413, json!("payload_too_large")),
+        "{}",
+        reply.text()
     );
     let check = server
         .post(

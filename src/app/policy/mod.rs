@@ -820,6 +820,135 @@ mod tests {
         std::fs::remove_dir_all(&dir).unwrap();
     }
 
+    /// A document, an endpoint, why the build lacks it, the environment's groups, the
+    /// program's group switches; then the expected state and rule.
+    type Case<'a> = (
+        Value,
+        &'a EndpointSpec,
+        Option<&'a str>,
+        &'a [Group],
+        &'a [(Group, bool)],
+        bool,
+        &'a str,
+    );
+
+    /// Every rule name, from a table of documents × endpoints × switches: the most
+    /// specific layer that applies decides, and names itself.
+    #[test]
+    fn every_rule_name_from_a_table() {
+        let shell = ep("shell", Group::Process);
+        let code_run = ep("code_run", Group::DevTools);
+        let upload = ep("upload", Group::FileOps);
+        let cases: [Case<'_>; 11] = [
+            (
+                json!({}),
+                &ep("health", Group::Core),
+                None,
+                &[],
+                &[],
+                true,
+                "default:core",
+            ),
+            (
+                json!({"endpoints": {"shell": {"enabled": true}}}),
+                &shell,
+                Some("not built"),
+                &[],
+                &[],
+                false,
+                "build:unavailable",
+            ),
+            (
+                json!({"endpoints": {"shell": {"enabled": false}}, "groups": {"process": true}}),
+                &shell,
+                None,
+                &[],
+                &[],
+                false,
+                "policy:endpoints.shell",
+            ),
+            (
+                json!({"groups": {"process": false}}),
+                &shell,
+                None,
+                &[],
+                &[(Group::Process, true)],
+                false,
+                "policy:groups.process",
+            ),
+            (
+                json!({"server": {"groups": ["dev_tools"]}}),
+                &code_run,
+                None,
+                &[],
+                &[],
+                true,
+                "policy:server.groups.dev_tools",
+            ),
+            (
+                json!({"preset": "read-only"}),
+                &upload,
+                None,
+                &[],
+                &[(Group::FileOps, true)],
+                false,
+                "preset:read-only",
+            ),
+            (
+                json!({}),
+                &code_run,
+                None,
+                &[Group::DevTools],
+                &[(Group::DevTools, false)],
+                true,
+                "env:ABX_SERVER_ENABLED_GROUPS",
+            ),
+            (
+                json!({}),
+                &code_run,
+                None,
+                &[],
+                &[(Group::DevTools, true)],
+                true,
+                "code:enable_group:dev_tools",
+            ),
+            (
+                json!({}),
+                &shell,
+                None,
+                &[],
+                &[(Group::Process, true), (Group::Process, false)],
+                false,
+                "code:disable_group:process",
+            ),
+            (
+                json!({}),
+                &code_run,
+                None,
+                &[],
+                &[],
+                false,
+                "default:opt-in:dev_tools",
+            ),
+            (json!({}), &upload, None, &[], &[], true, "default:file_ops"),
+        ];
+        for (doc, endpoint, unavailable, env, code, enabled, rule) in cases {
+            let policy = Policy::from_value(doc.clone(), true).unwrap();
+            let decision = policy.decide_with(endpoint, unavailable, env, code);
+            assert_eq!(
+                (decision.enabled, decision.rule.as_str()),
+                (enabled, rule),
+                "{doc} {}",
+                endpoint.id
+            );
+            assert_eq!(
+                decision.message.is_some(),
+                !enabled,
+                "a refusal says why: {rule}"
+            );
+        }
+    }
+
     proptest::proptest! {
         /// Arbitrary text, and arbitrary JSON-shaped documents with policy keys at
         /// random places, load to a policy or an error: never a panic.

@@ -219,10 +219,19 @@ impl Server {
         shutdown::spawn_signal_thread(
             shutdown,
             state.config.shutdown_grace,
-            Box::new(move || match reload_state.reload_policy() {
-                Ok(revision) => crate::log!("SIGHUP: policy reloaded, revision {revision}"),
-                Err(why) => {
-                    crate::log!("SIGHUP: policy not reloaded, the current one stays: {why}")
+            Box::new(move || {
+                // A reload must never take the signal thread (and so shutdown) with it.
+                let reloaded = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                    reload_state.reload_policy()
+                }));
+                match reloaded {
+                    Ok(Ok(revision)) => crate::log!("SIGHUP: policy reloaded, revision {revision}"),
+                    Ok(Err(why)) => {
+                        crate::log!("SIGHUP: policy not reloaded, the current one stays: {why}")
+                    }
+                    Err(_) => crate::log!(
+                        "SIGHUP: policy not reloaded, the current one stays: the reload panicked"
+                    ),
                 }
             }),
             Box::new(move || {

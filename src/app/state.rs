@@ -86,11 +86,16 @@ pub type CatalogRef = std::rc::Rc<Arc<Catalog>>;
 struct CatalogCell {
     current: std::sync::RwLock<Arc<Catalog>>,
     generation: std::sync::atomic::AtomicU64,
+    /// Unique for the process's lifetime, so a thread's cache never mistakes a new cell
+    /// at a reused address for an old one.
+    id: u64,
 }
 
+static NEXT_CELL_ID: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+
 thread_local! {
-    /// This thread's handle on the current generation: (cell address, generation, handle).
-    static CACHED: std::cell::RefCell<Option<(usize, u64, CatalogRef)>> =
+    /// This thread's handle on the current generation: (cell id, generation, handle).
+    static CACHED: std::cell::RefCell<Option<(u64, u64, CatalogRef)>> =
         const { std::cell::RefCell::new(None) };
 }
 
@@ -99,13 +104,14 @@ impl CatalogCell {
         CatalogCell {
             current: std::sync::RwLock::new(Arc::new(catalog)),
             generation: std::sync::atomic::AtomicU64::new(0),
+            id: NEXT_CELL_ID.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
         }
     }
 
     /// The current catalog. The request path reads one atomic and, only after a
     /// reload, takes the lock once per thread.
     fn get(&self) -> CatalogRef {
-        let key = self as *const CatalogCell as usize;
+        let key = self.id;
         let generation = self.generation.load(std::sync::atomic::Ordering::Acquire);
         CACHED.with(|cached| {
             let mut cached = cached.borrow_mut();
@@ -126,9 +132,14 @@ impl CatalogCell {
     }
 
     fn replace(&self, catalog: Catalog) {
-        *self.current.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(catalog);
+        let old = std::mem::replace(
+            &mut *self.current.write().unwrap_or_else(|e| e.into_inner()),
+            Arc::new(catalog),
+        );
         self.generation
             .fetch_add(1, std::sync::atomic::Ordering::Release);
+        // The old catalog is let go outside the lock.
+        drop(old);
     }
 }
 
@@ -174,6 +185,14 @@ impl AppState {
             .base_dir
             .clone()
             .unwrap_or_else(|| config.base_dir.clone());
+        let token_vars: Vec<String> = policy
+            .identities
+            .iter()
+            .filter_map(|rule| match &rule.token {
+                TokenSource::Env(name) => Some(name.clone()),
+                TokenSource::Digest(_) => None,
+            })
+            .collect();
         let (commands, replaced) = commands::Registry::new(extras.commands);
         let mut catalog = compile(&config, endpoints, policy, &extras.group_switches)?;
         for name in replaced {
@@ -193,7 +212,9 @@ impl AppState {
                 driver,
                 max_upload_size: config.max_upload_size,
                 children: extras.children.unwrap_or_default(),
-                environment: Environment::from_process(),
+                // A policy identity's token variable is the server's secret, not the
+                // children's: a caller with /shell could otherwise read it.
+                environment: Environment::from_process_without(&token_vars),
                 processes: ProcessTable::default(),
                 commands,
                 bridge: extras.bridge,
@@ -319,6 +340,24 @@ fn compile(
             })
         })
         .collect::<Result<Vec<_>, String>>()?;
+    // One token, one identity: a repeated token would silently take the first's scopes.
+    let server_token = config
+        .token
+        .as_deref()
+        .filter(|t| !t.is_empty())
+        .map(token_digest);
+    for (i, identity) in identities.iter().enumerate() {
+        let repeated = identities[..i]
+            .iter()
+            .any(|other| other.digest == identity.digest)
+            || server_token == Some(identity.digest);
+        if repeated {
+            return Err(format!(
+                "ABX_SERVER_POLICY: identity '{}' has the same token as another identity (or ABX_SERVER_TOKEN); give each its own",
+                identity.id
+            ));
+        }
+    }
     let auth = Auth::with_identities(config.token.as_deref(), &identities);
     Ok(Catalog {
         endpoints,

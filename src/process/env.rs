@@ -23,6 +23,19 @@ impl Environment {
         }
     }
 
+    /// The server's environment without the variables named in `hidden` (secrets only
+    /// the server may read, such as a policy identity's `token_env`).
+    pub fn from_process_without(hidden: &[String]) -> Environment {
+        Environment {
+            vars: RwLock::new(Arc::new(
+                std::env::vars_os()
+                    .filter(|(name, _)| !hidden.iter().any(|h| name == h.as_str()))
+                    .collect(),
+            )),
+            changes: RwLock::default(),
+        }
+    }
+
     /// The current variables.
     pub fn snapshot(&self) -> Arc<Vec<(OsString, OsString)>> {
         self.vars.read().unwrap_or_else(|e| e.into_inner()).clone()

@@ -197,9 +197,11 @@ async fn capabilities_check(call: Call) -> Result<Response, ApiError> {
             if let Some(error) = super::files::paths_refusal(decision, &endpoint, &caller) {
                 return refused(error, format!("policy:endpoints.{endpoint}.paths"));
             }
-        }
-        if let Some(error) = super::files::transfer::extension_refusal(decision, &endpoint, path) {
-            return refused(error, format!("policy:endpoints.{endpoint}.extensions"));
+            if let Some((error, knob)) =
+                super::files::transfer::extension_refusal(decision, &endpoint, &caller)
+            {
+                return refused(error, format!("policy:endpoints.{endpoint}.{knob}"));
+            }
         }
     }
     match body.command {

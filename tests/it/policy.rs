@@ -108,7 +108,7 @@ fn yaml_policies_and_template_yaml_are_applied(driver: &'static str) {
     let policy = dir.path().join("policy.yml");
     std::fs::write(
         &policy,
-        "# YAML, with comments\npreset: read-only\ngroups:\n  dev_tools: true\nendpoints:\n  code_run: {enabled: false}\n  upload: {paths: {allow: [\"work/*\"]}}\n",
+        "# YAML, with comments\npreset: read-only\ngroups:\n  dev_tools: true\nendpoints:\n  code_run: {enabled: false}\n  upload: {url_allow: [\"https://x\"]}\n",
     )
     .unwrap();
     let server = Launch::new(driver)
@@ -127,7 +127,7 @@ fn yaml_policies_and_template_yaml_are_applied(driver: &'static str) {
     );
     let warnings = caps["warnings"].to_string();
     assert!(
-        warnings.contains("endpoints.upload.paths is accepted but not applied"),
+        warnings.contains("endpoints.upload.url_allow is accepted but not applied"),
         "{warnings}"
     );
     let reply = server.post("/upload", r#"{"path": "x.txt", "content_base64": ""}"#);
@@ -250,15 +250,14 @@ fn per_endpoint_knobs_are_enforced(driver: &'static str) {
     );
 
     // Uploads: extensions (case-insensitive) and the policy's size cap.
-    let (status, body) = post(
-        "/upload",
-        json!({"path": "tool.exe", "content_base64": "AA=="}),
-    );
-    assert_eq!(
-        (status, body["code"].as_str()),
-        (403, Some("extension_not_allowed")),
-        "{body}"
-    );
+    for path in ["tool.exe", "tool.exe/", "sub/../tool.EXE/."] {
+        let (status, body) = post("/upload", json!({"path": path, "content_base64": "AA=="}));
+        assert_eq!(
+            (status, body["code"].as_str()),
+            (403, Some("extension_not_allowed")),
+            "{path}: {body}"
+        );
+    }
     let (status, body) = post(
         "/upload",
         json!({"path": "five.bin", "content_base64": "AAAAAAA="}),
@@ -487,6 +486,7 @@ fn paths_rules_confine_endpoints_further(driver: &'static str) {
             "download": {"paths": {"allow": ["public/*"], "deny": ["public/secret*"]}},
             "shell": {"paths": {"deny": ["private*"]}},
             "files_list": {"max_depth": 1},
+            "files_move": {"paths": {"deny": ["public/*.py"]}},
             "files_search": {"max_duration_seconds": 0.000001},
             "files_archive": {"max_bytes": 5},
         }})
@@ -539,6 +539,20 @@ fn paths_rules_confine_endpoints_further(driver: &'static str) {
         listing.contains("public") && !listing.contains("a.txt"),
         "{listing}"
     );
+    // A move into a directory is checked where the file lands.
+    std::fs::create_dir_all(base.join("tmp")).unwrap();
+    std::fs::write(base.join("tmp/evil.py"), "x").unwrap();
+    let reply = server.post(
+        "/files/move",
+        r#"{"source": "tmp/evil.py", "destination": "public"}"#,
+    );
+    assert_eq!(
+        (reply.status, reply.json()["code"].clone()),
+        (403, json!("path_not_allowed")),
+        "{}",
+        reply.text()
+    );
+    assert!(base.join("tmp/evil.py").exists());
     // max_duration_seconds: a search that cannot finish in a microsecond says so.
     let found = server
         .post("/files/search", r#"{"path": ".", "pattern": "*.txt"}"#)

@@ -174,6 +174,11 @@ const ENFORCED: [(&str, &[&str]); 15] = [
             "shell",
             "shell_stream",
             "process_start",
+            "code_run",
+            "git_status",
+            "git_diff",
+            "packages",
+            "pty_create",
         ],
     ),
     ("overwrite", &["upload", "files_upload_stream"]),
@@ -589,9 +594,9 @@ fn parse_identities(value: &Value) -> Result<Vec<IdentityRule>, String> {
             Some(Value::String(id)) if !id.trim().is_empty() => id.clone(),
             _ => return Err(format!("{at}.id must be a non-empty string")),
         };
-        if id == "anonymous" {
+        if id == "anonymous" || id == "token" {
             return Err(format!(
-                "{at}.id: 'anonymous' is the caller without a credential"
+                "{at}.id: '{id}' is reserved (the caller without a credential, and the ABX_SERVER_TOKEN holder)"
             ));
         }
         if identities.iter().any(|known| known.id == id) {

@@ -57,12 +57,14 @@ pub async fn search(call: Call) -> Result<Response, ApiError> {
     let depth_cap = decision
         .knob_u64("max_depth")
         .map_or(usize::MAX, |d| d as usize);
-    let results_cap = decision
-        .knob_u64("max_files")
-        .map_or(MAX_RESULTS, |n| (n as i64).min(MAX_RESULTS));
+    let results_cap = decision.knob_u64("max_files").map_or(MAX_RESULTS, |n| {
+        i64::try_from(n).unwrap_or(i64::MAX).min(MAX_RESULTS)
+    });
     let time_limit = decision
         .knob_seconds("max_duration_seconds")
-        .map_or(TIME_LIMIT, |s| TIME_LIMIT.min(Duration::from_secs_f64(s)));
+        .map_or(TIME_LIMIT, |s| {
+            Duration::try_from_secs_f64(s).map_or(TIME_LIMIT, |d| TIME_LIMIT.min(d))
+        });
     let found = tree::search(
         base,
         root,

@@ -80,22 +80,28 @@ fn upload_limit(call: &Call) -> u64 {
 /// The policy's `allow_extensions` / `deny_extensions` for this endpoint, against the
 /// file name's extension (case-insensitive, with or without the dot in the policy).
 /// 403 `extension_not_allowed` otherwise.
-pub fn check_extension(call: &Call, input: &str) -> Result<(), ApiError> {
-    extension_refusal(call.decision(), &call.spec().id, input).map_or(Ok(()), Err)
+pub fn check_extension(call: &Call, caller: &crate::fs::CallerPath) -> Result<(), ApiError> {
+    extension_refusal(call.decision(), &call.spec().id, caller).map_or(Ok(()), |(e, _)| Err(e))
 }
 
 /// The refusal [`check_extension`] gives, for `/capabilities/check` too.
+/// The name is the confined path's last component (`evil.py/` is `evil.py`). Also
+/// returns the knob that refused (`allow_extensions` or `deny_extensions`).
 pub fn extension_refusal(
     decision: &crate::app::policy::Decision,
     id: &str,
-    input: &str,
-) -> Option<ApiError> {
+    caller: &crate::fs::CallerPath,
+) -> Option<(ApiError, &'static str)> {
+    let input = caller.input.as_str();
     let allow = decision.knob_list("allow_extensions");
     let deny = decision.knob_list("deny_extensions");
     if allow.is_none() && deny.is_none() {
         return None;
     }
-    let name = input.rsplit('/').next().unwrap_or(input);
+    let name = caller
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
     let extension = name
         .rsplit_once('.')
         .filter(|(stem, _)| !stem.is_empty())
@@ -105,8 +111,13 @@ pub fn extension_refusal(
         list.iter()
             .any(|e| e.trim_start_matches('.').eq_ignore_ascii_case(&extension))
     };
-    let refused =
-        deny.as_deref().is_some_and(listed) || allow.as_deref().is_some_and(|a| !listed(a));
+    let denied = deny.as_deref().is_some_and(listed);
+    let refused = denied || allow.as_deref().is_some_and(|a| !listed(a));
+    let knob = if denied {
+        "deny_extensions"
+    } else {
+        "allow_extensions"
+    };
     refused.then(|| {
         let shown = if extension.is_empty() {
             "(none)".to_string()
@@ -120,6 +131,7 @@ pub fn extension_refusal(
         )
         .with_code("extension_not_allowed")
     })
+    .map(|error| (error, knob))
 }
 
 /// The policy's `overwrite: false` met a file at the target: 409 `FileExistsError`.
@@ -164,8 +176,8 @@ pub async fn upload(mut call: Call) -> Result<Response, ApiError> {
     } else {
         parse_upload(&body, limit)?
     };
-    check_extension(&call, &input)?;
     let caller = confine(&call, &input)?;
+    check_extension(&call, &caller)?;
     let services = call.services();
     let replace = call.decision().knob_bool("overwrite") != Some(false);
     let (bytes, shown) = write_atomic(&services.base, caller, data, services.driver, replace)
@@ -178,8 +190,8 @@ pub async fn upload(mut call: Call) -> Result<Response, ApiError> {
 /// into, before the body is read.
 pub async fn open_raw_upload(call: Call) -> Result<Box<dyn RawSink>, ApiError> {
     let input = query_path(&call)?;
-    check_extension(&call, &input)?;
     let caller = confine(&call, &input)?;
+    check_extension(&call, &caller)?;
     let services = call.services();
     let mut upload = Upload::open(&services.base, caller, services.driver)
         .await

@@ -119,6 +119,17 @@ pub async fn move_path(call: Call) -> Result<Response, ApiError> {
     let (Some(destination), Some(source)) = (callers.pop(), callers.pop()) else {
         return Err(ApiError::bad_request("source and destination are required"));
     };
+    // Into an existing directory, the file lands beneath it: that final path must pass
+    // the policy's `paths` rule too.
+    if let (Some(name), Ok(Some(st))) = (source.file_name(), tree::stat(base, &destination).await) {
+        if rustix::fs::FileType::from_raw_mode(st.st_mode).is_dir() {
+            let landing = destination.join(name);
+            if let Some(refusal) = super::paths_refusal(call.decision(), &call.spec().id, &landing)
+            {
+                return Err(refusal);
+            }
+        }
+    }
     let source_shown = source.display();
     let moved = tree::move_path(base, source, destination)
         .await

@@ -410,29 +410,9 @@ pub fn kill_session(sid: i32) {
     if let Some(pid) = Pid::from_raw(sid) {
         let _ = kill_process_group(pid, Signal::KILL);
     }
-    let Ok(entries) = std::fs::read_dir("/proc") else {
-        return;
-    };
-    for entry in entries.flatten() {
-        let Some(pid) = entry
-            .file_name()
-            .to_str()
-            .and_then(|n| n.parse::<i32>().ok())
-        else {
-            continue;
-        };
-        let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
-            continue;
-        };
-        // After the command's closing parenthesis: state ppid pgrp session ...
-        let session = stat
-            .rsplit_once(')')
-            .and_then(|(_, rest)| rest.split_whitespace().nth(3))
-            .and_then(|s| s.parse::<i32>().ok());
-        if session == Some(sid) {
-            if let Some(pid) = Pid::from_raw(pid) {
-                let _ = kill_process(pid, Signal::KILL);
-            }
+    for process in crate::process::processes().filter(|p| p.session == sid) {
+        if let Some(pid) = Pid::from_raw(process.pid) {
+            let _ = kill_process(pid, Signal::KILL);
         }
     }
 }

@@ -30,6 +30,17 @@ fn bridge_server(driver: &'static str) -> Server {
         .start()
 }
 
+/// The listing entry of command `name`.
+fn listed(listing: &Value, name: &str) -> Value {
+    listing["commands"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["name"] == name)
+        .unwrap_or_else(|| panic!("{name} is not listed: {listing}"))
+        .clone()
+}
+
 fn names(listing: &Value) -> Vec<String> {
     listing["commands"]
         .as_array()
@@ -97,13 +108,7 @@ fn rust_commands_follow_the_contract(driver: &'static str) {
     let server = Launch::example(driver).start();
     check_contract_examples(&server);
     let listing = server.get("/commands").json();
-    let types = listing["commands"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|c| c["name"] == "types")
-        .unwrap()
-        .clone();
+    let types = listed(&listing, "types");
     assert_eq!(
         types["args"][0],
         json!({"name": "count", "type": "integer", "required": true, "default": null, "description": "How many."})
@@ -174,13 +179,7 @@ fn python_commands_bind_like_rust_commands(driver: &'static str) {
     let server = bridge_server(driver);
     check_contract_examples(&server);
     let listing = server.get("/commands").json();
-    let types = listing["commands"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|c| c["name"] == "types")
-        .unwrap()
-        .clone();
+    let types = listed(&listing, "types");
     assert_eq!(
         types,
         json!({"name": "types", "description": "Report what arrived, with Python's type names.", "args": [
@@ -191,13 +190,7 @@ fn python_commands_bind_like_rust_commands(driver: &'static str) {
             {"name": "nothing", "type": "string", "required": false, "default": null, "description": ""},
         ]})
     );
-    let described = listing["commands"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|c| c["name"] == "described")
-        .unwrap()
-        .clone();
+    let described = listed(&listing, "described");
     assert_eq!(
         described["args"],
         json!([{"name": "who", "type": "string", "required": true, "default": null, "description": "Whom to greet."}])
@@ -233,13 +226,7 @@ fn python_commands_bind_like_rust_commands(driver: &'static str) {
         run(&server, "defaults", json!({})),
         (200, json!({"result": ["PosixPath", "tuple", true]}))
     );
-    let listed = listing["commands"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|c| c["name"] == "defaults")
-        .unwrap()
-        .clone();
+    let listed = listed(&listing, "defaults");
     assert_eq!(
         listed["args"]
             .as_array()

@@ -58,6 +58,9 @@ pub struct Config {
     pub python_app: Option<String>,
     /// How long the Python worker may leave a ping unanswered before it is restarted.
     pub bridge_hang_timeout: Duration,
+    /// `ABX_BROWSER_PATH`: the Chromium the browser group starts (else `chromium` or
+    /// `chromium-headless-shell` on `PATH`).
+    pub browser_path: Option<PathBuf>,
 }
 
 /// Raw JSON body cap from the contract (413 `payload_too_large`).
@@ -84,6 +87,7 @@ impl Default for Config {
             shutdown_grace: Duration::from_secs(10),
             python_app: None,
             bridge_hang_timeout: Duration::from_secs(10),
+            browser_path: None,
         }
     }
 }
@@ -241,6 +245,15 @@ const SETTINGS: &[Setting] = &[
         default: "`10` seconds",
         apply: |c, src, v| {
             c.bridge_hang_timeout = parse_seconds(src, v)?;
+            Ok(())
+        },
+    },
+    Setting {
+        flag: None,
+        var: "ABX_BROWSER_PATH",
+        default: "`chromium`, then `chromium-headless-shell`, on `PATH`",
+        apply: |c, _, v| {
+            c.browser_path = Some(PathBuf::from(v));
             Ok(())
         },
     },

@@ -9,6 +9,7 @@
 mod api;
 mod app;
 mod bridge;
+mod browser;
 mod commands;
 pub mod config;
 mod fs;

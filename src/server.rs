@@ -238,6 +238,7 @@ impl Server {
                 if let Some(bridge) = &bridge {
                     bridge.stop();
                 }
+                children_state.services.browser.stop();
                 // Terminal jobs live in process groups of their own, out of the registry.
                 for session in children_state.services.sessions.all() {
                     session.kill();

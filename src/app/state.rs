@@ -39,6 +39,8 @@ pub struct Services {
     pub bridge: Option<Arc<Bridge>>,
     /// Terminal sessions.
     pub sessions: crate::pty::Sessions,
+    /// The shared Chromium page (`/browser/*`); starts nothing until first used.
+    pub browser: Arc<crate::browser::Browser>,
     /// How long a write may wait for a client that does not read (the read timeout).
     pub write_timeout: std::time::Duration,
     configured_pty_port: u16,
@@ -206,12 +208,17 @@ impl AppState {
                 base_dir.display()
             ));
         }
+        let children: Arc<ChildRegistry> = extras.children.unwrap_or_default();
         Ok(AppState {
             services: Services {
                 base: BaseDir::new(base_dir),
                 driver,
                 max_upload_size: config.max_upload_size,
-                children: extras.children.unwrap_or_default(),
+                children: children.clone(),
+                browser: Arc::new(crate::browser::Browser::new(
+                    config.browser_path.clone(),
+                    children,
+                )),
                 // A policy identity's token variable is the server's secret, not the
                 // children's: a caller with /shell could otherwise read it.
                 environment: Environment::from_process_without(&token_vars),

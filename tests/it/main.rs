@@ -3,6 +3,7 @@
 
 mod support;
 
+mod browser;
 mod commands;
 mod core_http;
 mod files;

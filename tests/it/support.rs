@@ -257,12 +257,7 @@ impl Server {
         self._base.path()
     }
     pub fn connect(&self) -> TcpStream {
-        let stream = TcpStream::connect(self.addr).unwrap();
-        stream
-            .set_read_timeout(Some(Duration::from_secs(20)))
-            .unwrap();
-        stream.set_nodelay(true).unwrap();
-        stream
+        connect_to(self.addr)
     }
     pub fn get(&self, path: &str) -> Reply {
         self.request("GET", path, &[], None)
@@ -278,23 +273,44 @@ impl Server {
         headers: &[(&str, &str)],
         body: Option<&[u8]>,
     ) -> Reply {
-        let mut stream = self.connect();
-        let mut raw = format!("{method} {path} HTTP/1.1\r\nHost: test\r\nConnection: close\r\n");
-        for (name, value) in headers {
-            raw.push_str(&format!("{name}: {value}\r\n"));
-        }
-        if let Some(body) = body {
-            raw.push_str(&format!("Content-Length: {}\r\n", body.len()));
-        }
-        raw.push_str("\r\n");
-        let mut bytes = raw.into_bytes();
-        if let Some(body) = body {
-            bytes.extend_from_slice(body);
-        }
-        stream.write_all(&bytes).unwrap();
-        let mut reader = BufReader::new(stream);
-        read_reply(&mut reader).expect("a response")
+        request_at(self.addr, method, path, headers, body)
     }
+}
+
+fn connect_to(addr: SocketAddr) -> TcpStream {
+    let stream = TcpStream::connect(addr).unwrap();
+    stream
+        .set_read_timeout(Some(Duration::from_secs(20)))
+        .unwrap();
+    stream.set_nodelay(true).unwrap();
+    stream
+}
+
+/// One request on a fresh connection to `addr`: for threads that share a server's
+/// address (a [`Server`] itself stays on the test's thread).
+pub fn request_at(
+    addr: SocketAddr,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: Option<&[u8]>,
+) -> Reply {
+    let mut stream = connect_to(addr);
+    let mut raw = format!("{method} {path} HTTP/1.1\r\nHost: test\r\nConnection: close\r\n");
+    for (name, value) in headers {
+        raw.push_str(&format!("{name}: {value}\r\n"));
+    }
+    if let Some(body) = body {
+        raw.push_str(&format!("Content-Length: {}\r\n", body.len()));
+    }
+    raw.push_str("\r\n");
+    let mut bytes = raw.into_bytes();
+    if let Some(body) = body {
+        bytes.extend_from_slice(body);
+    }
+    stream.write_all(&bytes).unwrap();
+    let mut reader = BufReader::new(stream);
+    read_reply(&mut reader).expect("a response")
 }
 
 impl Drop for Server {

@@ -155,7 +155,7 @@ const KNOBS: [(&str, KnobKind); 19] = [
 ];
 
 /// Which endpoints apply which knob in this build.
-const ENFORCED: [(&str, &[&str]); 15] = [
+const ENFORCED: [(&str, &[&str]); 18] = [
     (
         "paths",
         &[
@@ -195,6 +195,9 @@ const ENFORCED: [(&str, &[&str]); 15] = [
     ("languages", &["code_run"]),
     ("allow_vars", &["env_get", "env_set"]),
     ("deny_vars", &["env_get", "env_set"]),
+    ("url_allow", &["browser_navigate"]),
+    ("url_deny", &["browser_navigate"]),
+    ("block_private_networks", &["browser_navigate"]),
 ];
 
 /// Checks one knob's value; `Err` is the message after the key.

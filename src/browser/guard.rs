@@ -1,0 +1,513 @@
+//! Where a navigation may go: the policy's `url_allow` / `url_deny` globs and
+//! `block_private_networks`, decided before Chromium sees the URL.
+//!
+//! The danger is a disagreement between this check and Chromium about which host a URL
+//! names: a URL we read as a public name that Chromium reads as `127.0.0.1` walks past
+//! the guard. So the host is taken the way the URL standard (and Chromium) takes it:
+//! tabs and newlines removed, `\` read as `/` and any run of slashes skipped after an
+//! `http:` scheme, userinfo cut at the last `@`, the host percent-decoded and lower-cased,
+//! and a host that ends in a number parsed as an IPv4 address in every form the standard
+//! accepts (`0x7f.1`, `2130706433`, `127.1`, `0177.0.0.1`). Names under `localhost` are
+//! loopback in Chromium without any lookup. Every other name is resolved (off the event
+//! loop, by the caller) and refused if any address it resolves to is private.
+//!
+//! What this does not cover, by the contract's design and said in `docs/api.md`:
+//! redirects after the first URL, what the page loads afterwards (its scripts, frames and
+//! fetches), and a name whose DNS answer changes between our lookup and Chromium's.
+
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+
+use crate::fs::fnmatch::fnmatch;
+
+/// The parts of a URL the guard decides on.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Target {
+    /// Lower-case scheme without the `:`.
+    pub scheme: String,
+    /// The host as Chromium will read it (lower case, percent-decoded, no brackets, no
+    /// trailing dot), for schemes that have one.
+    pub host: Option<String>,
+    /// The port, explicit or the scheme's default.
+    pub port: u16,
+}
+
+/// What the guard needs before it can answer.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Verdict {
+    Allowed,
+    /// Allowed if every address `host` resolves to is public: the caller resolves it
+    /// (blocking: on the pool) and calls [`check_resolved`].
+    Resolve {
+        host: String,
+        port: u16,
+    },
+}
+
+/// The schemes whose URLs have a host, with their default ports.
+fn special_port(scheme: &str) -> Option<u16> {
+    match scheme {
+        "http" | "ws" => Some(80),
+        "https" | "wss" => Some(443),
+        "ftp" => Some(21),
+        _ => None,
+    }
+}
+
+/// Splits `url` the way Chromium will. `Err` for text that is not an absolute URL.
+pub fn parse_target(url: &str) -> Result<Target, String> {
+    let cleaned: String = url
+        .trim_matches(|c: char| c <= ' ')
+        .chars()
+        .filter(|c| !matches!(c, '\t' | '\n' | '\r'))
+        .collect();
+    let Some((scheme, rest)) = cleaned.split_once(':') else {
+        return Err(format!("{url:?} is not an absolute URL (it has no scheme)"));
+    };
+    let valid_scheme = scheme
+        .chars()
+        .next()
+        .is_some_and(|c| c.is_ascii_alphabetic())
+        && scheme
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '+' | '-' | '.'));
+    if !valid_scheme {
+        return Err(format!("{url:?} is not an absolute URL (bad scheme)"));
+    }
+    let scheme = scheme.to_ascii_lowercase();
+    let Some(default_port) = special_port(&scheme) else {
+        return Ok(Target {
+            scheme,
+            host: None,
+            port: 0,
+        });
+    };
+    let after_slashes = rest.trim_start_matches(['/', '\\']);
+    let authority_end = after_slashes
+        .find(['/', '\\', '?', '#'])
+        .unwrap_or(after_slashes.len());
+    let authority = &after_slashes[..authority_end];
+    let host_port = match authority.rfind('@') {
+        Some(at) => &authority[at + 1..],
+        None => authority,
+    };
+    let (raw_host, port_text) = if let Some(bracketed) = host_port.strip_prefix('[') {
+        let Some((inside, after)) = bracketed.split_once(']') else {
+            return Err(format!("{url:?} has an unclosed [ in its host"));
+        };
+        (format!("[{inside}]"), after.strip_prefix(':').unwrap_or(""))
+    } else {
+        match host_port.split_once(':') {
+            Some((host, port)) => (host.to_string(), port),
+            None => (host_port.to_string(), ""),
+        }
+    };
+    let port = if port_text.is_empty() {
+        default_port
+    } else {
+        port_text
+            .parse::<u16>()
+            .map_err(|_| format!("{url:?} has a bad port {port_text:?}"))?
+    };
+    let decoded = percent_encoding::percent_decode_str(&raw_host)
+        .decode_utf8()
+        .map_err(|_| format!("{url:?} has a host that is not UTF-8"))?
+        .to_lowercase();
+    if decoded.is_empty() {
+        return Err(format!("{url:?} has no host"));
+    }
+    let host = decoded
+        .strip_prefix('[')
+        .and_then(|h| h.strip_suffix(']'))
+        .map(str::to_string)
+        .unwrap_or_else(|| decoded.trim_end_matches('.').to_string());
+    Ok(Target {
+        scheme,
+        host: Some(host),
+        port,
+    })
+}
+
+/// Parses an IPv4 host the way the URL standard does: 1 to 4 dot-separated numbers in
+/// decimal, octal (leading 0) or hex (0x), the last filling the remaining bytes.
+/// `None` when the host is not a number form at all; `Err` when it ends in a number but
+/// is not a valid address (Chromium refuses those URLs).
+pub fn parse_ipv4_host(host: &str) -> Option<Result<Ipv4Addr, ()>> {
+    let mut parts: Vec<&str> = host.split('.').collect();
+    if parts.len() > 1 && parts.last() == Some(&"") {
+        parts.pop();
+    }
+    let number = |part: &str| -> Option<u64> {
+        if part.is_empty() {
+            return None;
+        }
+        let (digits, radix) = if let Some(hex) = part.strip_prefix("0x").or(part.strip_prefix("0X"))
+        {
+            (hex, 16)
+        } else if part.len() > 1 && part.starts_with('0') {
+            (&part[1..], 8)
+        } else {
+            (part, 10)
+        };
+        if digits.is_empty() {
+            return Some(0);
+        }
+        u64::from_str_radix(digits, radix).ok()
+    };
+    // The standard's "ends in a number" test: only then is the host an IPv4 address.
+    let last = parts.last()?;
+    let ends_in_number = last.chars().all(|c| c.is_ascii_digit())
+        || last
+            .strip_prefix("0x")
+            .or(last.strip_prefix("0X"))
+            .is_some_and(|h| h.chars().all(|c| c.is_ascii_hexdigit()));
+    if !ends_in_number || last.is_empty() {
+        return None;
+    }
+    if parts.len() > 4 {
+        return Some(Err(()));
+    }
+    let mut numbers = Vec::with_capacity(parts.len());
+    for part in &parts {
+        match number(part) {
+            Some(n) => numbers.push(n),
+            None => return Some(Err(())),
+        }
+    }
+    let (last, leading) = numbers.split_last()?;
+    if leading.iter().any(|&n| n > 255) || *last >= 256u64.pow(5 - numbers.len() as u32) {
+        return Some(Err(()));
+    }
+    let mut value = *last;
+    for (i, n) in leading.iter().enumerate() {
+        value += n << (8 * (3 - i));
+    }
+    Some(Ok(Ipv4Addr::from(value as u32)))
+}
+
+/// Whether an address is anything but the public internet: loopback, RFC 1918,
+/// link-local (the cloud metadata address 169.254.169.254 among them), carrier-grade
+/// NAT (100.64/10), unique-local (fc00::/7), unspecified, multicast, reserved and
+/// documentation ranges, and IPv6 forms that carry an IPv4 address (mapped, compatible,
+/// NAT64, 6to4) whose IPv4 address is one of those.
+pub fn is_private(ip: IpAddr) -> bool {
+    match ip {
+        IpAddr::V4(v4) => is_private_v4(v4),
+        IpAddr::V6(v6) => is_private_v6(v6),
+    }
+}
+
+fn is_private_v4(ip: Ipv4Addr) -> bool {
+    let [a, b, c, _] = ip.octets();
+    a == 0 // "this network": 0.0.0.0 reaches the local host on Linux
+        || a == 10
+        || a == 127
+        || (a == 100 && (64..128).contains(&b))
+        || (a == 169 && b == 254)
+        || (a == 172 && (16..32).contains(&b))
+        || (a == 192 && b == 168)
+        || (a == 192 && b == 0 && c == 0) // IETF protocol assignments
+        || (a == 192 && b == 0 && c == 2) // documentation
+        || (a == 198 && (b == 18 || b == 19)) // benchmarking
+        || (a == 198 && b == 51 && c == 100)
+        || (a == 203 && b == 0 && c == 113)
+        || a >= 224 // multicast, reserved, broadcast
+}
+
+fn is_private_v6(ip: Ipv6Addr) -> bool {
+    let segments = ip.segments();
+    let embedded_v4 =
+        |hi: u16, lo: u16| Ipv4Addr::new((hi >> 8) as u8, hi as u8, (lo >> 8) as u8, lo as u8);
+    if ip.is_unspecified() || ip.is_loopback() || ip.is_multicast() {
+        return true;
+    }
+    match segments {
+        // ::ffff:a.b.c.d (mapped) and ::a.b.c.d (compatible, deprecated)
+        [0, 0, 0, 0, 0, 0xffff, hi, lo] | [0, 0, 0, 0, 0, 0, hi, lo] => {
+            return is_private_v4(embedded_v4(hi, lo))
+        }
+        // NAT64 64:ff9b::a.b.c.d
+        [0x64, 0xff9b, 0, 0, 0, 0, hi, lo] => return is_private_v4(embedded_v4(hi, lo)),
+        // 6to4 2002:aabb:ccdd::
+        [0x2002, hi, lo, ..] => return is_private_v4(embedded_v4(hi, lo)),
+        _ => {}
+    }
+    let first = segments[0];
+    (first & 0xfe00) == 0xfc00 // unique local fc00::/7
+        || (first & 0xffc0) == 0xfe80 // link-local fe80::/10
+        || (first & 0xffc0) == 0xfec0 // site-local fec0::/10 (deprecated)
+        || (first == 0x2001 && segments[1] == 0x0db8) // documentation
+        || (first == 0x0100 && segments[1..4] == [0, 0, 0]) // discard-only 100::/64
+}
+
+/// Whether `pattern` (a `url_allow` / `url_deny` glob) matches: a pattern with `://`
+/// is matched against the whole URL, any other against the host alone, so
+/// `*.example.com` and `https://example.com/docs/*` both read as meant.
+pub fn pattern_matches(pattern: &str, url: &str, host: Option<&str>) -> bool {
+    if pattern.contains("://") {
+        fnmatch(pattern.as_bytes(), url.trim().as_bytes())
+    } else {
+        host.is_some_and(|h| fnmatch(pattern.to_ascii_lowercase().as_bytes(), h.as_bytes()))
+    }
+}
+
+/// The policy's answer for `url`, short of DNS. `Err` is the refusal's message.
+pub fn check(
+    url: &str,
+    allow: Option<&[&str]>,
+    deny: Option<&[&str]>,
+    block_private_networks: bool,
+) -> Result<Verdict, String> {
+    let target = parse_target(url);
+    let host = target.as_ref().ok().and_then(|t| t.host.as_deref());
+    if let Some(pattern) = deny
+        .unwrap_or_default()
+        .iter()
+        .find(|p| pattern_matches(p, url, host))
+    {
+        return Err(format!("URL {url} matches url_deny pattern {pattern:?}"));
+    }
+    if let Some(allow) = allow {
+        if !allow.iter().any(|p| pattern_matches(p, url, host)) {
+            return Err(format!(
+                "URL {url} matches no url_allow pattern (allowed: {})",
+                allow.join(", ")
+            ));
+        }
+    }
+    if !block_private_networks {
+        return Ok(Verdict::Allowed);
+    }
+    let target = target?;
+    let Some(host) = target.host else {
+        // No host: only pages that reach no network by themselves.
+        let trimmed = url.trim().to_ascii_lowercase();
+        if trimmed == "about:blank" || target.scheme == "data" {
+            return Ok(Verdict::Allowed);
+        }
+        return Err(format!(
+            "URL {url} is refused by block_private_networks: only http, https, data: and about:blank may be opened ({}: reaches this machine)",
+            target.scheme
+        ));
+    };
+    if !matches!(target.scheme.as_str(), "http" | "https") {
+        return Err(format!(
+            "URL {url} is refused by block_private_networks: only http and https URLs may name a host"
+        ));
+    }
+    if host == "localhost" || host.ends_with(".localhost") {
+        return Err(format!(
+            "URL {url} is refused by block_private_networks: {host} is this machine"
+        ));
+    }
+    let literal = if host.contains(':') {
+        Some(
+            host.parse::<Ipv6Addr>()
+                .map(IpAddr::V6)
+                .map_err(|_| format!("URL {url} has an invalid IPv6 host [{host}]"))?,
+        )
+    } else {
+        match parse_ipv4_host(&host) {
+            Some(Ok(v4)) => Some(IpAddr::V4(v4)),
+            Some(Err(())) => return Err(format!("URL {url} has an invalid IPv4 host {host}")),
+            None => None,
+        }
+    };
+    match literal {
+        Some(ip) => check_resolved(url, &host, &[ip]).map(|_| Verdict::Allowed),
+        None if !host.is_ascii() => Err(format!(
+            "URL {url} is refused by block_private_networks: write the host {host} in its ASCII (punycode) form so it can be checked"
+        )),
+        None => Ok(Verdict::Resolve {
+            host,
+            port: target.port,
+        }),
+    }
+}
+
+/// The answer for a name once resolved: refused if any address is private (Chromium
+/// may pick any of them).
+pub fn check_resolved(url: &str, host: &str, addresses: &[IpAddr]) -> Result<(), String> {
+    match addresses.iter().find(|ip| is_private(**ip)) {
+        Some(ip) => Err(format!(
+            "URL {url} is refused by block_private_networks: {host} is {ip}, a private address"
+        )),
+        None if addresses.is_empty() => Err(format!(
+            "URL {url} is refused by block_private_networks: {host} resolves to no address"
+        )),
+        None => Ok(()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn v4(s: &str) -> IpAddr {
+        IpAddr::V4(s.parse().unwrap())
+    }
+
+    #[test]
+    fn the_private_ranges_are_private() {
+        for ip in [
+            "127.0.0.1",
+            "127.255.0.9",
+            "10.1.2.3",
+            "172.16.0.1",
+            "172.31.255.255",
+            "192.168.1.1",
+            "169.254.169.254",
+            "100.64.0.1",
+            "100.127.255.255",
+            "0.0.0.0",
+            "224.0.0.1",
+            "239.255.255.250",
+            "255.255.255.255",
+            "240.0.0.1",
+            "198.18.0.1",
+        ] {
+            assert!(is_private(v4(ip)), "{ip}");
+        }
+        for ip in [
+            "::1",
+            "::",
+            "fc00::1",
+            "fd12:3456::1",
+            "fe80::1",
+            "ff02::1",
+            "::ffff:127.0.0.1",
+            "::ffff:10.0.0.1",
+            "::127.0.0.1",
+            "64:ff9b::a9fe:a9fe",
+            "2002:7f00:1::",
+            "::ffff:169.254.169.254",
+        ] {
+            assert!(is_private(ip.parse().unwrap()), "{ip}");
+        }
+    }
+
+    #[test]
+    fn public_addresses_are_not() {
+        for ip in [
+            "1.1.1.1",
+            "8.8.8.8",
+            "172.32.0.1",
+            "100.128.0.1",
+            "93.184.216.34",
+            "169.255.0.1",
+        ] {
+            assert!(!is_private(v4(ip)), "{ip}");
+        }
+        for ip in [
+            "2606:4700::1111",
+            "::ffff:8.8.8.8",
+            "2002:0808:0808::",
+            "64:ff9b::808:808",
+        ] {
+            assert!(!is_private(ip.parse().unwrap()), "{ip}");
+        }
+    }
+
+    #[test]
+    fn ipv4_hosts_parse_in_every_standard_form() {
+        let ok = |s: &str| parse_ipv4_host(s).unwrap().unwrap().to_string();
+        assert_eq!(ok("127.0.0.1"), "127.0.0.1");
+        assert_eq!(ok("2130706433"), "127.0.0.1");
+        assert_eq!(ok("0x7f.1"), "127.0.0.1");
+        assert_eq!(ok("0177.0.0.1"), "127.0.0.1");
+        assert_eq!(ok("127.1"), "127.0.0.1");
+        assert_eq!(ok("127.0.1"), "127.0.0.1");
+        assert_eq!(ok("0x7f000001"), "127.0.0.1");
+        assert_eq!(ok("169.254.43518"), "169.254.169.254");
+        assert_eq!(ok("10.0.0.1."), "10.0.0.1");
+        assert_eq!(parse_ipv4_host("example.com"), None);
+        assert_eq!(parse_ipv4_host("1.2.3.4.5"), Some(Err(())));
+        assert_eq!(parse_ipv4_host("256.0.0.1"), Some(Err(())));
+        assert_eq!(parse_ipv4_host("4294967296"), Some(Err(())));
+    }
+
+    #[test]
+    fn hosts_are_read_as_chromium_reads_them() {
+        let host = |u: &str| parse_target(u).unwrap().host.unwrap();
+        assert_eq!(host("http://user:pw@Example.COM:8080/x"), "example.com");
+        assert_eq!(host("http://evil.com@127.0.0.1/"), "127.0.0.1");
+        assert_eq!(host("http:\\\\127.0.0.1\\x"), "127.0.0.1");
+        assert_eq!(host("http:/127.0.0.1/"), "127.0.0.1");
+        assert_eq!(host("http://127.0.0.%31/"), "127.0.0.1");
+        assert_eq!(host("http://[::1]:9000/"), "::1");
+        assert_eq!(host("  http://loc\talhost./  "), "localhost");
+        assert_eq!(parse_target("http://x:99/").unwrap().port, 99);
+        assert_eq!(parse_target("https://x/").unwrap().port, 443);
+        assert_eq!(parse_target("file:///etc/passwd").unwrap().host, None);
+        assert!(parse_target("/relative").is_err());
+        assert!(parse_target("http://x:99999/").is_err());
+    }
+
+    #[test]
+    fn block_private_networks_refuses_every_spelling_of_this_machine() {
+        for url in [
+            "http://127.0.0.1:8080/",
+            "http://[::1]/",
+            "http://localhost/",
+            "http://LOCALHOST./",
+            "http://app.localhost/",
+            "http://2130706433/",
+            "http://0x7f.1/",
+            "http://0/",
+            "http://[::ffff:127.0.0.1]/",
+            "http://169.254.169.254/latest/meta-data/",
+            "http://user@10.0.0.1/",
+            "http:\\\\192.168.0.1",
+            "file:///etc/passwd",
+            "chrome://version",
+            "ftp://8.8.8.8/",
+            "http://[fe80::1]/",
+            "http://[::1/",
+        ] {
+            assert!(
+                check(url, None, None, true).is_err(),
+                "{url} was let through"
+            );
+        }
+    }
+
+    #[test]
+    fn public_literals_pass_and_names_need_a_lookup() {
+        assert_eq!(
+            check("http://8.8.8.8/", None, None, true),
+            Ok(Verdict::Allowed)
+        );
+        assert_eq!(check("about:blank", None, None, true), Ok(Verdict::Allowed));
+        assert_eq!(
+            check("data:text/html,hi", None, None, true),
+            Ok(Verdict::Allowed)
+        );
+        assert_eq!(
+            check("https://Example.com/a", None, None, true),
+            Ok(Verdict::Resolve {
+                host: "example.com".into(),
+                port: 443
+            })
+        );
+        assert!(check("http://exämple.com/", None, None, true).is_err());
+        assert_eq!(
+            check("http://127.0.0.1/", None, None, false),
+            Ok(Verdict::Allowed)
+        );
+        assert!(check_resolved("u", "h", &[v4("8.8.8.8"), v4("10.0.0.1")]).is_err());
+        assert!(check_resolved("u", "h", &[]).is_err());
+        assert!(check_resolved("u", "h", &[v4("8.8.8.8")]).is_ok());
+    }
+
+    #[test]
+    fn allow_and_deny_globs_match_hosts_or_whole_urls() {
+        let allow = ["*.example.com", "https://docs.rs/*"];
+        assert!(check("https://a.example.com/x", Some(&allow), None, false).is_ok());
+        assert!(check("https://docs.rs/serde", Some(&allow), None, false).is_ok());
+        assert!(check("http://docs.rs/serde", Some(&allow), None, false).is_err());
+        assert!(check("https://example.org/", Some(&allow), None, false).is_err());
+        let deny = ["*.internal"];
+        let refused = check("http://db.internal/", None, Some(&deny), false).unwrap_err();
+        assert!(refused.contains("url_deny"), "{refused}");
+        assert!(check("http://A.Example.COM/", Some(&allow), Some(&deny), false).is_ok());
+    }
+}

@@ -1,0 +1,412 @@
+//! The browser: one shared headless Chromium page, driven over the DevTools Protocol.
+//!
+//! A browser actor on a thread of its own owns Chromium and the pipe to it, and runs
+//! one operation at a time; requests reach it over a bounded queue (a full queue is
+//! refused at once rather than waited on) and its answers come back to the monoio
+//! worker through a oneshot channel, so a worker never blocks on the browser and other
+//! routes stay fast while the page is busy. Chromium starts with the first operation
+//! (an idle server runs none), runs in its own process group on a temporary profile,
+//! and is started again by the next operation after it exits or crashes.
+
+pub mod cdp;
+pub mod guard;
+pub mod keys;
+mod page;
+
+use std::ffi::OsString;
+use std::path::PathBuf;
+use std::sync::mpsc::{sync_channel, Receiver, SyncSender, TrySendError};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use futures_channel::oneshot;
+use serde_json::{json, Value};
+
+use page::Chromium;
+pub use page::INSTALL_HINT;
+
+use crate::process::ChildRegistry;
+
+/// The page's viewport (Playwright's default).
+pub const VIEWPORT: (u32, u32) = (1280, 720);
+/// Operations that may wait for the page at once; one more is refused with 429.
+pub const QUEUE_DEPTH: usize = 32;
+
+/// Why an operation failed; the routes map each to a status.
+#[derive(Debug)]
+pub enum BrowserError {
+    /// No usable Chromium: what is missing and how to install it (503).
+    NotInstalled(String),
+    /// The operation's timeout passed (408).
+    Timeout,
+    /// The selector matched no element (404).
+    NoMatch(String),
+    /// The selector is not valid CSS (400).
+    InvalidSelector(String),
+    /// The operation cannot apply to what it found (400).
+    Invalid(String),
+    /// Chromium could not load the URL: its `net::ERR_*` text and the URL.
+    Navigation(String),
+    /// The page's script threw.
+    Script(String),
+    /// Chromium or the page went away during the operation.
+    Crashed(String),
+    /// The queue is full: this many operations wait already (429).
+    Busy(usize),
+    /// Chromium answered something unexpected.
+    Protocol(String),
+}
+
+impl std::fmt::Display for BrowserError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            BrowserError::NotInstalled(m)
+            | BrowserError::Invalid(m)
+            | BrowserError::Navigation(m)
+            | BrowserError::Crashed(m)
+            | BrowserError::Protocol(m) => f.write_str(m),
+            BrowserError::Timeout => f.write_str("the operation timed out"),
+            BrowserError::NoMatch(selector) => write!(f, "No element matches selector: {selector}"),
+            BrowserError::InvalidSelector(m) => write!(f, "Invalid selector: {m}"),
+            BrowserError::Script(m) => write!(f, "Evaluation failed: {m}"),
+            BrowserError::Busy(waiting) => write!(
+                f,
+                "the browser is busy: {waiting} operations are waiting for the one shared page; retry shortly"
+            ),
+        }
+    }
+}
+
+/// When `navigate` returns.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum WaitUntil {
+    /// The response arrived and the new document committed.
+    Commit,
+    DomContentLoaded,
+    Load,
+    /// No network connections for 500 ms.
+    NetworkIdle,
+}
+
+impl WaitUntil {
+    pub fn parse(name: &str) -> Option<WaitUntil> {
+        match name {
+            "commit" => Some(WaitUntil::Commit),
+            "domcontentloaded" => Some(WaitUntil::DomContentLoaded),
+            "load" => Some(WaitUntil::Load),
+            "networkidle" => Some(WaitUntil::NetworkIdle),
+            _ => None,
+        }
+    }
+
+    /// Chromium's lifecycle event for this point (none for commit: the reply to
+    /// `Page.navigate` comes at commit).
+    fn lifecycle_event(self) -> Option<&'static str> {
+        match self {
+            WaitUntil::Commit => None,
+            WaitUntil::DomContentLoaded => Some("DOMContentLoaded"),
+            WaitUntil::Load => Some("load"),
+            WaitUntil::NetworkIdle => Some("networkIdle"),
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum MouseButton {
+    Left,
+    Right,
+    Middle,
+}
+
+impl MouseButton {
+    pub fn parse(name: &str) -> Option<MouseButton> {
+        match name {
+            "left" => Some(MouseButton::Left),
+            "right" => Some(MouseButton::Right),
+            "middle" => Some(MouseButton::Middle),
+            _ => None,
+        }
+    }
+
+    fn name(self) -> &'static str {
+        match self {
+            MouseButton::Left => "left",
+            MouseButton::Right => "right",
+            MouseButton::Middle => "middle",
+        }
+    }
+}
+
+/// What `wait` waits for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ElementState {
+    Attached,
+    Detached,
+    Visible,
+    Hidden,
+}
+
+impl ElementState {
+    pub fn parse(name: &str) -> Option<ElementState> {
+        match name {
+            "attached" => Some(ElementState::Attached),
+            "detached" => Some(ElementState::Detached),
+            "visible" => Some(ElementState::Visible),
+            "hidden" => Some(ElementState::Hidden),
+            _ => None,
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            ElementState::Attached => "attached",
+            ElementState::Detached => "detached",
+            ElementState::Visible => "visible",
+            ElementState::Hidden => "hidden",
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum HistoryStep {
+    Back,
+    Forward,
+    Reload,
+}
+
+/// One operation on the shared page, already validated by its route.
+#[derive(Debug)]
+pub enum Op {
+    Navigate {
+        url: String,
+        wait_until: WaitUntil,
+    },
+    Screenshot {
+        selector: Option<String>,
+        full_page: bool,
+    },
+    Click {
+        selector: String,
+        button: MouseButton,
+        click_count: u32,
+    },
+    Fill {
+        selector: String,
+        value: String,
+    },
+    Type {
+        selector: Option<String>,
+        text: String,
+        delay: Duration,
+    },
+    Press {
+        chord: keys::Chord,
+        selector: Option<String>,
+    },
+    ScrollTo {
+        selector: String,
+    },
+    ScrollBy {
+        dx: f64,
+        dy: f64,
+    },
+    Evaluate {
+        expression: String,
+        arg: Option<Value>,
+    },
+    Wait {
+        selector: String,
+        state: ElementState,
+    },
+    Content,
+    Text {
+        selector: Option<String>,
+    },
+    History(HistoryStep),
+    Info,
+    Close,
+}
+
+/// What a route hands the actor.
+struct Job {
+    op: Op,
+    timeout: Duration,
+    /// The environment Chromium starts with, if this job starts it.
+    env: Arc<Vec<(OsString, OsString)>>,
+    reply: oneshot::Sender<Result<Value, BrowserError>>,
+}
+
+/// The pid and temporary directory of the running Chromium, for the shutdown path,
+/// which runs on the signal thread while the actor may be mid-operation.
+type Live = Arc<Mutex<Option<(i32, PathBuf)>>>;
+
+/// The handle routes use; shared by every worker.
+pub struct Browser {
+    queue: Mutex<Option<SyncSender<Job>>>,
+    executable: Option<PathBuf>,
+    children: Arc<ChildRegistry>,
+    live: Live,
+}
+
+impl Browser {
+    /// A browser that will use `executable` (`ABX_BROWSER_PATH`) or find Chromium on
+    /// `PATH`, registering its process group in `children`. Starts nothing yet.
+    pub fn new(executable: Option<PathBuf>, children: Arc<ChildRegistry>) -> Browser {
+        Browser {
+            queue: Mutex::new(None),
+            executable,
+            children,
+            live: Arc::default(),
+        }
+    }
+
+    /// Queues `op` for the page and returns where its answer will arrive. Never blocks:
+    /// a full queue is [`BrowserError::Busy`].
+    pub fn submit(
+        &self,
+        op: Op,
+        timeout: Duration,
+        env: Arc<Vec<(OsString, OsString)>>,
+    ) -> Result<oneshot::Receiver<Result<Value, BrowserError>>, BrowserError> {
+        let (reply, answer) = oneshot::channel();
+        let mut job = Job {
+            op,
+            timeout,
+            env,
+            reply,
+        };
+        let mut queue = self.queue.lock().unwrap_or_else(|e| e.into_inner());
+        // Twice at most: a dead actor (its thread could not be spawned, or it ended)
+        // is replaced once.
+        for _ in 0..2 {
+            let sender = match &*queue {
+                Some(sender) => sender.clone(),
+                None => {
+                    let sender = self.start_actor()?;
+                    *queue = Some(sender.clone());
+                    sender
+                }
+            };
+            match sender.try_send(job) {
+                Ok(()) => return Ok(answer),
+                Err(TrySendError::Full(_)) => return Err(BrowserError::Busy(QUEUE_DEPTH)),
+                Err(TrySendError::Disconnected(returned)) => {
+                    job = returned;
+                    *queue = None;
+                }
+            }
+        }
+        Err(BrowserError::Protocol(
+            "the browser actor could not be started".into(),
+        ))
+    }
+
+    fn start_actor(&self) -> Result<SyncSender<Job>, BrowserError> {
+        let (sender, receiver) = sync_channel(QUEUE_DEPTH);
+        let executable = self.executable.clone();
+        let children = self.children.clone();
+        let live = self.live.clone();
+        std::thread::Builder::new()
+            .name("abx-browser".into())
+            .spawn(move || actor(receiver, executable, children, live))
+            .map_err(|e| BrowserError::Protocol(format!("cannot start the browser thread: {e}")))?;
+        Ok(sender)
+    }
+
+    /// Ends Chromium at server shutdown (its group is killed and its profile removed).
+    pub fn stop(&self) {
+        let live = self.live.lock().unwrap_or_else(|e| e.into_inner()).take();
+        if let Some((pid, dir)) = live {
+            let _ = nix::sys::signal::killpg(
+                nix::unistd::Pid::from_raw(pid),
+                nix::sys::signal::Signal::SIGKILL,
+            );
+            let _ = std::fs::remove_dir_all(dir);
+        }
+    }
+}
+
+fn actor(
+    jobs: Receiver<Job>,
+    executable: Option<PathBuf>,
+    children: Arc<ChildRegistry>,
+    live: Live,
+) {
+    let mut chromium: Option<Chromium> = None;
+    for job in jobs {
+        // The client left while the job waited: nothing to do for it.
+        if job.reply.is_canceled() {
+            continue;
+        }
+        let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            run(
+                &mut chromium,
+                &executable,
+                &children,
+                &live,
+                job.op,
+                job.timeout,
+                &job.env,
+            )
+        }));
+        let result = outcome.unwrap_or_else(|_| {
+            chromium = None;
+            Err(BrowserError::Protocol(
+                "the browser operation failed unexpectedly; Chromium will be started again".into(),
+            ))
+        });
+        if chromium.is_none() {
+            *live.lock().unwrap_or_else(|e| e.into_inner()) = None;
+        }
+        let _ = job.reply.send(result);
+    }
+}
+
+fn run(
+    chromium: &mut Option<Chromium>,
+    executable: &Option<PathBuf>,
+    children: &Arc<ChildRegistry>,
+    live: &Live,
+    op: Op,
+    timeout: Duration,
+    env: &[(OsString, OsString)],
+) -> Result<Value, BrowserError> {
+    if chromium.as_mut().is_some_and(|c| !c.alive()) {
+        *chromium = None;
+    }
+    match op {
+        Op::Info => {
+            return Ok(match chromium {
+                Some(c) => c.info(),
+                None => json!({
+                    "running": false, "url": null, "title": null, "version": null,
+                    "viewport": {"width": VIEWPORT.0, "height": VIEWPORT.1}, "pid": null,
+                }),
+            })
+        }
+        Op::Close => {
+            let was_running = chromium.take().is_some();
+            return Ok(json!({"closed": was_running}));
+        }
+        _ => {}
+    }
+    if chromium.is_none() {
+        let started = Chromium::launch(executable.as_deref(), env, children)?;
+        *live.lock().unwrap_or_else(|e| e.into_inner()) =
+            Some((started.pid(), started.dir().to_path_buf()));
+        *chromium = Some(started);
+    }
+    let Some(page) = chromium.as_mut() else {
+        return Err(BrowserError::Protocol("Chromium is not running".into()));
+    };
+    // The caller's timeout starts once Chromium is up: a cold start is not its cost.
+    let deadline = Instant::now() + timeout;
+    let result = page.run(op, deadline);
+    if matches!(result, Err(BrowserError::Timeout)) {
+        page.interrupt();
+    }
+    if page.broken {
+        *chromium = None;
+    }
+    result
+}

@@ -1,0 +1,771 @@
+//! The browser group against the real binary and Debian's real Chromium, on pages a small
+//! HTTP server in this test process serves on 127.0.0.1 (it records every request, so a
+//! test can tell what Chromium really fetched or submitted).
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{SocketAddr, TcpListener};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use serde_json::{json, Value};
+
+use crate::on_both_drivers;
+use crate::support::{request_at, Launch, Server, TempDir};
+
+/// One request the page server received: method, path and body.
+type Seen = Arc<Mutex<Vec<(String, String, String)>>>;
+
+struct Pages {
+    addr: SocketAddr,
+    seen: Seen,
+}
+
+impl Pages {
+    fn url(&self, path: &str) -> String {
+        format!("http://{}{path}", self.addr)
+    }
+
+    fn requests_for(&self, path: &str) -> Vec<(String, String, String)> {
+        let seen = self.seen.lock().unwrap();
+        seen.iter().filter(|(_, p, _)| p == path).cloned().collect()
+    }
+}
+
+const HOME: &str = r#"<!doctype html><html><head><title>Home</title></head><body>
+<p id="para">Hello <b>pages</b></p>
+<button id="btn" onclick="document.body.dataset.clicks = (+(document.body.dataset.clicks||0) + 1)"
+  ondblclick="document.body.dataset.dbl = 'yes'">Press</button>
+<form id="form" method="post" action="/submit">
+  <input id="q" name="q" oninput="window.inputs = (window.inputs||0) + 1" onchange="window.changes = (window.changes||0) + 1">
+</form>
+<textarea id="notes"></textarea>
+<input id="box" type="checkbox">
+<div id="hidden" style="display:none">secret</div>
+<div style="height: 2000px"></div>
+<p id="bottom">bottom</p>
+</body></html>"#;
+
+const LATE: &str = r#"<!doctype html><html><head><title>Late</title></head><body>
+<script>setTimeout(() => { const d = document.createElement('div'); d.id = 'late'; d.textContent = 'here'; document.body.appendChild(d); }, 300);</script>
+</body></html>"#;
+
+const TALL: &str = r#"<!doctype html><html><head><title>Tall</title><style>body{margin:0}</style></head><body>
+<div style="height: 3000px; width: 100px; background: #36c"></div></body></html>"#;
+
+const SHAPES: &str = r#"<!doctype html><html><head><title>Shapes</title><style>body{margin:0}</style></head><body>
+<div style="height: 40px"></div>
+<div id="shape" style="width: 200px; height: 100px; margin-left: 30px; background: #c33"></div>
+</body></html>"#;
+
+fn page_for(path: &str) -> (u16, String) {
+    match path {
+        "/" => (200, HOME.into()),
+        "/late" => (200, LATE.into()),
+        "/tall" => (200, TALL.into()),
+        "/shapes" => (200, SHAPES.into()),
+        "/one" | "/two" | "/three" => (
+            200,
+            format!(
+                "<!doctype html><title>Page {}</title><p>{path}</p>",
+                &path[1..]
+            ),
+        ),
+        "/submit" => (
+            200,
+            "<!doctype html><title>Thanks</title><p>got it</p>".into(),
+        ),
+        _ => (
+            404,
+            "<!doctype html><title>Missing</title><p>no such page</p>".into(),
+        ),
+    }
+}
+
+/// Serves the test pages until the test process ends, recording each request.
+fn serve_pages() -> Pages {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    let seen: Seen = Arc::default();
+    let record = seen.clone();
+    std::thread::spawn(move || {
+        for stream in listener.incoming().flatten() {
+            let record = record.clone();
+            std::thread::spawn(move || {
+                let _ = stream.set_read_timeout(Some(Duration::from_secs(10)));
+                let mut reader = BufReader::new(stream);
+                let mut line = String::new();
+                if reader.read_line(&mut line).unwrap_or(0) == 0 {
+                    return;
+                }
+                let mut parts = line.split_whitespace();
+                let method = parts.next().unwrap_or("").to_string();
+                let path = parts.next().unwrap_or("").to_string();
+                let mut length = 0;
+                loop {
+                    let mut header = String::new();
+                    if reader.read_line(&mut header).unwrap_or(0) == 0 || header.trim().is_empty() {
+                        break;
+                    }
+                    if let Some((name, value)) = header.split_once(':') {
+                        if name.eq_ignore_ascii_case("content-length") {
+                            length = value.trim().parse().unwrap_or(0);
+                        }
+                    }
+                }
+                let mut body = vec![0; length];
+                let _ = reader.read_exact(&mut body);
+                let path_only = path.split('?').next().unwrap_or("").to_string();
+                record.lock().unwrap().push((
+                    method,
+                    path_only.clone(),
+                    String::from_utf8_lossy(&body).into_owned(),
+                ));
+                let (status, html) = page_for(&path_only);
+                let mut stream = reader.into_inner();
+                let _ = write!(
+                    stream,
+                    "HTTP/1.1 {status} X\r\nContent-Type: text/html; charset=utf-8\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{html}",
+                    html.len()
+                );
+            });
+        }
+    });
+    Pages { addr, seen }
+}
+
+fn browser_server(driver: &'static str) -> Server {
+    Launch::new(driver)
+        .env("ABX_SERVER_ENABLED_GROUPS", "browser")
+        .start()
+}
+
+fn post(server: &Server, path: &str, body: Value) -> (u16, Value) {
+    let reply = server.post(path, &body.to_string());
+    (reply.status, reply.json())
+}
+
+fn get(server: &Server, path: &str) -> (u16, Value) {
+    let reply = server.get(path);
+    (reply.status, reply.json())
+}
+
+fn eval(server: &Server, expression: &str) -> Value {
+    let (status, body) = post(
+        server,
+        "/browser/evaluate",
+        json!({"expression": expression}),
+    );
+    assert_eq!(status, 200, "{expression}: {body}");
+    body["result"].clone()
+}
+
+fn navigate(server: &Server, url: &str) -> Value {
+    let (status, body) = post(server, "/browser/navigate", json!({"url": url}));
+    assert_eq!(status, 200, "{url}: {body}");
+    body
+}
+
+/// Width and height of a base64 PNG, read from its header.
+fn png_size(base64: &str) -> (u32, u32) {
+    let bytes = decode_base64(&base64[..32]);
+    assert_eq!(&bytes[..8], b"\x89PNG\r\n\x1a\n");
+    (
+        u32::from_be_bytes(bytes[16..20].try_into().unwrap()),
+        u32::from_be_bytes(bytes[20..24].try_into().unwrap()),
+    )
+}
+
+fn decode_base64(text: &str) -> Vec<u8> {
+    let value = |c: u8| match c {
+        b'A'..=b'Z' => c - b'A',
+        b'a'..=b'z' => c - b'a' + 26,
+        b'0'..=b'9' => c - b'0' + 52,
+        b'+' => 62,
+        b'/' => 63,
+        _ => panic!("not base64: {c}"),
+    };
+    let clean: Vec<u8> = text.bytes().filter(|b| *b != b'=').collect();
+    let mut out = Vec::new();
+    for chunk in clean.chunks(4) {
+        let mut acc = 0u32;
+        for (i, c) in chunk.iter().enumerate() {
+            acc |= (value(*c) as u32) << (18 - 6 * i);
+        }
+        let bytes = acc.to_be_bytes();
+        out.extend_from_slice(&bytes[1..chunk.len()]);
+    }
+    out
+}
+
+fn navigation_content_and_history(driver: &'static str) {
+    let pages = serve_pages();
+    let server = browser_server(driver);
+    let (status, info) = get(&server, "/browser/info");
+    assert_eq!(status, 200);
+    assert_eq!(
+        info["running"], false,
+        "an idle server runs no Chromium: {info}"
+    );
+
+    let home = navigate(&server, &pages.url("/"));
+    assert_eq!(home["title"], "Home");
+    assert_eq!(home["status"], 200);
+    assert_eq!(home["url"], pages.url("/"));
+    let missing = navigate(&server, &pages.url("/nope"));
+    assert_eq!(
+        (missing["status"].clone(), missing["title"].clone()),
+        (json!(404), json!("Missing"))
+    );
+
+    for wait_until in ["domcontentloaded", "networkidle", "commit"] {
+        let (status, body) = post(
+            &server,
+            "/browser/navigate",
+            json!({"url": pages.url("/one"), "wait_until": wait_until}),
+        );
+        assert_eq!(status, 200, "{wait_until}: {body}");
+    }
+    let (status, body) = post(
+        &server,
+        "/browser/navigate",
+        json!({"url": pages.url("/"), "wait_until": "soon"}),
+    );
+    assert_eq!(
+        (status, body["type"].clone()),
+        (400, json!("ValueError")),
+        "{body}"
+    );
+    let (status, body) = post(&server, "/browser/navigate", json!({}));
+    assert_eq!(status, 400, "{body}");
+
+    // A port nobody listens on: Chromium's own error name reaches the caller.
+    let closed = TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap();
+    let (status, body) = post(
+        &server,
+        "/browser/navigate",
+        json!({"url": format!("http://{closed}/")}),
+    );
+    assert_eq!(status, 500, "{body}");
+    assert!(
+        body["error"]
+            .as_str()
+            .unwrap()
+            .contains("net::ERR_CONNECTION_REFUSED"),
+        "{body}"
+    );
+
+    navigate(&server, &pages.url("/"));
+    let (status, content) = get(&server, "/browser/content");
+    assert_eq!(status, 200);
+    assert_eq!(content["title"], "Home");
+    let html = content["html"].as_str().unwrap();
+    assert!(
+        html.starts_with("<!DOCTYPE html>") && html.contains("id=\"para\""),
+        "{html}"
+    );
+    let (_, text) = get(&server, "/browser/text?selector=%23para");
+    assert_eq!(text["text"], "Hello pages");
+    let (_, all) = get(&server, "/browser/text");
+    assert!(
+        all["text"].as_str().unwrap().contains("Hello pages"),
+        "{all}"
+    );
+    let (status, body) = get(&server, "/browser/text?selector=%23nothing");
+    assert_eq!(status, 404, "{body}");
+
+    navigate(&server, &pages.url("/one"));
+    navigate(&server, &pages.url("/two"));
+    let (status, back) = post(&server, "/browser/back", json!({}));
+    assert_eq!(
+        (status, back["title"].clone()),
+        (200, json!("Page one")),
+        "{back}"
+    );
+    let (_, forward) = post(&server, "/browser/forward", json!({}));
+    assert_eq!(forward["url"], pages.url("/two"));
+    let fetched = pages.requests_for("/two").len();
+    let (_, reloaded) = post(&server, "/browser/reload", json!({}));
+    assert_eq!(reloaded["title"], "Page two");
+    assert_eq!(
+        pages.requests_for("/two").len(),
+        fetched + 1,
+        "reload fetches the page again"
+    );
+
+    let (_, info) = get(&server, "/browser/info");
+    assert_eq!(info["running"], true);
+    assert_eq!(info["url"], pages.url("/two"));
+    assert!(
+        info["version"].as_str().unwrap().contains("Chrome"),
+        "{info}"
+    );
+    assert_eq!(info["viewport"], json!({"width": 1280, "height": 720}));
+}
+
+fn input_routes_drive_the_page(driver: &'static str) {
+    let pages = serve_pages();
+    let server = browser_server(driver);
+    navigate(&server, &pages.url("/"));
+
+    let (status, body) = post(&server, "/browser/click", json!({"selector": "#btn"}));
+    assert_eq!((status, body), (200, json!({"ok": true})));
+    assert_eq!(eval(&server, "document.body.dataset.clicks"), "1");
+    let (status, _) = post(
+        &server,
+        "/browser/click",
+        json!({"selector": "#btn", "click_count": 2}),
+    );
+    assert_eq!(status, 200);
+    assert_eq!(eval(&server, "document.body.dataset.dbl"), "yes");
+    let (status, body) = post(
+        &server,
+        "/browser/click",
+        json!({"selector": "#btn", "button": "sideways"}),
+    );
+    assert_eq!(status, 400, "{body}");
+
+    let (status, _) = post(
+        &server,
+        "/browser/fill",
+        json!({"selector": "#q", "value": "hello"}),
+    );
+    assert_eq!(status, 200);
+    assert_eq!(
+        eval(
+            &server,
+            "[document.querySelector('#q').value, window.inputs, window.changes]"
+        ),
+        json!(["hello", 1, 1])
+    );
+    let (status, body) = post(
+        &server,
+        "/browser/fill",
+        json!({"selector": "#box", "value": "x"}),
+    );
+    assert_eq!(status, 400, "{body}");
+
+    let (status, _) = post(
+        &server,
+        "/browser/type",
+        json!({"selector": "#notes", "text": "abc", "delay_ms": 5}),
+    );
+    assert_eq!(status, 200);
+    assert_eq!(
+        eval(&server, "document.querySelector('#notes').value"),
+        "abc"
+    );
+    // Control+A selects what was typed; the next key replaces it.
+    let (status, _) = post(
+        &server,
+        "/browser/press",
+        json!({"key": "Control+A", "selector": "#notes"}),
+    );
+    assert_eq!(status, 200);
+    post(&server, "/browser/type", json!({"text": "Z"}));
+    assert_eq!(eval(&server, "document.querySelector('#notes').value"), "Z");
+    let (status, body) = post(&server, "/browser/press", json!({"key": "Hyper+Q"}));
+    assert_eq!(status, 400, "{body}");
+
+    // Enter in the form's field submits it: the page server receives the POST.
+    post(
+        &server,
+        "/browser/fill",
+        json!({"selector": "#q", "value": "rust io_uring"}),
+    );
+    let (status, _) = post(
+        &server,
+        "/browser/press",
+        json!({"key": "Enter", "selector": "#q"}),
+    );
+    assert_eq!(status, 200);
+    let submitted = pages.requests_for("/submit");
+    assert_eq!(submitted.len(), 1, "{submitted:?}");
+    assert_eq!(submitted[0].0, "POST");
+    assert_eq!(submitted[0].2, "q=rust+io_uring");
+    let (_, info) = get(&server, "/browser/info");
+    assert_eq!(
+        info["title"], "Thanks",
+        "the press waited for the navigation it started"
+    );
+
+    navigate(&server, &pages.url("/"));
+    let (status, scrolled) = post(&server, "/browser/scroll", json!({"dy": 500}));
+    assert_eq!(
+        (status, scrolled["scroll_y"].clone()),
+        (200, json!(500)),
+        "{scrolled}"
+    );
+    let (_, scrolled) = post(&server, "/browser/scroll", json!({"selector": "#bottom"}));
+    assert!(
+        scrolled["scroll_y"].as_f64().unwrap() > 1000.0,
+        "{scrolled}"
+    );
+    let (status, _) = post(&server, "/browser/scroll", json!({}));
+    assert_eq!(status, 400);
+
+    assert_eq!(
+        eval(&server, "new Promise(r => setTimeout(() => r(6 * 7), 50))"),
+        42
+    );
+    let (_, called) = post(
+        &server,
+        "/browser/evaluate",
+        json!({"expression": "async ({a, b}) => a + b", "arg": {"a": 2, "b": 3}}),
+    );
+    assert_eq!(called["result"], 5);
+    assert_eq!(
+        eval(&server, "({n: 1, list: [true, null]})"),
+        json!({"n": 1, "list": [true, null]})
+    );
+    assert_eq!(eval(&server, "undefined"), Value::Null);
+    let (status, body) = post(
+        &server,
+        "/browser/evaluate",
+        json!({"expression": "missingName + 1"}),
+    );
+    assert_eq!(status, 500);
+    assert!(
+        body["error"].as_str().unwrap().contains("ReferenceError"),
+        "{body}"
+    );
+
+    for (path, body) in [
+        ("/browser/click", json!({"selector": "#none"})),
+        ("/browser/fill", json!({"selector": "#none", "value": "v"})),
+        ("/browser/type", json!({"selector": "#none", "text": "v"})),
+        ("/browser/press", json!({"selector": "#none", "key": "a"})),
+        ("/browser/scroll", json!({"selector": "#none"})),
+        ("/browser/screenshot", json!({"selector": "#none"})),
+    ] {
+        let (status, answer) = post(&server, path, body);
+        assert_eq!(status, 404, "{path}: {answer}");
+        assert_eq!(answer["error"], "No element matches selector: #none");
+    }
+    let (status, body) = post(&server, "/browser/click", json!({"selector": "p[["}));
+    assert_eq!(status, 400, "{body}");
+    // Found but never visible: the wait for visibility runs out.
+    let (status, body) = post(
+        &server,
+        "/browser/click",
+        json!({"selector": "#hidden", "timeout": 300}),
+    );
+    assert_eq!(
+        (status, body["type"].clone()),
+        (408, json!("TimeoutError")),
+        "{body}"
+    );
+}
+
+fn waits_and_screenshots(driver: &'static str) {
+    let pages = serve_pages();
+    let server = browser_server(driver);
+    navigate(&server, &pages.url("/late"));
+    let (status, body) = post(&server, "/browser/wait", json!({"selector": "#late"}));
+    assert_eq!(status, 200, "{body}");
+    let (status, body) = post(
+        &server,
+        "/browser/wait",
+        json!({"selector": "#never", "timeout": 400}),
+    );
+    assert_eq!(status, 408, "{body}");
+    assert_eq!(
+        body,
+        json!({"error": "Timeout 400ms exceeded.", "type": "TimeoutError"})
+    );
+    let (status, _) = post(
+        &server,
+        "/browser/wait",
+        json!({"selector": "#never", "state": "detached"}),
+    );
+    assert_eq!(status, 200);
+    let (status, _) = post(
+        &server,
+        "/browser/wait",
+        json!({"selector": "#late", "state": "gone"}),
+    );
+    assert_eq!(status, 400);
+
+    let (status, shot) = post(&server, "/browser/screenshot", json!({}));
+    assert_eq!(status, 200);
+    let data = shot["content_base64"].as_str().unwrap();
+    assert_eq!(png_size(data), (1280, 720));
+    assert_eq!(
+        (
+            shot["width"].clone(),
+            shot["height"].clone(),
+            shot["format"].clone()
+        ),
+        (json!(1280), json!(720), json!("png"))
+    );
+    assert_eq!(shot["bytes"], decode_base64(data).len());
+
+    navigate(&server, &pages.url("/tall"));
+    let (_, full) = post(&server, "/browser/screenshot", json!({"full_page": true}));
+    let (width, height) = png_size(full["content_base64"].as_str().unwrap());
+    assert_eq!((width, height), (1280, 3000), "{}", full["height"]);
+
+    navigate(&server, &pages.url("/shapes"));
+    let (_, element) = post(
+        &server,
+        "/browser/screenshot",
+        json!({"selector": "#shape"}),
+    );
+    assert_eq!(
+        png_size(element["content_base64"].as_str().unwrap()),
+        (200, 100)
+    );
+}
+
+#[test]
+fn without_chromium_the_routes_answer_503_with_the_hint() {
+    let server = Launch::new("uring")
+        .env("ABX_SERVER_ENABLED_GROUPS", "browser")
+        .env("ABX_BROWSER_PATH", "/nonexistent/chromium")
+        .start();
+    let (status, body) = post(&server, "/browser/navigate", json!({"url": "about:blank"}));
+    assert_eq!(status, 503, "{body}");
+    assert_eq!(body["type"], "RuntimeError");
+    assert!(
+        body["error"]
+            .as_str()
+            .unwrap()
+            .contains("apt-get install chromium"),
+        "{body}"
+    );
+    assert!(
+        body["error"].as_str().unwrap().contains("ABX_BROWSER_PATH"),
+        "{body}"
+    );
+    let (_, info) = get(&server, "/browser/info");
+    assert_eq!(info["running"], false);
+}
+
+#[test]
+fn the_group_is_opt_in() {
+    let server = Server::start("uring");
+    let (status, body) = post(&server, "/browser/navigate", json!({"url": "about:blank"}));
+    assert_eq!(status, 404, "{body}");
+    assert_eq!(body["code"], "endpoint_disabled");
+    assert_eq!(body["rule"], "default:opt-in:browser");
+    let (_, caps) = get(&server, "/capabilities");
+    assert_eq!(caps["groups"]["browser"], false);
+    assert_eq!(
+        caps["group_summary"]["browser"]["total"], 16,
+        "{}",
+        caps["group_summary"]
+    );
+    let on = browser_server("uring");
+    let (_, caps) = get(&on, "/capabilities");
+    assert_eq!(caps["group_summary"]["browser"]["enabled"], 16);
+}
+
+/// Evaluations that each record when they ran, in page time.
+fn timed_evaluation(ms: u32) -> Value {
+    json!({"expression": format!(
+        "new Promise(r => {{ const s = performance.now(); setTimeout(() => r([s, performance.now()]), {ms}); }})"
+    )})
+}
+
+fn operations_serialise_and_a_full_queue_is_refused(driver: &'static str) {
+    let server = browser_server(driver);
+    let addr = server.addr;
+    let evaluate_at = move |ms: u32| {
+        let body = timed_evaluation(ms).to_string();
+        request_at(
+            addr,
+            "POST",
+            "/browser/evaluate",
+            &[],
+            Some(body.as_bytes()),
+        )
+    };
+    navigate(&server, "about:blank");
+    let handles: Vec<_> = (0..20)
+        .map(|_| {
+            std::thread::spawn(move || {
+                let reply = evaluate_at(20);
+                (reply.status, reply.json())
+            })
+        })
+        .collect();
+    // Other routes answer while the page works through its queue.
+    for _ in 0..5 {
+        assert_eq!(server.get("/health").status, 200);
+    }
+    let mut spans: Vec<(f64, f64)> = handles
+        .into_iter()
+        .map(|h| {
+            let (status, body) = h.join().unwrap();
+            assert_eq!(status, 200, "{body}");
+            (
+                body["result"][0].as_f64().unwrap(),
+                body["result"][1].as_f64().unwrap(),
+            )
+        })
+        .collect();
+    spans.sort_by(|a, b| a.0.total_cmp(&b.0));
+    for pair in spans.windows(2) {
+        assert!(pair[1].0 >= pair[0].1, "operations overlapped: {pair:?}");
+    }
+
+    // More than the queue holds while the page is busy: the overflow is refused at
+    // once, the rest all run.
+    let busy = std::thread::spawn(move || evaluate_at(1500).status);
+    std::thread::sleep(Duration::from_millis(300));
+    let handles: Vec<_> = (0..45)
+        .map(|_| {
+            std::thread::spawn(move || {
+                let reply = evaluate_at(5);
+                (
+                    reply.status,
+                    reply.header("retry-after").map(str::to_string),
+                    reply.json(),
+                )
+            })
+        })
+        .collect();
+    let results: Vec<_> = handles.into_iter().map(|h| h.join().unwrap()).collect();
+    assert_eq!(busy.join().unwrap(), 200);
+    let refused: Vec<_> = results.iter().filter(|r| r.0 == 429).collect();
+    // 45 behind a busy page, 32 places: 13 refused (fewer only if some arrived late).
+    assert!(
+        (1..=13).contains(&refused.len()),
+        "{} refused",
+        refused.len()
+    );
+    assert!(
+        results.iter().all(|r| r.0 == 200 || r.0 == 429),
+        "{results:?}"
+    );
+    assert_eq!(refused[0].1.as_deref(), Some("1"));
+    assert_eq!(refused[0].2["code"], "browser_busy");
+}
+
+fn a_killed_or_closed_chromium_is_started_again(driver: &'static str) {
+    let pages = serve_pages();
+    let server = browser_server(driver);
+    navigate(&server, &pages.url("/one"));
+    let (_, info) = get(&server, "/browser/info");
+    let pid = info["pid"].as_i64().unwrap() as i32;
+    nix_kill(-pid);
+    // The next call finds it gone and starts a new one.
+    let mut answered = None;
+    for _ in 0..3 {
+        let (status, body) = post(
+            &server,
+            "/browser/navigate",
+            json!({"url": pages.url("/two")}),
+        );
+        if status == 200 {
+            answered = Some(body);
+            break;
+        }
+        assert_eq!(
+            status, 500,
+            "only the call that met the crash may fail: {body}"
+        );
+    }
+    assert_eq!(answered.expect("Chromium came back")["title"], "Page two");
+    let (_, info) = get(&server, "/browser/info");
+    let second = info["pid"].as_i64().unwrap();
+    assert_ne!(second as i32, pid);
+
+    let (status, closed) = post(&server, "/browser/close", json!({}));
+    assert_eq!((status, closed), (200, json!({"closed": true})));
+    let (_, info) = get(&server, "/browser/info");
+    assert_eq!(info["running"], false);
+    assert!(
+        std::fs::metadata(format!("/proc/{second}")).is_err(),
+        "close ended the process and reaped it"
+    );
+    assert_eq!(
+        navigate(&server, &pages.url("/three"))["title"],
+        "Page three"
+    );
+}
+
+fn nix_kill(target: i32) {
+    let status = std::process::Command::new("kill")
+        .args(["-KILL", "--", &target.to_string()])
+        .status()
+        .unwrap();
+    assert!(status.success());
+}
+
+fn block_private_networks_refuses_this_machine(driver: &'static str) {
+    let pages = serve_pages();
+    let dir = TempDir::new("browserpolicy");
+    let policy = dir.path().join("policy.yaml");
+    std::fs::write(
+        &policy,
+        "groups: {browser: true}\nendpoints:\n  browser_navigate:\n    block_private_networks: true\n    url_deny: [\"*.blocked.example\"]\n",
+    )
+    .unwrap();
+    let server = Launch::new(driver)
+        .env("ABX_SERVER_POLICY", policy.to_str().unwrap())
+        .start();
+    let port = pages.addr.port();
+    for url in [
+        format!("http://127.0.0.1:{port}/"),
+        format!("http://[::1]:{port}/"),
+        format!("http://localhost:{port}/"),
+        format!("http://2130706433:{port}/"),
+        "file:///etc/passwd".to_string(),
+        "http://www.blocked.example/".to_string(),
+    ] {
+        let (status, body) = post(&server, "/browser/navigate", json!({"url": url}));
+        assert_eq!(status, 403, "{url}: {body}");
+        assert_eq!(body["code"], "url_not_allowed", "{body}");
+        assert_eq!(body["endpoint"], "browser_navigate");
+    }
+    assert!(
+        pages.seen.lock().unwrap().is_empty(),
+        "a refused URL reached the page server"
+    );
+    let (_, info) = get(&server, "/browser/info");
+    assert_eq!(info["running"], false, "Chromium never saw a refused URL");
+    // about:blank reaches no network and is allowed.
+    assert_eq!(navigate(&server, "about:blank")["url"], "about:blank");
+}
+
+fn url_allow_lists_what_may_be_opened(driver: &'static str) {
+    let pages = serve_pages();
+    let dir = TempDir::new("browserallow");
+    let policy = dir.path().join("policy.yaml");
+    std::fs::write(
+        &policy,
+        format!(
+            "groups: {{browser: true}}\nendpoints:\n  browser_navigate:\n    url_allow: [\"http://{}/one\"]\n",
+            pages.addr
+        ),
+    )
+    .unwrap();
+    let server = Launch::new(driver)
+        .env("ABX_SERVER_POLICY", policy.to_str().unwrap())
+        .start();
+    assert_eq!(navigate(&server, &pages.url("/one"))["title"], "Page one");
+    let (status, body) = post(
+        &server,
+        "/browser/navigate",
+        json!({"url": pages.url("/two")}),
+    );
+    assert_eq!(status, 403, "{body}");
+    assert!(
+        body["error"].as_str().unwrap().contains("url_allow"),
+        "{body}"
+    );
+    assert!(pages.requests_for("/two").is_empty());
+}
+
+on_both_drivers!(
+    navigation_content_and_history,
+    input_routes_drive_the_page,
+    waits_and_screenshots,
+    operations_serialise_and_a_full_queue_is_refused,
+    a_killed_or_closed_chromium_is_started_again,
+    block_private_networks_refuses_this_machine,
+    url_allow_lists_what_may_be_opened,
+);

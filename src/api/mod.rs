@@ -119,7 +119,7 @@ impl ParamIn {
 pub struct Param {
     pub name: &'static str,
     pub location: ParamIn,
-    /// JSON type name: string, integer, number, boolean, object, array.
+    /// JSON type name: string, integer, number, boolean, object, array, or `any`.
     pub kind: &'static str,
     pub required: bool,
 }

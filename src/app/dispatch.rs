@@ -324,9 +324,13 @@ impl Service for ApiService {
         let open_sink = match &endpoint.serve {
             Serve::HandlerOrSink { raw, .. } if self.is_raw(index, accepted.method, head) => raw,
             _ => {
+                // The browser's one page and an agent's turn are held for their caller
+                // alone: when the caller hangs up, the work stops.
+                let watch_peer = matches!(endpoint.spec.group, Group::Browser | Group::Agents);
                 return Plan::Read {
                     limit,
                     call: accepted,
+                    watch_peer,
                 }
             }
         };

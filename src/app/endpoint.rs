@@ -81,6 +81,11 @@ impl Call {
         &self.state.services
     }
 
+    /// The server's settings.
+    pub fn config(&self) -> &crate::config::Config {
+        &self.state.config
+    }
+
     /// The route table and its decisions, for the discovery routes.
     pub fn catalog(&self) -> &Catalog {
         &self.catalog
@@ -272,6 +277,11 @@ impl Endpoint {
     }
     pub fn streaming(mut self, streaming: bool) -> Self {
         self.spec.streaming = streaming;
+        self
+    }
+    /// The error envelope the endpoint answers in (OpenAI's under `/v1`).
+    pub fn errors(mut self, style: crate::api::ErrorStyle) -> Self {
+        self.spec.errors = style;
         self
     }
     pub fn scopes(mut self, scopes: &[&str]) -> Self {

@@ -68,6 +68,15 @@ impl Router {
                 .collect();
             patterns.push((spec.method, segments, index));
         }
+        // Literal segments win over `{param}` ones (`/v1/agents/sessions/{id}` before
+        // `/v1/agents/{agent_id}/versions`), whatever order the table declares them in.
+        patterns.sort_by_key(|(_, segments, index): &(Method, Vec<Segment>, usize)| {
+            let shape: Vec<bool> = segments
+                .iter()
+                .map(|s| matches!(s, Segment::Param(_)))
+                .collect();
+            (shape, *index)
+        });
         Ok(Router { exact, patterns })
     }
 
@@ -164,6 +173,31 @@ mod tests {
         assert!(router.lookup(Method::Get, "/process").is_none());
         let m = router.lookup(Method::Get, "/process/a%20b").unwrap();
         assert_eq!(m.params[0].1, "a b");
+    }
+
+    #[test]
+    fn literal_segments_win_over_parameters() {
+        let table = vec![
+            ep(Method::Get, "/v1/agents/{agent_id}/versions"),
+            ep(Method::Get, "/v1/agents/sessions/{session_id}"),
+            ep(Method::Get, "/v1/agents/{agent_id}"),
+        ];
+        let router = Router::new(&table, Listener::Api).unwrap();
+        let m = router
+            .lookup(Method::Get, "/v1/agents/sessions/versions")
+            .unwrap();
+        assert_eq!((m.index, m.params[0].1.as_str()), (1, "versions"));
+        assert_eq!(
+            router
+                .lookup(Method::Get, "/v1/agents/a1/versions")
+                .unwrap()
+                .index,
+            0
+        );
+        assert_eq!(
+            router.lookup(Method::Get, "/v1/agents/a1").unwrap().index,
+            2
+        );
     }
 
     #[test]

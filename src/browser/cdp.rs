@@ -55,6 +55,8 @@ pub struct Pipe {
     inbox: Vec<u8>,
     /// Where the next unread message starts in `inbox`.
     consumed: usize,
+    /// How far `inbox` has been searched for a NUL without finding one.
+    scanned: usize,
     next_id: u64,
 }
 
@@ -95,6 +97,7 @@ impl Pipe {
             from_chromium,
             inbox: Vec::with_capacity(INBOX_KEPT),
             consumed: 0,
+            scanned: 0,
             next_id: 1,
         })
     }
@@ -142,13 +145,19 @@ impl Pipe {
     /// The next message, waiting for it until `deadline`.
     pub fn receive(&mut self, deadline: Instant) -> Result<Incoming, PipeError> {
         loop {
-            if let Some(end) = self.inbox[self.consumed..].iter().position(|b| *b == 0) {
+            // Only bytes not searched before: a message of tens of MiB arrives in many
+            // reads, and rescanning it after each one would be quadratic.
+            let from = self.scanned.max(self.consumed);
+            if let Some(offset) = self.inbox[from..].iter().position(|b| *b == 0) {
                 let start = self.consumed;
-                self.consumed += end + 1;
-                let parsed = serde_json::from_slice::<Incoming>(&self.inbox[start..start + end]);
+                let end = from + offset;
+                self.consumed = end + 1;
+                self.scanned = self.consumed;
+                let parsed = serde_json::from_slice::<Incoming>(&self.inbox[start..end]);
                 if self.consumed == self.inbox.len() {
                     self.inbox.clear();
                     self.consumed = 0;
+                    self.scanned = 0;
                     // A full-page screenshot leaves a buffer of tens of MiB; an idle
                     // browser should not keep it.
                     if self.inbox.capacity() > INBOX_KEPT {
@@ -161,8 +170,10 @@ impl Pipe {
                     Err(_) => continue,
                 }
             }
+            self.scanned = self.inbox.len();
             if self.consumed > 0 {
                 self.inbox.drain(..self.consumed);
+                self.scanned -= self.consumed;
                 self.consumed = 0;
             }
             if self.inbox.len() > MAX_MESSAGE {
@@ -172,7 +183,9 @@ impl Pipe {
                 )));
             }
             let before = self.inbox.len();
-            self.inbox.resize(before + 64 * 1024, 0);
+            // Larger reads while a large message arrives.
+            let chunk = (before / 4).clamp(64 * 1024, 4 * 1024 * 1024);
+            self.inbox.resize(before + chunk, 0);
             let read = rustix::io::read(&self.from_chromium, &mut self.inbox[before..]);
             match read {
                 Ok(0) => {

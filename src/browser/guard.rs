@@ -29,6 +29,17 @@ pub struct Target {
     pub host: Option<String>,
     /// The port, explicit or the scheme's default.
     pub port: u16,
+    /// Path and query (no fragment), `/` first, backslashes read as slashes.
+    pub path: String,
+}
+
+/// Why the guard refused.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Refusal {
+    /// The URL is not one Chromium would open (400).
+    Invalid(String),
+    /// The policy forbids it (403 `url_not_allowed`).
+    Denied(String),
 }
 
 /// What the guard needs before it can answer.
@@ -79,6 +90,7 @@ pub fn parse_target(url: &str) -> Result<Target, String> {
             scheme,
             host: None,
             port: 0,
+            path: String::new(),
         });
     };
     let after_slashes = rest.trim_start_matches(['/', '\\']);
@@ -86,6 +98,13 @@ pub fn parse_target(url: &str) -> Result<Target, String> {
         .find(['/', '\\', '?', '#'])
         .unwrap_or(after_slashes.len());
     let authority = &after_slashes[..authority_end];
+    let tail = after_slashes[authority_end..].replace('\\', "/");
+    let tail = tail.split('#').next().unwrap_or("");
+    let path = if tail.starts_with('/') {
+        tail.to_string()
+    } else {
+        format!("/{tail}")
+    };
     let host_port = match authority.rfind('@') {
         Some(at) => &authority[at + 1..],
         None => authority,
@@ -115,15 +134,20 @@ pub fn parse_target(url: &str) -> Result<Target, String> {
     if decoded.is_empty() {
         return Err(format!("{url:?} has no host"));
     }
-    let host = decoded
+    let mut host = decoded
         .strip_prefix('[')
         .and_then(|h| h.strip_suffix(']'))
         .map(str::to_string)
         .unwrap_or_else(|| decoded.trim_end_matches('.').to_string());
+    // One spelling per IPv4 address, so globs see `10.0.0.1` however it was written.
+    if let Some(Ok(v4)) = parse_ipv4_host(&host) {
+        host = v4.to_string();
+    }
     Ok(Target {
         scheme,
         host: Some(host),
         port,
+        path,
     })
 }
 
@@ -239,103 +263,188 @@ fn is_private_v6(ip: Ipv6Addr) -> bool {
         || (first == 0x0100 && segments[1..4] == [0, 0, 0]) // discard-only 100::/64
 }
 
-/// Whether `pattern` (a `url_allow` / `url_deny` glob) matches: a pattern with `://`
-/// is matched against the whole URL, any other against the host alone, so
-/// `*.example.com` and `https://example.com/docs/*` both read as meant.
-pub fn pattern_matches(pattern: &str, url: &str, host: Option<&str>) -> bool {
-    if pattern.contains("://") {
-        fnmatch(pattern.as_bytes(), url.trim().as_bytes())
-    } else {
-        host.is_some_and(|h| fnmatch(pattern.to_ascii_lowercase().as_bytes(), h.as_bytes()))
+/// Whether `pattern` (a `url_allow` / `url_deny` glob) matches the URL. A pattern with
+/// `://` is matched part by part against the URL as Chromium reads it: the scheme, the
+/// host (with `:port` when the pattern names one), and the path with its query when the
+/// pattern has one (`https://docs.rs/*`); any other pattern against the host alone
+/// (`*.example.com`). Matching parts separately keeps `*` in a host pattern inside the
+/// host: `https://*.example.com/*` does not match `https://evil.com/?.example.com/`.
+pub fn pattern_matches(pattern: &str, target: &Target) -> bool {
+    let Some(host) = target.host.as_deref() else {
+        return false;
+    };
+    let glob = |p: &str, text: &str| fnmatch(p.to_ascii_lowercase().as_bytes(), text.as_bytes());
+    let Some((scheme, rest)) = pattern.split_once("://") else {
+        return glob(pattern.trim_end_matches('.'), host);
+    };
+    if !glob(scheme, &target.scheme) {
+        return false;
     }
+    let (authority, path) = match rest.find('/') {
+        Some(i) => (&rest[..i], Some(&rest[i..])),
+        None => (rest, None),
+    };
+    let bracketed = |h: &str| {
+        if h.contains(':') {
+            format!("[{h}]")
+        } else {
+            h.to_string()
+        }
+    };
+    let names_port = authority
+        .rsplit_once(']')
+        .map_or(authority, |(_, after)| after)
+        .contains(':');
+    let host_matches = if names_port {
+        glob(authority, &format!("{}:{}", bracketed(host), target.port))
+    } else {
+        glob(authority, &bracketed(host)) || glob(authority, host)
+    };
+    host_matches && path.is_none_or(|p| fnmatch(p.as_bytes(), target.path.as_bytes()))
 }
 
-/// The policy's answer for `url`, short of DNS. `Err` is the refusal's message.
+/// The policy's answer for `url`, short of DNS.
 pub fn check(
     url: &str,
     allow: Option<&[&str]>,
     deny: Option<&[&str]>,
     block_private_networks: bool,
-) -> Result<Verdict, String> {
+) -> Result<Verdict, Refusal> {
     let target = parse_target(url);
-    let host = target.as_ref().ok().and_then(|t| t.host.as_deref());
-    if let Some(pattern) = deny
-        .unwrap_or_default()
-        .iter()
-        .find(|p| pattern_matches(p, url, host))
-    {
-        return Err(format!("URL {url} matches url_deny pattern {pattern:?}"));
+    let lists = allow.is_some() || deny.is_some_and(|d| !d.is_empty());
+    if lists {
+        if let Ok(Target {
+            host: Some(host), ..
+        }) = &target
+        {
+            if !host.is_ascii() {
+                return Err(Refusal::Denied(format!(
+                    "URL {url}: write the host {host} in its ASCII (punycode) form so url_allow and url_deny can be checked"
+                )));
+            }
+        }
+    }
+    if let Ok(parsed) = &target {
+        if let Some(pattern) = deny
+            .unwrap_or_default()
+            .iter()
+            .find(|p| pattern_matches(p, parsed))
+        {
+            return Err(Refusal::Denied(format!(
+                "URL {url} matches url_deny pattern {pattern:?}"
+            )));
+        }
     }
     if let Some(allow) = allow {
-        if !allow.iter().any(|p| pattern_matches(p, url, host)) {
-            return Err(format!(
+        let allowed = target
+            .as_ref()
+            .is_ok_and(|parsed| allow.iter().any(|p| pattern_matches(p, parsed)));
+        if !allowed {
+            return Err(Refusal::Denied(format!(
                 "URL {url} matches no url_allow pattern (allowed: {})",
                 allow.join(", ")
-            ));
+            )));
         }
     }
     if !block_private_networks {
         return Ok(Verdict::Allowed);
     }
-    let target = target?;
+    let target = target.map_err(Refusal::Invalid)?;
     let Some(host) = target.host else {
-        // No host: only pages that reach no network by themselves.
-        let trimmed = url.trim().to_ascii_lowercase();
-        if trimmed == "about:blank" || target.scheme == "data" {
+        // No host: only the empty page. `data:` is refused too: its markup can send the
+        // page anywhere (a meta refresh to 169.254.169.254) with no further check.
+        if url.trim().eq_ignore_ascii_case("about:blank") {
             return Ok(Verdict::Allowed);
         }
-        return Err(format!(
-            "URL {url} is refused by block_private_networks: only http, https, data: and about:blank may be opened ({}: reaches this machine)",
+        return Err(Refusal::Denied(format!(
+            "URL {url} is refused by block_private_networks: only http, https and about:blank may be opened ({}: could reach this machine)",
             target.scheme
-        ));
+        )));
+    };
+    let denied = |why: String| {
+        Refusal::Denied(format!(
+            "URL {url} is refused by block_private_networks: {why}"
+        ))
     };
     if !matches!(target.scheme.as_str(), "http" | "https") {
-        return Err(format!(
-            "URL {url} is refused by block_private_networks: only http and https URLs may name a host"
-        ));
+        return Err(denied("only http and https URLs may name a host".into()));
     }
     if host == "localhost" || host.ends_with(".localhost") {
-        return Err(format!(
-            "URL {url} is refused by block_private_networks: {host} is this machine"
-        ));
+        return Err(denied(format!("{host} is this machine")));
     }
-    let literal = if host.contains(':') {
-        Some(
-            host.parse::<Ipv6Addr>()
-                .map(IpAddr::V6)
-                .map_err(|_| format!("URL {url} has an invalid IPv6 host [{host}]"))?,
-        )
+    if host.contains(':') {
+        let ip = host.parse::<Ipv6Addr>().map_err(|_| {
+            Refusal::Invalid(format!("URL {url} has an invalid IPv6 host [{host}]"))
+        })?;
+        if is_private(IpAddr::V6(ip)) {
+            return Err(denied(format!("[{host}] is a private address")));
+        }
     } else {
         match parse_ipv4_host(&host) {
-            Some(Ok(v4)) => Some(IpAddr::V4(v4)),
-            Some(Err(())) => return Err(format!("URL {url} has an invalid IPv4 host {host}")),
-            None => None,
+            Some(Ok(v4)) if is_private(IpAddr::V4(v4)) => {
+                return Err(denied(format!("{v4} is a private address")))
+            }
+            Some(Ok(_)) | None => {}
+            Some(Err(())) => {
+                return Err(Refusal::Invalid(format!(
+                    "URL {url} has an invalid IPv4 host {host}"
+                )))
+            }
         }
-    };
-    match literal {
-        Some(ip) => check_resolved(url, &host, &[ip]).map(|_| Verdict::Allowed),
-        None if !host.is_ascii() => Err(format!(
-            "URL {url} is refused by block_private_networks: write the host {host} in its ASCII (punycode) form so it can be checked"
-        )),
-        None => Ok(Verdict::Resolve {
-            host,
-            port: target.port,
-        }),
+        if !host.is_ascii() {
+            return Err(denied(format!(
+                "write the host {host} in its ASCII (punycode) form so it can be checked"
+            )));
+        }
     }
+    // Names and public literals alike: the answer, and this machine's own addresses
+    // (a public address of an interface reaches the sandbox itself), are checked next.
+    Ok(Verdict::Resolve {
+        host,
+        port: target.port,
+    })
 }
 
-/// The answer for a name once resolved: refused if any address is private (Chromium
-/// may pick any of them).
-pub fn check_resolved(url: &str, host: &str, addresses: &[IpAddr]) -> Result<(), String> {
-    match addresses.iter().find(|ip| is_private(**ip)) {
-        Some(ip) => Err(format!(
-            "URL {url} is refused by block_private_networks: {host} is {ip}, a private address"
-        )),
-        None if addresses.is_empty() => Err(format!(
-            "URL {url} is refused by block_private_networks: {host} resolves to no address"
-        )),
-        None => Ok(()),
+/// The answer for a host once resolved: refused if any address is private or belongs
+/// to this machine (Chromium may pick any of them).
+pub fn check_resolved(
+    url: &str,
+    host: &str,
+    addresses: &[IpAddr],
+    local: &[IpAddr],
+) -> Result<(), String> {
+    let refused = |why: String| {
+        Err(format!(
+            "URL {url} is refused by block_private_networks: {why}"
+        ))
+    };
+    if let Some(ip) = addresses.iter().find(|ip| is_private(**ip)) {
+        return refused(format!("{host} is {ip}, a private address"));
     }
+    if let Some(ip) = addresses.iter().find(|ip| local.contains(ip)) {
+        return refused(format!("{host} is {ip}, an address of this machine"));
+    }
+    if addresses.is_empty() {
+        return refused(format!("{host} resolves to no address"));
+    }
+    Ok(())
+}
+
+/// This machine's interface addresses. Blocking (a netlink round trip): call it on the
+/// pool.
+pub fn local_addresses() -> Vec<IpAddr> {
+    let Ok(interfaces) = nix::ifaddrs::getifaddrs() else {
+        return Vec::new();
+    };
+    interfaces
+        .filter_map(|interface| {
+            let address = interface.address?;
+            if let Some(v4) = address.as_sockaddr_in() {
+                return Some(IpAddr::V4(v4.ip()));
+            }
+            address.as_sockaddr_in6().map(|v6| IpAddr::V6(v6.ip()))
+        })
+        .collect()
 }
 
 #[cfg(test)]
@@ -471,16 +580,24 @@ mod tests {
     }
 
     #[test]
-    fn public_literals_pass_and_names_need_a_lookup() {
+    fn public_hosts_are_resolved_and_checked_against_this_machine() {
         assert_eq!(
             check("http://8.8.8.8/", None, None, true),
-            Ok(Verdict::Allowed)
+            Ok(Verdict::Resolve {
+                host: "8.8.8.8".into(),
+                port: 80
+            })
         );
         assert_eq!(check("about:blank", None, None, true), Ok(Verdict::Allowed));
-        assert_eq!(
-            check("data:text/html,hi", None, None, true),
-            Ok(Verdict::Allowed)
-        );
+        assert!(matches!(
+            check(
+                "data:text/html,<meta http-equiv=refresh content='0;url=http://10.0.0.1/'>",
+                None,
+                None,
+                true
+            ),
+            Err(Refusal::Denied(_))
+        ));
         assert_eq!(
             check("https://Example.com/a", None, None, true),
             Ok(Verdict::Resolve {
@@ -489,13 +606,22 @@ mod tests {
             })
         );
         assert!(check("http://exämple.com/", None, None, true).is_err());
+        assert!(matches!(
+            check("not a url", None, None, true),
+            Err(Refusal::Invalid(_))
+        ));
         assert_eq!(
             check("http://127.0.0.1/", None, None, false),
             Ok(Verdict::Allowed)
         );
-        assert!(check_resolved("u", "h", &[v4("8.8.8.8"), v4("10.0.0.1")]).is_err());
-        assert!(check_resolved("u", "h", &[]).is_err());
-        assert!(check_resolved("u", "h", &[v4("8.8.8.8")]).is_ok());
+        let none: [IpAddr; 0] = [];
+        assert!(check_resolved("u", "h", &[v4("8.8.8.8"), v4("10.0.0.1")], &none).is_err());
+        assert!(check_resolved("u", "h", &[], &none).is_err());
+        assert!(check_resolved("u", "h", &[v4("8.8.8.8")], &none).is_ok());
+        let mine =
+            check_resolved("u", "h", &[v4("203.0.114.7")], &[v4("203.0.114.7")]).unwrap_err();
+        assert!(mine.contains("this machine"), "{mine}");
+        assert!(local_addresses().iter().any(|ip| ip.is_loopback()));
     }
 
     #[test]
@@ -507,7 +633,52 @@ mod tests {
         assert!(check("https://example.org/", Some(&allow), None, false).is_err());
         let deny = ["*.internal"];
         let refused = check("http://db.internal/", None, Some(&deny), false).unwrap_err();
-        assert!(refused.contains("url_deny"), "{refused}");
+        assert!(
+            matches!(&refused, Refusal::Denied(m) if m.contains("url_deny")),
+            "{refused:?}"
+        );
         assert!(check("http://A.Example.COM/", Some(&allow), Some(&deny), false).is_ok());
+    }
+
+    #[test]
+    fn globs_see_one_canonical_spelling() {
+        let deny = ["https://intra.example.com/*", "10.*"];
+        for url in [
+            "HTTPS://intra.example.com/x",
+            "https://intra.example.com:443/",
+            "https://x@intra.example.com/",
+            "https:intra.example.com",
+            "https://intra.example.com./",
+            "https://intra.exa\tmple.com/",
+            "http://167772161/",
+            "http://0xa.1/",
+        ] {
+            assert!(
+                check(url, None, Some(&deny), false).is_err(),
+                "{url} passed the deny list"
+            );
+        }
+        let allow = ["https://*.example.com/*"];
+        for url in [
+            "https://evil.com?.example.com/",
+            "https://evil.com#.example.com/",
+            "https://evil.com/.example.com/",
+        ] {
+            assert!(
+                check(url, Some(&allow), None, false).is_err(),
+                "{url} passed the allow list"
+            );
+        }
+        assert!(check("https://a.example.com/?q=1", Some(&allow), None, false).is_ok());
+        let ported = ["http://127.0.0.1:8080/*"];
+        assert!(check("http://127.0.0.1:8080/one", Some(&ported), None, false).is_ok());
+        assert!(check("http://127.0.0.1:8081/one", Some(&ported), None, false).is_err());
+        assert!(check(
+            "http://db.ｉｎｔｅｒｎａｌ/",
+            None,
+            Some(&["*.internal"]),
+            false
+        )
+        .is_err());
     }
 }

@@ -15,7 +15,8 @@ mod page;
 
 use std::ffi::OsString;
 use std::path::PathBuf;
-use std::sync::mpsc::{sync_channel, Receiver, SyncSender, TrySendError};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc::{sync_channel, Receiver, RecvTimeoutError, SyncSender, TrySendError};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -31,6 +32,8 @@ use crate::process::ChildRegistry;
 pub const VIEWPORT: (u32, u32) = (1280, 720);
 /// Operations that may wait for the page at once; one more is refused with 429.
 pub const QUEUE_DEPTH: usize = 32;
+/// How often an idle actor reads what Chromium sent meanwhile.
+const IDLE_DRAIN: Duration = Duration::from_millis(250);
 
 /// Why an operation failed; the routes map each to a status.
 #[derive(Debug)]
@@ -55,6 +58,8 @@ pub enum BrowserError {
     Busy(usize),
     /// Chromium answered something unexpected.
     Protocol(String),
+    /// The caller went away; the operation stopped early.
+    Abandoned,
 }
 
 impl std::fmt::Display for BrowserError {
@@ -66,6 +71,7 @@ impl std::fmt::Display for BrowserError {
             | BrowserError::Crashed(m)
             | BrowserError::Protocol(m) => f.write_str(m),
             BrowserError::Timeout => f.write_str("the operation timed out"),
+            BrowserError::Abandoned => f.write_str("the caller went away"),
             BrowserError::NoMatch(selector) => write!(f, "No element matches selector: {selector}"),
             BrowserError::InvalidSelector(m) => write!(f, "Invalid selector: {m}"),
             BrowserError::Script(m) => write!(f, "Evaluation failed: {m}"),
@@ -234,6 +240,37 @@ struct Job {
     /// The environment Chromium starts with, if this job starts it.
     env: Arc<Vec<(OsString, OsString)>>,
     reply: oneshot::Sender<Result<Value, BrowserError>>,
+    /// Raised when the caller stops waiting.
+    abandoned: Arc<AtomicBool>,
+}
+
+/// An operation's answer to come. Dropping it unanswered (the client disconnected)
+/// tells the actor, which stops the operation at its next wait.
+pub struct Pending {
+    answer: oneshot::Receiver<Result<Value, BrowserError>>,
+    abandoned: Arc<AtomicBool>,
+    answered: bool,
+}
+
+impl Pending {
+    /// The operation's result.
+    pub async fn wait(mut self) -> Result<Value, BrowserError> {
+        let result = (&mut self.answer).await;
+        self.answered = true;
+        result.unwrap_or_else(|_| {
+            Err(BrowserError::Protocol(
+                "the browser actor dropped the operation".into(),
+            ))
+        })
+    }
+}
+
+impl Drop for Pending {
+    fn drop(&mut self) {
+        if !self.answered {
+            self.abandoned.store(true, Ordering::Relaxed);
+        }
+    }
 }
 
 /// The pid and temporary directory of the running Chromium, for the shutdown path,
@@ -267,13 +304,20 @@ impl Browser {
         op: Op,
         timeout: Duration,
         env: Arc<Vec<(OsString, OsString)>>,
-    ) -> Result<oneshot::Receiver<Result<Value, BrowserError>>, BrowserError> {
+    ) -> Result<Pending, BrowserError> {
         let (reply, answer) = oneshot::channel();
+        let abandoned = Arc::new(AtomicBool::new(false));
         let mut job = Job {
             op,
             timeout,
             env,
             reply,
+            abandoned: abandoned.clone(),
+        };
+        let pending = Pending {
+            answer,
+            abandoned,
+            answered: false,
         };
         let mut queue = self.queue.lock().unwrap_or_else(|e| e.into_inner());
         // Twice at most: a dead actor (its thread could not be spawned, or it ended)
@@ -288,7 +332,7 @@ impl Browser {
                 }
             };
             match sender.try_send(job) {
-                Ok(()) => return Ok(answer),
+                Ok(()) => return Ok(pending),
                 Err(TrySendError::Full(_)) => return Err(BrowserError::Busy(QUEUE_DEPTH)),
                 Err(TrySendError::Disconnected(returned)) => {
                     job = returned;
@@ -333,7 +377,22 @@ fn actor(
     live: Live,
 ) {
     let mut chromium: Option<Chromium> = None;
-    for job in jobs {
+    loop {
+        let job = match jobs.recv_timeout(IDLE_DRAIN) {
+            Ok(job) => job,
+            Err(RecvTimeoutError::Timeout) => {
+                // Events of a page that keeps working must not pile up in the pipe.
+                if let Some(page) = chromium.as_mut() {
+                    page.drain();
+                    if page.broken || !page.alive() {
+                        chromium = None;
+                        *live.lock().unwrap_or_else(|e| e.into_inner()) = None;
+                    }
+                }
+                continue;
+            }
+            Err(RecvTimeoutError::Disconnected) => return,
+        };
         // The client left while the job waited: nothing to do for it.
         if job.reply.is_canceled() {
             continue;
@@ -341,12 +400,15 @@ fn actor(
         let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
             run(
                 &mut chromium,
-                &executable,
-                &children,
-                &live,
+                &Launcher {
+                    executable: &executable,
+                    children: &children,
+                    live: &live,
+                },
                 job.op,
                 job.timeout,
                 &job.env,
+                &job.abandoned,
             )
         }));
         let result = outcome.unwrap_or_else(|_| {
@@ -362,14 +424,20 @@ fn actor(
     }
 }
 
+/// What starting a Chromium needs.
+struct Launcher<'a> {
+    executable: &'a Option<PathBuf>,
+    children: &'a Arc<ChildRegistry>,
+    live: &'a Live,
+}
+
 fn run(
     chromium: &mut Option<Chromium>,
-    executable: &Option<PathBuf>,
-    children: &Arc<ChildRegistry>,
-    live: &Live,
+    launcher: &Launcher<'_>,
     op: Op,
     timeout: Duration,
     env: &[(OsString, OsString)],
+    abandoned: &Arc<AtomicBool>,
 ) -> Result<Value, BrowserError> {
     if chromium.as_mut().is_some_and(|c| !c.alive()) {
         *chromium = None;
@@ -391,14 +459,15 @@ fn run(
         _ => {}
     }
     if chromium.is_none() {
-        let started = Chromium::launch(executable.as_deref(), env, children)?;
-        *live.lock().unwrap_or_else(|e| e.into_inner()) =
+        let started = Chromium::launch(launcher.executable.as_deref(), env, launcher.children)?;
+        *launcher.live.lock().unwrap_or_else(|e| e.into_inner()) =
             Some((started.pid(), started.dir().to_path_buf()));
         *chromium = Some(started);
     }
     let Some(page) = chromium.as_mut() else {
         return Err(BrowserError::Protocol("Chromium is not running".into()));
     };
+    page.abandoned = abandoned.clone();
     // The caller's timeout starts once Chromium is up: a cold start is not its cost.
     let deadline = Instant::now() + timeout;
     let result = page.run(op, deadline);

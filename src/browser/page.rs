@@ -10,13 +10,13 @@
 use std::ffi::OsString;
 use std::os::fd::AsFd;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 
-use super::cdp::{Pipe, PipeError};
+use super::cdp::{Incoming, Pipe, PipeError};
 use super::keys::{key_for_char, Chord, Key};
 use super::{BrowserError, HistoryStep, Op, WaitUntil, VIEWPORT};
 use crate::process::{spawn, ChildRegistry};
@@ -28,13 +28,18 @@ const NAVIGATION_GRACE: Duration = Duration::from_millis(25);
 /// Poll interval while waiting for an element to become visible.
 const VISIBILITY_POLL: Duration = Duration::from_millis(20);
 
+/// The object group of evaluation results, released after each operation.
+const OBJECT_GROUP: &str = "abx";
+/// The longest a blocking read waits before checking whether the caller went away.
+const ABANDON_CHECK: Duration = Duration::from_millis(100);
+
 /// The install hint a 503 carries.
 pub const INSTALL_HINT: &str = "apt-get install chromium";
 
 /// Flags for a headless Chromium that reaches nothing on its own: no background
 /// networking, updates or sync (a closed network refuses those, many at a time), no GPU,
 /// no back/forward cache (history steps always load the page, so they can be awaited).
-const FLAGS: [&str; 18] = [
+const FLAGS: [&str; 19] = [
     "--headless",
     "--no-sandbox",
     "--disable-gpu",
@@ -53,7 +58,27 @@ const FLAGS: [&str; 18] = [
     "--hide-scrollbars",
     "--password-store=basic",
     "--remote-debugging-pipe",
+    // Proxy variables a caller set through POST /env would route every request past
+    // the navigation guard.
+    "--no-proxy-server",
 ];
+
+/// The only variables Chromium starts with. Callers can set any variable for children
+/// (`POST /env`); Chromium and its launcher read some as instructions (`http_proxy`,
+/// `CHROMIUM_FLAGS` with `--remote-debugging-port` or `--host-resolver-rules`), which
+/// would undo the pipe's privacy and the navigation guard.
+fn chromium_env(env: &[(OsString, OsString)]) -> Vec<(OsString, OsString)> {
+    env.iter()
+        .filter(|(name, _)| {
+            let name = name.to_string_lossy();
+            matches!(
+                name.as_ref(),
+                "PATH" | "HOME" | "LANG" | "LANGUAGE" | "TZ" | "TMPDIR"
+            ) || name.starts_with("LC_")
+        })
+        .cloned()
+        .collect()
+}
 
 /// Finds the browser: `ABX_BROWSER_PATH` when set, else `chromium` or
 /// `chromium-headless-shell` on the children's `PATH`.
@@ -153,6 +178,10 @@ pub struct Chromium {
     /// and the next call starts a new one.
     pub broken: bool,
     reaped: bool,
+    /// An evaluation was sent and not answered (it timed out): its script may still run.
+    evaluating: bool,
+    /// Set when the caller of the running operation went away: loops stop early.
+    pub abandoned: Arc<AtomicBool>,
 }
 
 static LAUNCHES: AtomicU64 = AtomicU64::new(0);
@@ -196,6 +225,8 @@ impl Chromium {
             children: children.clone(),
             broken: false,
             reaped: false,
+            evaluating: false,
+            abandoned: Arc::default(),
         };
         let deadline = Instant::now() + LAUNCH_TIMEOUT;
         match chromium.attach(deadline) {
@@ -248,7 +279,7 @@ impl Chromium {
             spawn::spawn(
                 executable,
                 &argv,
-                env,
+                &chromium_env(env),
                 cwd.as_fd(),
                 spawn::Stdio {
                     stdin: None,
@@ -368,10 +399,9 @@ impl Chromium {
             .send(method, &params, session.as_deref(), deadline)
             .map_err(|e| self.pipe_failed(e))?;
         loop {
-            let message = self
-                .pipe
-                .receive(deadline)
-                .map_err(|e| self.pipe_failed(e))?;
+            let Some(message) = self.next_message(deadline)? else {
+                continue;
+            };
             if message.id == Some(id) {
                 if let Some(error) = message.error {
                     return Err(BrowserError::Protocol(format!(
@@ -381,14 +411,45 @@ impl Chromium {
                 }
                 return Ok(message.result.unwrap_or(Value::Null));
             }
+        }
+    }
+
+    /// The next message, or `None` after a slice of at most [`ABANDON_CHECK`] without
+    /// one; fails at `deadline`, when Chromium is gone, or when the caller went away.
+    fn next_message(&mut self, deadline: Instant) -> Result<Option<Incoming>, BrowserError> {
+        if self.abandoned.load(Ordering::Relaxed) {
+            return Err(BrowserError::Abandoned);
+        }
+        let now = Instant::now();
+        if now >= deadline {
+            return Err(BrowserError::Timeout);
+        }
+        match self.pipe.receive(deadline.min(now + ABANDON_CHECK)) {
+            Ok(message) => {
+                if let Some(event) = &message.method {
+                    self.observe(event, &message.params);
+                }
+                if let Some(gone) = &self.state.gone {
+                    self.broken = true;
+                    return Err(BrowserError::Crashed(gone.clone()));
+                }
+                Ok(Some(message))
+            }
+            Err(PipeError::Timeout) => Ok(None),
+            Err(e) => Err(self.pipe_failed(e)),
+        }
+    }
+
+    /// Handles what Chromium sent while no operation ran (network events of a page
+    /// that keeps polling, say), so it never piles up in the pipe.
+    pub fn drain(&mut self) {
+        let until = Instant::now() + Duration::from_millis(5);
+        while self.pipe.receive(until).is_ok_and(|message| {
             if let Some(event) = &message.method {
                 self.observe(event, &message.params);
             }
-            if let Some(gone) = &self.state.gone {
-                self.broken = true;
-                return Err(BrowserError::Crashed(gone.clone()));
-            }
-        }
+            true
+        }) {}
     }
 
     fn pipe_failed(&mut self, error: PipeError) -> BrowserError {
@@ -405,21 +466,14 @@ impl Chromium {
 
     /// Handles events until `until` (a quiet pipe is not an error here).
     fn pump(&mut self, until: Instant) -> Result<(), BrowserError> {
-        loop {
-            match self.pipe.receive(until) {
-                Ok(message) => {
-                    if let Some(event) = &message.method {
-                        self.observe(event, &message.params);
-                    }
-                    if let Some(gone) = &self.state.gone {
-                        self.broken = true;
-                        return Err(BrowserError::Crashed(gone.clone()));
-                    }
-                }
-                Err(PipeError::Timeout) => return Ok(()),
-                Err(e) => return Err(self.pipe_failed(e)),
+        while Instant::now() < until {
+            match self.next_message(until) {
+                Ok(_) => {}
+                Err(BrowserError::Timeout) => return Ok(()),
+                Err(e) => return Err(e),
             }
         }
+        Ok(())
     }
 
     /// Handles events until `done` holds, or fails with a timeout at `deadline`.
@@ -429,20 +483,7 @@ impl Chromium {
         done: impl Fn(&PageState) -> bool,
     ) -> Result<(), BrowserError> {
         while !done(&self.state) {
-            if Instant::now() >= deadline {
-                return Err(BrowserError::Timeout);
-            }
-            let message = self
-                .pipe
-                .receive(deadline)
-                .map_err(|e| self.pipe_failed(e))?;
-            if let Some(event) = &message.method {
-                self.observe(event, &message.params);
-            }
-            if let Some(gone) = &self.state.gone {
-                self.broken = true;
-                return Err(BrowserError::Crashed(gone.clone()));
-            }
+            self.next_message(deadline)?;
         }
         Ok(())
     }
@@ -491,12 +532,15 @@ impl Chromium {
             "Page.javascriptDialogOpening" => {
                 let accept = params["type"] == "beforeunload";
                 let session = self.session.clone();
-                let _ = self.pipe.send(
+                let sent = self.pipe.send(
                     "Page.handleJavaScriptDialog",
                     &json!({"accept": accept}),
                     Some(&session),
                     Instant::now() + Duration::from_secs(1),
                 );
+                if let Err(PipeError::Closed(why)) = sent {
+                    self.state.gone = Some(format!("Chromium's pipe broke ({why})"));
+                }
             }
             "Inspector.targetCrashed" | "Target.targetCrashed" => {
                 self.state.gone =
@@ -512,7 +556,7 @@ impl Chromium {
 
     /// Evaluates `expression` in the page (promises awaited) and returns its value.
     fn evaluate(&mut self, expression: &str, deadline: Instant) -> Result<Value, BrowserError> {
-        self.evaluate_object(expression, deadline)
+        self.evaluate_object(expression, true, deadline)
             .map(|r| remote_value(&r))
     }
 
@@ -522,14 +566,21 @@ impl Chromium {
     fn evaluate_object(
         &mut self,
         expression: &str,
+        by_value: bool,
         deadline: Instant,
     ) -> Result<Value, BrowserError> {
         loop {
+            // A script runs in the page only while this is set: a timeout then stops it.
+            self.evaluating = true;
             let reply = self.call(
                 "Runtime.evaluate",
-                json!({"expression": expression, "returnByValue": true, "awaitPromise": true, "userGesture": true}),
+                json!({"expression": expression, "returnByValue": by_value, "awaitPromise": true,
+                       "userGesture": true, "objectGroup": OBJECT_GROUP}),
                 deadline,
             );
+            if !matches!(reply, Err(BrowserError::Timeout)) {
+                self.evaluating = false;
+            }
             let retry = match &reply {
                 Err(BrowserError::Protocol(m)) => context_gone(m),
                 Ok(r) => r
@@ -550,6 +601,53 @@ impl Chromium {
             }
             return Ok(reply["result"].take());
         }
+    }
+
+    /// `evaluate`: the expression is evaluated once; a function it yields is then
+    /// called with `arg` by reference (never evaluated a second time), any other object
+    /// fetched by value.
+    fn evaluate_call(
+        &mut self,
+        expression: &str,
+        arg: Option<Value>,
+        deadline: Instant,
+    ) -> Result<Value, BrowserError> {
+        let result = self.evaluate_object(expression, false, deadline)?;
+        let Some(object) = result["objectId"].as_str().map(str::to_string) else {
+            return Ok(remote_value(&result));
+        };
+        let (declaration, arguments) = if result["type"] == "function" {
+            (
+                "function(arg) { return this(arg); }",
+                json!([{"value": arg.unwrap_or(Value::Null)}]),
+            )
+        } else {
+            ("function() { return this; }", json!([]))
+        };
+        self.evaluating = true;
+        let reply = self.call(
+            "Runtime.callFunctionOn",
+            json!({"objectId": object, "functionDeclaration": declaration, "arguments": arguments,
+                   "returnByValue": true, "awaitPromise": true, "userGesture": true}),
+            deadline,
+        );
+        if !matches!(reply, Err(BrowserError::Timeout)) {
+            self.evaluating = false;
+        }
+        let reply = reply?;
+        if let Some(details) = reply.get("exceptionDetails") {
+            return Err(BrowserError::Script(exception_text(details)));
+        }
+        Ok(remote_value(&reply["result"]))
+    }
+
+    /// Lets the page free the objects evaluations handed us references to.
+    fn release_objects(&mut self, deadline: Instant) {
+        let _ = self.call(
+            "Runtime.releaseObjectGroup",
+            json!({"objectGroup": OBJECT_GROUP}),
+            deadline.max(Instant::now() + Duration::from_millis(500)),
+        );
     }
 
     /// The page's URL and title.
@@ -617,10 +715,11 @@ impl Chromium {
 
     /// After an input event: if it started a navigation, waits (within the deadline)
     /// until that navigation has stopped loading, so the next call sees the new page.
-    fn settle(&mut self, navigations_before: u64, deadline: Instant) -> Result<(), BrowserError> {
+    fn settle(&mut self, before: (u64, u64), deadline: Instant) -> Result<(), BrowserError> {
+        let (navigations_before, stopped_before) = before;
         self.pump((Instant::now() + NAVIGATION_GRACE).min(deadline))?;
         if self.state.navigations > navigations_before {
-            let stopped_before = self.state.stopped;
+            // Counted from before the input: a fast page may be done already.
             match self.wait_for(deadline, |s| s.stopped > stopped_before) {
                 // The action itself succeeded; a slow page is not its failure.
                 Err(BrowserError::Timeout) => {}
@@ -701,6 +800,11 @@ impl Chromium {
     /// Asks the page to stop a script that overran its call (a busy loop would
     /// otherwise stall every later call).
     pub fn interrupt(&mut self) {
+        // Only a script that is still running: otherwise this would stop whatever the
+        // page runs next, the next caller's evaluation included.
+        if !std::mem::take(&mut self.evaluating) {
+            return;
+        }
         let session = self.session.clone();
         let _ = self.pipe.send(
             "Runtime.terminateExecution",
@@ -734,7 +838,7 @@ impl Chromium {
             Op::Screenshot { selector, full_page } => self.screenshot(selector.as_deref(), full_page, deadline),
             Op::Click { selector, button, click_count } => {
                 let element = self.visible_element(&selector, "box", deadline)?;
-                let before = self.state.navigations;
+                let before = (self.state.navigations, self.state.stopped);
                 let button = button.name();
                 self.mouse("mouseMoved", element.x, element.y, "none", 0, deadline)?;
                 for count in 1..=click_count {
@@ -765,7 +869,7 @@ impl Chromium {
                 if let Some(selector) = &selector {
                     self.visible_element(selector, "focus", deadline)?;
                 }
-                let before = self.state.navigations;
+                let before = (self.state.navigations, self.state.stopped);
                 for (i, c) in text.chars().enumerate() {
                     if i > 0 && !delay.is_zero() {
                         if Instant::now() + delay > deadline {
@@ -782,7 +886,7 @@ impl Chromium {
                 if let Some(selector) = &selector {
                     self.visible_element(selector, "focus", deadline)?;
                 }
-                let before = self.state.navigations;
+                let before = (self.state.navigations, self.state.stopped);
                 self.press_chord(&chord, deadline)?;
                 self.settle(before, deadline)?;
                 Ok(json!({"ok": true}))
@@ -798,15 +902,9 @@ impl Chromium {
                 deadline,
             ),
             Op::Evaluate { expression, arg } => {
-                let result = self.evaluate_object(&expression, deadline)?;
-                if result["type"] == "function" {
-                    // A function is called with `arg`, as Playwright's evaluate does.
-                    let arg = serde_json::to_string(&arg.unwrap_or(Value::Null))
-                        .unwrap_or_else(|_| "null".into());
-                    let called = self.evaluate(&format!("({expression}\n)({arg})"), deadline)?;
-                    return Ok(json!({"result": called}));
-                }
-                Ok(json!({"result": remote_value(&result)}))
+                let evaluated = self.evaluate_call(&expression, arg, deadline);
+                self.release_objects(deadline);
+                Ok(json!({"result": evaluated?}))
             }
             Op::Wait { selector, state } => {
                 loop {
@@ -872,11 +970,11 @@ impl Chromium {
             return Err(BrowserError::Navigation(format!("{error} at {url}")));
         }
         let loader = reply["loaderId"].as_str().map(str::to_string);
-        let mut status = None;
         if let (Some(loader), Some(event)) = (&loader, wait_until.lifecycle_event()) {
             self.wait_for(deadline, |s| s.saw(loader, event))?;
-            status = self.state.status_of(loader);
         }
+        // The document's response arrives before the commit the reply waits for.
+        let status = loader.as_deref().and_then(|l| self.state.status_of(l));
         let (url, title) = self.location(deadline)?;
         Ok(json!({"url": url, "title": title, "status": status}))
     }
@@ -1092,6 +1190,24 @@ const WAIT_JS: &str = r#"async (sel, state, ms) => {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn chromium_gets_no_caller_instructions() {
+        let env: Vec<(OsString, OsString)> = [
+            ("PATH", "/usr/bin"),
+            ("http_proxy", "http://127.0.0.1:1"),
+            ("CHROMIUM_FLAGS", "--remote-debugging-port=9222"),
+            ("LC_ALL", "C.UTF-8"),
+        ]
+        .iter()
+        .map(|(k, v)| (OsString::from(k), OsString::from(v)))
+        .collect();
+        let kept: Vec<String> = chromium_env(&env)
+            .iter()
+            .map(|(k, _)| k.to_string_lossy().into_owned())
+            .collect();
+        assert_eq!(kept, ["PATH", "LC_ALL"]);
+    }
 
     #[test]
     fn png_size_reads_the_header() {

@@ -164,7 +164,24 @@ impl<S: Service> Connection<S> {
             let keep_alive = head.keep_alive;
             let response = match plan {
                 Plan::Answer(response) => self.answer_without_body(&head, response).await?,
-                Plan::Read { limit, call } => match self.read_whole_body(&head, limit).await? {
+                Plan::Read {
+                    limit,
+                    call,
+                    watch_peer,
+                } => match self.read_whole_body(&head, limit).await? {
+                    Ok(body) if watch_peer => {
+                        let mut respond = std::pin::pin!(self.service.respond(call, head, body));
+                        let hung_up = monoio::select! {
+                            response = &mut respond => Err(response),
+                            gone = peer_hung_up(&self.stream) => Ok(gone),
+                        };
+                        match hung_up {
+                            Err(response) => response,
+                            Ok(true) => return Ok(None),
+                            // The peer sent more (a pipelined request): it is still there.
+                            Ok(false) => respond.await,
+                        }
+                    }
                     Ok(body) => self.service.respond(call, head, body).await,
                     Err(error) => self.service.refuse(error).closing(),
                 },

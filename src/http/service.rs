@@ -42,7 +42,14 @@ pub enum Plan<C> {
     /// Read the body whole, up to `limit` bytes (413 beyond), then call
     /// [`Service::respond`] with it. `100 Continue` is sent only for this plan and
     /// `Stream`, i.e. only after the service accepted the request.
-    Read { limit: u64, call: C },
+    Read {
+        limit: u64,
+        call: C,
+        /// While the service responds, watch the socket: a peer that hangs up ends the
+        /// request (the response future is dropped, so what it runs stops). For work
+        /// that holds a shared resource or is pointless without its caller.
+        watch_peer: bool,
+    },
     /// Stream the body into `sink`, up to `limit` bytes; the sink's answer is sent.
     Stream { limit: u64, sink: Box<dyn BodySink> },
     /// Hand the connection over (after writing nothing): the PTY WebSocket.

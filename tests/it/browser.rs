@@ -223,7 +223,7 @@ fn navigation_content_and_history(driver: &'static str) {
             "/browser/navigate",
             json!({"url": pages.url("/one"), "wait_until": wait_until}),
         );
-        assert_eq!(status, 200, "{wait_until}: {body}");
+        assert_eq!((status, body["status"].clone()), (200, json!(200)), "{wait_until}: {body}");
     }
     let (status, body) = post(
         &server,
@@ -421,6 +421,14 @@ fn input_routes_drive_the_page(driver: &'static str) {
         json!({"n": 1, "list": [true, null]})
     );
     assert_eq!(eval(&server, "undefined"), Value::Null);
+    // A function is evaluated once and called by reference: no side effect twice, and
+    // a trailing semicolon is fine.
+    let (_, once) = post(
+        &server,
+        "/browser/evaluate",
+        json!({"expression": "(window.runs = (window.runs || 0) + 1, (x) => [x * 2, window.runs]);", "arg": 21}),
+    );
+    assert_eq!(once["result"], json!([42, 1]), "{once}");
     let (status, body) = post(
         &server,
         "/browser/evaluate",
@@ -687,6 +695,41 @@ fn a_killed_or_closed_chromium_is_started_again(driver: &'static str) {
     );
 }
 
+fn caller_environment_and_departures_do_not_steer_the_browser(driver: &'static str) {
+    let pages = serve_pages();
+    let server = browser_server(driver);
+    // A proxy on a closed port, and launcher flags that would open a debugging port:
+    // set for children, kept from Chromium.
+    let closed = TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap();
+    let (status, _) = post(
+        &server,
+        "/env",
+        json!({"vars": {
+            "http_proxy": format!("http://{closed}"),
+            "all_proxy": format!("http://{closed}"),
+            "CHROMIUM_FLAGS": "--remote-debugging-port=9333",
+        }}),
+    );
+    assert_eq!(status, 200);
+    assert_eq!(navigate(&server, &pages.url("/one"))["title"], "Page one");
+    assert!(std::net::TcpStream::connect("127.0.0.1:9333").is_err(), "a debugging port opened");
+
+    // A client that leaves mid-wait frees the page for the next caller.
+    let mut leaving = server.connect();
+    let body = json!({"selector": "#never", "timeout": 60000}).to_string();
+    write!(
+        leaving,
+        "POST /browser/wait HTTP/1.1\r\nHost: t\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    )
+    .unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    drop(leaving);
+    // Were the wait still running, this would queue behind it for a minute and the
+    // client's 20 s read timeout would fail the test.
+    assert_eq!(eval(&server, "1 + 1"), 2);
+}
+
 fn nix_kill(target: i32) {
     let status = std::process::Command::new("kill")
         .args(["-KILL", "--", &target.to_string()])
@@ -725,6 +768,15 @@ fn block_private_networks_refuses_this_machine(driver: &'static str) {
         pages.seen.lock().unwrap().is_empty(),
         "a refused URL reached the page server"
     );
+    // A data: page could send itself anywhere with a meta refresh.
+    let (status, body) = post(
+        &server,
+        "/browser/navigate",
+        json!({"url": format!("data:text/html,<meta http-equiv=refresh content='0;url=http://127.0.0.1:{port}/'>")}),
+    );
+    assert_eq!(status, 403, "{body}");
+    let (status, body) = post(&server, "/browser/navigate", json!({"url": "not a url"}));
+    assert_eq!(status, 400, "{body}");
     let (_, info) = get(&server, "/browser/info");
     assert_eq!(info["running"], false, "Chromium never saw a refused URL");
     // about:blank reaches no network and is allowed.
@@ -768,4 +820,5 @@ on_both_drivers!(
     a_killed_or_closed_chromium_is_started_again,
     block_private_networks_refuses_this_machine,
     url_allow_lists_what_may_be_opened,
+    caller_environment_and_departures_do_not_steer_the_browser,
 );

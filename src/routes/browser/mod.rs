@@ -11,7 +11,7 @@ use serde_json::{json, Map, Value};
 use super::schema_object;
 use crate::api::{ApiError, Group, Method, Param};
 use crate::app::{handler, Call, Endpoint};
-use crate::browser::guard::{self, Verdict};
+use crate::browser::guard::{self, Refusal, Verdict};
 use crate::browser::{
     keys, BrowserError, ElementState, HistoryStep, MouseButton, Op, WaitUntil, INSTALL_HINT,
 };
@@ -21,6 +21,8 @@ use crate::http::Response;
 const DEFAULT_TIMEOUT_MS: u64 = 30_000;
 /// The longest timeout a caller may ask for.
 const MAX_TIMEOUT_MS: u64 = 600_000;
+/// How long a navigation waits for its host to resolve under `block_private_networks`.
+const DNS_TIMEOUT: Duration = Duration::from_secs(10);
 /// Clicks per `click_count` at most (a triple click selects a paragraph).
 const MAX_CLICKS: u64 = 10;
 
@@ -95,7 +97,7 @@ pub fn endpoints() -> Vec<Endpoint> {
             .returns(schema_object(&["scroll_x", "scroll_y"], json!({"scroll_x": {"type": "number"}, "scroll_y": {"type": "number"}})))
             .also_answers(&[404]),
         post("/browser/evaluate", "browser_evaluate", "Evaluate JavaScript in the page; a function is called with arg; promises are awaited.", |c| boxed(evaluate(c)))
-            .params(&[Param::body("expression", "string", true), Param::body("arg", "object", false), timeout_param()])
+            .params(&[Param::body("expression", "string", true), Param::body("arg", "any", false), timeout_param()])
             .returns(schema_object(&["result"], json!({"result": {}}))),
         post("/browser/wait", "browser_wait", "Wait until a selector is attached, detached, visible or hidden.", |c| boxed(wait(c)))
             .params(&[Param::body("selector", "string", true), Param::body("state", "string", false), timeout_param()])
@@ -230,24 +232,21 @@ fn api_error(error: BrowserError, timeout: Duration) -> ApiError {
         e @ (BrowserError::Navigation(_)
         | BrowserError::Script(_)
         | BrowserError::Crashed(_)
-        | BrowserError::Protocol(_)) => ApiError::new(500, "Error", e.to_string()),
+        | BrowserError::Protocol(_)
+        | BrowserError::Abandoned) => ApiError::new(500, "Error", e.to_string()),
     }
 }
 
 /// Hands `op` to the browser actor and answers with what it returns.
 async fn run(call: &Call, op: Op, timeout: Duration) -> Result<Response, ApiError> {
     let services = call.services();
-    let answer = services
+    let pending = services
         .browser
         .submit(op, timeout, services.environment.snapshot())
         .map_err(|e| api_error(e, timeout))?;
-    match answer.await {
-        Ok(Ok(value)) => Ok(Response::ok(&value)),
-        Ok(Err(error)) => Err(api_error(error, timeout)),
-        Err(_) => Err(ApiError::internal(
-            "Error",
-            "the browser actor dropped the operation",
-        )),
+    match pending.wait().await {
+        Ok(value) => Ok(Response::ok(&value)),
+        Err(error) => Err(api_error(error, timeout)),
     }
 }
 
@@ -279,23 +278,34 @@ async fn navigate(call: Call) -> Result<Response, ApiError> {
         .knob_bool("block_private_networks")
         .unwrap_or(false);
     match guard::check(&url, allow.as_deref(), deny.as_deref(), block_private) {
-        Err(message) => return Err(url_refused(message)),
+        Err(Refusal::Invalid(message)) => return Err(ApiError::bad_request(message)),
+        Err(Refusal::Denied(message)) => return Err(url_refused(message)),
         Ok(Verdict::Allowed) => {}
         Ok(Verdict::Resolve { host, port }) => {
             let lookup_host = host.clone();
-            let resolved = monoio::spawn_blocking(move || {
-                (lookup_host.as_str(), port)
+            let lookup = monoio::spawn_blocking(move || {
+                let addresses = (lookup_host.as_str(), port)
                     .to_socket_addrs()
-                    .map(|addrs| addrs.map(|a| a.ip()).collect::<Vec<_>>())
-            })
-            .await
-            .map_err(|_| ApiError::internal("Error", "the host lookup was cancelled"))?;
+                    .map(|addrs| addrs.map(|a| a.ip()).collect::<Vec<_>>());
+                (addresses, guard::local_addresses())
+            });
+            // The resolver's own timeouts bound the pool thread; the caller waits no
+            // longer than this.
+            let (resolved, local) = monoio::time::timeout(DNS_TIMEOUT, lookup)
+                .await
+                .map_err(|_| {
+                    url_refused(format!(
+                        "URL {url} is refused by block_private_networks: {host} did not resolve within {} s",
+                        DNS_TIMEOUT.as_secs()
+                    ))
+                })?
+                .map_err(|_| ApiError::internal("Error", "the host lookup was cancelled"))?;
             let addresses = resolved.map_err(|e| {
                 url_refused(format!(
                     "URL {url} is refused by block_private_networks: {host} could not be resolved to check it ({e})"
                 ))
             })?;
-            guard::check_resolved(&url, &host, &addresses).map_err(url_refused)?;
+            guard::check_resolved(&url, &host, &addresses, &local).map_err(url_refused)?;
         }
     }
     run(&call, Op::Navigate { url, wait_until }, timeout).await

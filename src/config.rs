@@ -61,6 +61,8 @@ pub struct Config {
     /// `ABX_BROWSER_PATH`: the Chromium the browser group starts (else `chromium` or
     /// `chromium-headless-shell` on `PATH`).
     pub browser_path: Option<PathBuf>,
+    /// `ABX_AGENTS_DEFAULT`: the agent runtime `/v1` requests use when they name none.
+    pub agents_default: Option<String>,
 }
 
 /// Raw JSON body cap from the contract (413 `payload_too_large`).
@@ -88,6 +90,7 @@ impl Default for Config {
             python_app: None,
             bridge_hang_timeout: Duration::from_secs(10),
             browser_path: None,
+            agents_default: None,
         }
     }
 }
@@ -254,6 +257,27 @@ const SETTINGS: &[Setting] = &[
         default: "`chromium`, then `chromium-headless-shell`, on `PATH`",
         apply: |c, _, v| {
             c.browser_path = Some(PathBuf::from(v));
+            Ok(())
+        },
+    },
+    Setting {
+        flag: None,
+        var: "ABX_AGENTS_DEFAULT",
+        default: "`codex`",
+        apply: |c, src, v| {
+            const NAMES: [&str; 7] = [
+                "codex",
+                "qwen-code",
+                "qwen",
+                "qwencode",
+                "claude-code",
+                "cursor",
+                "command",
+            ];
+            if !NAMES.contains(&v.trim().to_ascii_lowercase().as_str()) {
+                return Err(format!("{src}: '{v}' is not an agent runtime (codex, qwen-code, qwen, qwencode, claude-code, cursor, command)"));
+            }
+            c.agents_default = Some(v.to_string());
             Ok(())
         },
     },

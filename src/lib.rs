@@ -6,6 +6,7 @@
 //! named commands ([`Command`], [`CommandArg`], [`ArgType`], [`CommandError`]) and the
 //! server-sent events channel ([`sse`]). Everything else is internal.
 
+mod agents;
 mod api;
 mod app;
 mod bridge;

@@ -331,7 +331,7 @@ impl Service for ApiService {
                     limit,
                     call: accepted,
                     watch_peer,
-                }
+                };
             }
         };
         // invoke (the sink opens before the body is read; it answers when it is done)

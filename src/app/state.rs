@@ -41,6 +41,8 @@ pub struct Services {
     pub sessions: crate::pty::Sessions,
     /// The shared Chromium page (`/browser/*`); starts nothing until first used.
     pub browser: Arc<crate::browser::Browser>,
+    /// The `/v1` responses and conversations.
+    pub agents: Arc<crate::agents::store::Store>,
     /// How long a write may wait for a client that does not read (the read timeout).
     pub write_timeout: std::time::Duration,
     configured_pty_port: u16,
@@ -215,6 +217,7 @@ impl AppState {
                 driver,
                 max_upload_size: config.max_upload_size,
                 children: children.clone(),
+                agents: Arc::default(),
                 browser: Arc::new(crate::browser::Browser::new(
                     config.browser_path.clone(),
                     children,

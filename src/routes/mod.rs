@@ -4,6 +4,7 @@
 //! `endpoints()`; the router, `/capabilities`, `/capabilities/check` and the policy
 //! engine all read the same list.
 
+pub mod agents;
 pub mod browser;
 pub mod commands;
 pub mod core;
@@ -32,5 +33,6 @@ pub fn builtin_endpoints() -> Vec<Endpoint> {
     endpoints.extend(dev_tools::endpoints());
     endpoints.extend(terminal::endpoints());
     endpoints.extend(browser::endpoints());
+    endpoints.extend(agents::endpoints());
     endpoints
 }

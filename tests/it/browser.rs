@@ -223,7 +223,11 @@ fn navigation_content_and_history(driver: &'static str) {
             "/browser/navigate",
             json!({"url": pages.url("/one"), "wait_until": wait_until}),
         );
-        assert_eq!((status, body["status"].clone()), (200, json!(200)), "{wait_until}: {body}");
+        assert_eq!(
+            (status, body["status"].clone()),
+            (200, json!(200)),
+            "{wait_until}: {body}"
+        );
     }
     let (status, body) = post(
         &server,
@@ -700,7 +704,10 @@ fn caller_environment_and_departures_do_not_steer_the_browser(driver: &'static s
     let server = browser_server(driver);
     // A proxy on a closed port, and launcher flags that would open a debugging port:
     // set for children, kept from Chromium.
-    let closed = TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap();
+    let closed = TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap();
     let (status, _) = post(
         &server,
         "/env",
@@ -712,7 +719,10 @@ fn caller_environment_and_departures_do_not_steer_the_browser(driver: &'static s
     );
     assert_eq!(status, 200);
     assert_eq!(navigate(&server, &pages.url("/one"))["title"], "Page one");
-    assert!(std::net::TcpStream::connect("127.0.0.1:9333").is_err(), "a debugging port opened");
+    assert!(
+        std::net::TcpStream::connect("127.0.0.1:9333").is_err(),
+        "a debugging port opened"
+    );
 
     // A client that leaves mid-wait frees the page for the next caller.
     let mut leaving = server.connect();

@@ -3,6 +3,7 @@
 
 mod support;
 
+mod agents;
 mod browser;
 mod commands;
 mod core_http;

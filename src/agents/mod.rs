@@ -1,0 +1,458 @@
+//! Coding-agent CLIs behind the OpenAI-compatible `/v1` surface: which runtimes exist,
+//! how each CLI is started for a turn (a new session or a resumed one), and how its
+//! JSON-lines output becomes a neutral stream of [`AgentEvent`]s that the routes turn
+//! into OpenAI objects and events. No HTTP types here.
+//!
+//! Two runtimes have a local backend. **codex** runs `codex exec --json` per turn and
+//! `codex exec resume <thread_id>` for the next one (the CLI keeps the thread on disk).
+//! **qwen-code** runs `qwen --output-format stream-json --approval-mode yolo`, and
+//! `--resume <session_id>` for the next turn. Both read the prompt on stdin (no argv
+//! length limit) and run in the base directory, in their own process group.
+
+pub mod store;
+pub mod turn;
+
+use serde::Deserialize;
+use serde_json::Value;
+
+/// A declared agent runtime.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Runtime {
+    Codex,
+    QwenCode,
+    ClaudeCode,
+    Cursor,
+    Command,
+}
+
+/// How a runtime's CLI is found and installed.
+pub struct Cli {
+    /// The program on `PATH`.
+    pub program: &'static str,
+    /// The npm package and the version the tests run.
+    pub package: &'static str,
+    pub version: &'static str,
+}
+
+impl Runtime {
+    /// Every declared runtime, in the order `/v1/agents/runtimes` lists them.
+    pub const ALL: [Runtime; 5] = [
+        Runtime::Codex,
+        Runtime::QwenCode,
+        Runtime::ClaudeCode,
+        Runtime::Cursor,
+        Runtime::Command,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Runtime::Codex => "codex",
+            Runtime::QwenCode => "qwen-code",
+            Runtime::ClaudeCode => "claude-code",
+            Runtime::Cursor => "cursor",
+            Runtime::Command => "command",
+        }
+    }
+
+    pub fn aliases(self) -> &'static [&'static str] {
+        match self {
+            Runtime::QwenCode => &["qwen", "qwencode"],
+            _ => &[],
+        }
+    }
+
+    /// The runtime a name or alias selects (case-insensitive).
+    pub fn parse(name: &str) -> Option<Runtime> {
+        let name = name.trim().to_ascii_lowercase();
+        Runtime::ALL
+            .into_iter()
+            .find(|r| r.name() == name || r.aliases().contains(&name.as_str()))
+    }
+
+    /// Whether this build has a local backend for it.
+    pub fn implemented(self) -> bool {
+        matches!(self, Runtime::Codex | Runtime::QwenCode)
+    }
+
+    /// The CLI of an implemented runtime.
+    pub fn cli(self) -> Option<Cli> {
+        match self {
+            Runtime::Codex => Some(Cli {
+                program: "codex",
+                package: "@openai/codex",
+                version: "0.169.0",
+            }),
+            Runtime::QwenCode => Some(Cli {
+                program: "qwen",
+                package: "@qwen-code/qwen-code",
+                version: "0.24.4",
+            }),
+            _ => None,
+        }
+    }
+
+    /// The command that installs the CLI at the pinned version.
+    pub fn install_command(self) -> Option<String> {
+        self.cli()
+            .map(|cli| format!("npm install -g {}@{}", cli.package, cli.version))
+    }
+
+    /// The argv of one turn: a new session, or `resume` of the CLI's own session id.
+    /// The prompt goes to stdin.
+    pub fn turn_argv(self, resume: Option<&str>, model: Option<&str>) -> Vec<String> {
+        let mut argv: Vec<String> = Vec::new();
+        match self {
+            Runtime::Codex => {
+                argv.extend(["codex", "exec"].map(String::from));
+                if let Some(thread) = resume {
+                    argv.extend(["resume".to_string(), thread.to_string()]);
+                }
+                // The container is the sandbox: codex's own (landlock, seccomp) would
+                // stop the commands a caller asked for, and nobody is there to approve.
+                argv.extend(
+                    [
+                        "--json",
+                        "--skip-git-repo-check",
+                        "--dangerously-bypass-approvals-and-sandbox",
+                    ]
+                    .map(String::from),
+                );
+                if let Some(model) = model {
+                    argv.extend(["-m".to_string(), model.to_string()]);
+                }
+                argv.push("-".into());
+            }
+            Runtime::QwenCode => {
+                argv.extend(
+                    [
+                        "qwen",
+                        "--output-format",
+                        "stream-json",
+                        "--approval-mode",
+                        "yolo",
+                    ]
+                    .map(String::from),
+                );
+                if let Some(session) = resume {
+                    argv.extend(["--resume".to_string(), session.to_string()]);
+                }
+                if let Some(model) = model {
+                    argv.extend(["-m".to_string(), model.to_string()]);
+                }
+            }
+            _ => {}
+        }
+        argv
+    }
+
+    /// Reads one line of the CLI's stdout.
+    pub fn parse_line(self, line: &str) -> Vec<AgentEvent> {
+        match self {
+            Runtime::Codex => parse_codex(line),
+            Runtime::QwenCode => parse_qwen(line),
+            _ => Vec::new(),
+        }
+    }
+}
+
+/// Token counts of a turn.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Usage {
+    pub input_tokens: u64,
+    pub cached_tokens: u64,
+    pub output_tokens: u64,
+    pub reasoning_tokens: u64,
+}
+
+/// One thing the agent produced, in neutral terms.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Item {
+    /// Text for the user.
+    Message { text: String },
+    /// A summary of the model's reasoning.
+    Reasoning { text: String },
+    /// A shell command the agent ran, with what it printed.
+    Shell {
+        command: String,
+        output: String,
+        exit_code: Option<i64>,
+    },
+    /// A call of another tool (file edits, searches, MCP tools).
+    ToolCall { name: String, arguments: String },
+    /// Anything else the CLI reported, as it reported it.
+    Other(Value),
+}
+
+/// What a turn's output says, line by line.
+#[derive(Clone, Debug, PartialEq)]
+pub enum AgentEvent {
+    /// The CLI's own session id: resume the next turn with it.
+    Session(String),
+    /// A finished item.
+    Item(Item),
+    /// The turn ended well, with its token counts.
+    Completed(Usage),
+    /// The turn failed: the CLI's message.
+    Failed(String),
+}
+
+#[derive(Deserialize)]
+struct CodexLine {
+    #[serde(rename = "type")]
+    kind: String,
+    thread_id: Option<String>,
+    item: Option<Value>,
+    usage: Option<Value>,
+    error: Option<Value>,
+    message: Option<String>,
+}
+
+fn number(value: &Value, name: &str) -> u64 {
+    value.get(name).and_then(Value::as_u64).unwrap_or(0)
+}
+
+fn parse_codex(line: &str) -> Vec<AgentEvent> {
+    let Ok(parsed) = serde_json::from_str::<CodexLine>(line) else {
+        return Vec::new();
+    };
+    match parsed.kind.as_str() {
+        "thread.started" => parsed
+            .thread_id
+            .map(AgentEvent::Session)
+            .into_iter()
+            .collect(),
+        "item.completed" => {
+            let Some(item) = parsed.item else {
+                return Vec::new();
+            };
+            let text = |name: &str| {
+                item.get(name)
+                    .and_then(Value::as_str)
+                    .unwrap_or("")
+                    .to_string()
+            };
+            let converted = match item.get("type").and_then(Value::as_str).unwrap_or("") {
+                "agent_message" => Item::Message { text: text("text") },
+                "reasoning" => Item::Reasoning { text: text("text") },
+                "command_execution" => Item::Shell {
+                    command: text("command"),
+                    output: text("aggregated_output"),
+                    exit_code: item.get("exit_code").and_then(Value::as_i64),
+                },
+                "mcp_tool_call" => Item::ToolCall {
+                    name: format!("{}.{}", text("server"), text("tool")),
+                    arguments: item
+                        .get("arguments")
+                        .map(Value::to_string)
+                        .unwrap_or_else(|| "{}".into()),
+                },
+                _ => Item::Other(item.clone()),
+            };
+            vec![AgentEvent::Item(converted)]
+        }
+        "turn.completed" => {
+            let usage = parsed.usage.unwrap_or(Value::Null);
+            vec![AgentEvent::Completed(Usage {
+                input_tokens: number(&usage, "input_tokens"),
+                cached_tokens: number(&usage, "cached_input_tokens"),
+                output_tokens: number(&usage, "output_tokens"),
+                reasoning_tokens: number(&usage, "reasoning_output_tokens"),
+            })]
+        }
+        "turn.failed" => {
+            let message = parsed
+                .error
+                .as_ref()
+                .and_then(|e| e.get("message"))
+                .and_then(Value::as_str)
+                .unwrap_or("the turn failed")
+                .to_string();
+            vec![AgentEvent::Failed(message)]
+        }
+        // A stream error codex may still recover from (it retries); the turn's end says
+        // whether it did.
+        "error" => Vec::new(),
+        _ => {
+            let _ = parsed.message;
+            Vec::new()
+        }
+    }
+}
+
+fn parse_qwen(line: &str) -> Vec<AgentEvent> {
+    let Ok(value) = serde_json::from_str::<Value>(line) else {
+        return Vec::new();
+    };
+    let kind = value.get("type").and_then(Value::as_str).unwrap_or("");
+    let mut events = Vec::new();
+    match kind {
+        "system" if value.get("subtype").and_then(Value::as_str) == Some("init") => {
+            if let Some(id) = value.get("session_id").and_then(Value::as_str) {
+                events.push(AgentEvent::Session(id.to_string()));
+            }
+        }
+        "assistant" => {
+            let blocks = value
+                .pointer("/message/content")
+                .and_then(Value::as_array)
+                .cloned()
+                .unwrap_or_default();
+            for block in blocks {
+                match block.get("type").and_then(Value::as_str).unwrap_or("") {
+                    "text" => {
+                        let text = block.get("text").and_then(Value::as_str).unwrap_or("");
+                        if !text.is_empty() {
+                            events.push(AgentEvent::Item(Item::Message { text: text.into() }));
+                        }
+                    }
+                    "thinking" => {
+                        let text = block.get("thinking").and_then(Value::as_str).unwrap_or("");
+                        events.push(AgentEvent::Item(Item::Reasoning { text: text.into() }));
+                    }
+                    "tool_use" => events.push(AgentEvent::Item(Item::ToolCall {
+                        name: block
+                            .get("name")
+                            .and_then(Value::as_str)
+                            .unwrap_or("")
+                            .into(),
+                        arguments: block
+                            .get("input")
+                            .map(Value::to_string)
+                            .unwrap_or_else(|| "{}".into()),
+                    })),
+                    _ => {}
+                }
+            }
+        }
+        "result" => {
+            let failed = value
+                .get("is_error")
+                .and_then(Value::as_bool)
+                .unwrap_or(false)
+                || value.get("subtype").and_then(Value::as_str) != Some("success");
+            if failed {
+                let message = value
+                    .get("error")
+                    .and_then(|e| e.get("message").or(Some(e)))
+                    .and_then(Value::as_str)
+                    .or(value.get("result").and_then(Value::as_str))
+                    .unwrap_or("the turn failed");
+                events.push(AgentEvent::Failed(message.to_string()));
+            } else {
+                let usage = value.get("usage").cloned().unwrap_or(Value::Null);
+                events.push(AgentEvent::Completed(Usage {
+                    input_tokens: number(&usage, "input_tokens"),
+                    cached_tokens: number(&usage, "cache_read_input_tokens"),
+                    output_tokens: number(&usage, "output_tokens"),
+                    reasoning_tokens: 0,
+                }));
+            }
+        }
+        _ => {}
+    }
+    events
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_and_aliases_select_runtimes() {
+        assert_eq!(Runtime::parse("qwen"), Some(Runtime::QwenCode));
+        assert_eq!(Runtime::parse("QwenCode"), Some(Runtime::QwenCode));
+        assert_eq!(Runtime::parse("codex"), Some(Runtime::Codex));
+        assert_eq!(Runtime::parse("claude-code"), Some(Runtime::ClaudeCode));
+        assert_eq!(Runtime::parse("gpt-5"), None);
+        assert!(!Runtime::Cursor.implemented());
+        assert_eq!(
+            Runtime::Codex.install_command().unwrap(),
+            "npm install -g @openai/codex@0.169.0"
+        );
+    }
+
+    #[test]
+    fn codex_turns_start_or_resume() {
+        let fresh = Runtime::Codex.turn_argv(None, Some("gpt-5"));
+        assert_eq!(fresh[..3], ["codex", "exec", "--json"]);
+        assert!(fresh.ends_with(&["-m".into(), "gpt-5".into(), "-".into()]));
+        let next = Runtime::Codex.turn_argv(Some("T1"), None);
+        assert_eq!(next[..4], ["codex", "exec", "resume", "T1"]);
+        let qwen = Runtime::QwenCode.turn_argv(Some("S1"), None);
+        assert!(qwen.windows(2).any(|w| w == ["--resume", "S1"]));
+    }
+
+    #[test]
+    fn codex_lines_become_events() {
+        let events: Vec<AgentEvent> = [
+            r#"{"type":"thread.started","thread_id":"T1"}"#,
+            r#"{"type":"turn.started"}"#,
+            r#"{"type":"item.completed","item":{"id":"item_0","type":"command_execution","command":"bash -lc 'echo hi'","aggregated_output":"hi\n","exit_code":0,"status":"completed"}}"#,
+            r#"{"type":"item.completed","item":{"id":"item_1","type":"agent_message","text":"Done."}}"#,
+            r#"{"type":"turn.completed","usage":{"input_tokens":10,"cached_input_tokens":2,"output_tokens":3,"reasoning_output_tokens":1}}"#,
+            "not json",
+        ]
+        .iter()
+        .flat_map(|l| Runtime::Codex.parse_line(l))
+        .collect();
+        assert_eq!(
+            events,
+            vec![
+                AgentEvent::Session("T1".into()),
+                AgentEvent::Item(Item::Shell {
+                    command: "bash -lc 'echo hi'".into(),
+                    output: "hi\n".into(),
+                    exit_code: Some(0)
+                }),
+                AgentEvent::Item(Item::Message {
+                    text: "Done.".into()
+                }),
+                AgentEvent::Completed(Usage {
+                    input_tokens: 10,
+                    cached_tokens: 2,
+                    output_tokens: 3,
+                    reasoning_tokens: 1
+                }),
+            ]
+        );
+        assert_eq!(
+            Runtime::Codex
+                .parse_line(r#"{"type":"turn.failed","error":{"message":"upstream 500"}}"#),
+            vec![AgentEvent::Failed("upstream 500".into())]
+        );
+    }
+
+    #[test]
+    fn qwen_lines_become_events() {
+        let init = r#"{"type":"system","subtype":"init","session_id":"S1","cwd":"/x"}"#;
+        let said = r#"{"type":"assistant","session_id":"S1","message":{"content":[{"type":"text","text":"Hi"},{"type":"tool_use","name":"run_shell_command","input":{"command":"ls"}}]}}"#;
+        let done = r#"{"type":"result","subtype":"success","is_error":false,"result":"Hi","usage":{"input_tokens":7,"output_tokens":4}}"#;
+        let failed = r#"{"type":"result","subtype":"error_during_execution","is_error":true,"error":{"message":"500 upstream"}}"#;
+        assert_eq!(
+            Runtime::QwenCode.parse_line(init),
+            vec![AgentEvent::Session("S1".into())]
+        );
+        assert_eq!(
+            Runtime::QwenCode.parse_line(said),
+            vec![
+                AgentEvent::Item(Item::Message { text: "Hi".into() }),
+                AgentEvent::Item(Item::ToolCall {
+                    name: "run_shell_command".into(),
+                    arguments: r#"{"command":"ls"}"#.into()
+                })
+            ]
+        );
+        assert_eq!(
+            Runtime::QwenCode.parse_line(done),
+            vec![AgentEvent::Completed(Usage {
+                input_tokens: 7,
+                output_tokens: 4,
+                ..Usage::default()
+            })]
+        );
+        assert_eq!(
+            Runtime::QwenCode.parse_line(failed),
+            vec![AgentEvent::Failed("500 upstream".into())]
+        );
+    }
+}

@@ -1,0 +1,801 @@
+//! The agents group against the real binary and the real CLIs (`codex` and `qwen` from
+//! npm, on `PATH`), which talk to a scripted stub of the upstream model API served by
+//! this test process on 127.0.0.1: no test reaches a model provider. The stub reads the
+//! last user text of each request and follows its script: `SAY <text>` answers with the
+//! text, `SHELL <command>` asks the agent to run the command and then answers `done`,
+//! `SLOW` starts an answer and never finishes it, `FAIL` is an upstream 500 (`FAIL400` a
+//! 400).
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use serde_json::{json, Value};
+
+use crate::support::{read_event, Launch, Server, TempDir};
+
+/// Bodies of the requests the stub received.
+type Seen = Arc<Mutex<Vec<Value>>>;
+
+struct Upstream {
+    addr: SocketAddr,
+    seen: Seen,
+}
+
+/// The text of the last user message of a Responses API or Chat Completions request,
+/// and whether a tool's output is already in it.
+fn script_of(request: &Value) -> (String, bool) {
+    let mut last = String::new();
+    let mut tool_done = false;
+    let items = request["input"]
+        .as_array()
+        .or(request["messages"].as_array())
+        .cloned()
+        .unwrap_or_default();
+    for item in items {
+        if matches!(item["type"].as_str(), Some("function_call_output")) || item["role"] == "tool" {
+            tool_done = true;
+        }
+        if item["role"] == "user" {
+            let text = match &item["content"] {
+                Value::String(s) => s.clone(),
+                Value::Array(parts) => parts
+                    .iter()
+                    .filter_map(|p| p["text"].as_str())
+                    .collect::<Vec<_>>()
+                    .join("\n"),
+                _ => String::new(),
+            };
+            // The CLIs wrap context around the prompt; the script is the last line
+            // that starts with a keyword.
+            if let Some(line) = text.lines().rev().find(|l| {
+                ["SAY ", "SHELL ", "SLOW", "FAIL"]
+                    .iter()
+                    .any(|k| l.trim_start().starts_with(k))
+            }) {
+                last = line.trim().to_string();
+            }
+        }
+    }
+    (last, tool_done)
+}
+
+fn sse(stream: &mut TcpStream, event: &str, data: Value) -> std::io::Result<()> {
+    write!(stream, "event: {event}\ndata: {data}\n\n")?;
+    stream.flush()
+}
+
+fn chat_chunk(
+    stream: &mut TcpStream,
+    delta: Value,
+    finish: Option<&str>,
+    usage: Option<Value>,
+) -> std::io::Result<()> {
+    let mut chunk = json!({"id": "c1", "object": "chat.completion.chunk", "created": 1, "model": "stub-model",
+        "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]});
+    if let Some(usage) = usage {
+        chunk["usage"] = usage;
+    }
+    write!(stream, "data: {chunk}\n\n")?;
+    stream.flush()
+}
+
+fn respond(mut stream: TcpStream, path: &str, request: &Value) -> std::io::Result<()> {
+    let (script, tool_done) = script_of(request);
+    if let Some(kind) = script.strip_prefix("FAIL") {
+        // FAIL is a 500; FAIL400 a refusal no client retries (qwen retries 5xx itself for
+        // about 105 s, 28 attempts, before it gives up).
+        let status = if kind == "400" {
+            "400 Bad Request"
+        } else {
+            "500 Internal Server Error"
+        };
+        let body = r#"{"error":{"message":"the stub is down","type":"server_error"}}"#;
+        return write!(stream, "HTTP/1.1 {status}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}", body.len());
+    }
+    write!(
+        stream,
+        "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nConnection: close\r\n\r\n"
+    )?;
+    let text = if let Some(t) = script.strip_prefix("SAY ") {
+        t.to_string()
+    } else if script.starts_with("SHELL ") && tool_done {
+        "done".to_string()
+    } else {
+        String::new()
+    };
+    if path.ends_with("/chat/completions") {
+        if script.starts_with("SLOW") {
+            chat_chunk(
+                &mut stream,
+                json!({"role": "assistant", "content": "thinking"}),
+                None,
+                None,
+            )?;
+            std::thread::sleep(Duration::from_secs(60));
+            return Ok(());
+        }
+        chat_chunk(
+            &mut stream,
+            json!({"role": "assistant", "content": text}),
+            None,
+            None,
+        )?;
+        chat_chunk(
+            &mut stream,
+            json!({}),
+            Some("stop"),
+            Some(json!({"prompt_tokens": 7, "completion_tokens": 4, "total_tokens": 11})),
+        )?;
+        return write!(stream, "data: [DONE]\n\n");
+    }
+    sse(
+        &mut stream,
+        "response.created",
+        json!({"type": "response.created", "response": {"id": "resp_up"}}),
+    )?;
+    if script.starts_with("SLOW") {
+        std::thread::sleep(Duration::from_secs(60));
+        return Ok(());
+    }
+    if let (Some(command), false) = (script.strip_prefix("SHELL "), tool_done) {
+        let call = json!({"type": "function_call", "id": "fc_1", "call_id": "call_1", "name": "exec_command",
+            "arguments": json!({"cmd": command}).to_string()});
+        sse(
+            &mut stream,
+            "response.output_item.done",
+            json!({"type": "response.output_item.done", "output_index": 0, "item": call}),
+        )?;
+    } else {
+        let item = json!({"type": "message", "role": "assistant", "id": "msg_up", "content": [{"type": "output_text", "text": text}]});
+        sse(
+            &mut stream,
+            "response.output_item.done",
+            json!({"type": "response.output_item.done", "output_index": 0, "item": item}),
+        )?;
+    }
+    sse(
+        &mut stream,
+        "response.completed",
+        json!({"type": "response.completed", "response": {"id": "resp_up",
+        "usage": {"input_tokens": 10, "output_tokens": 3, "total_tokens": 13,
+                  "input_tokens_details": {"cached_tokens": 2}, "output_tokens_details": {"reasoning_tokens": 0}}}}),
+    )
+}
+
+fn serve_upstream() -> Upstream {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    let seen: Seen = Arc::default();
+    let record = seen.clone();
+    std::thread::spawn(move || {
+        for stream in listener.incoming().flatten() {
+            let record = record.clone();
+            std::thread::spawn(move || {
+                let mut reader = BufReader::new(stream);
+                let mut line = String::new();
+                if reader.read_line(&mut line).unwrap_or(0) == 0 {
+                    return;
+                }
+                let path = line.split_whitespace().nth(1).unwrap_or("").to_string();
+                let mut length = 0;
+                loop {
+                    let mut header = String::new();
+                    if reader.read_line(&mut header).unwrap_or(0) == 0 || header.trim().is_empty() {
+                        break;
+                    }
+                    if let Some((name, value)) = header.split_once(':') {
+                        if name.eq_ignore_ascii_case("content-length") {
+                            length = value.trim().parse().unwrap_or(0);
+                        }
+                    }
+                }
+                let mut body = vec![0; length];
+                let _ = reader.read_exact(&mut body);
+                let request: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
+                record.lock().unwrap().push(request.clone());
+                let _ = respond(reader.into_inner(), &path, &request);
+            });
+        }
+    });
+    Upstream { addr, seen }
+}
+
+/// A server with the agents group on, whose CLIs talk to `upstream`.
+fn agents_server(upstream: &Upstream, home: &TempDir, extra: &[(&str, &str)]) -> Server {
+    let codex_home = home.path().join("codex");
+    std::fs::create_dir_all(&codex_home).unwrap();
+    std::fs::write(
+        codex_home.join("config.toml"),
+        format!(
+            "model = \"stub-model\"\nmodel_provider = \"stub\"\n[model_providers.stub]\nname = \"stub\"\nbase_url = \"http://{}/v1\"\nwire_api = \"responses\"\nenv_key = \"STUB_API_KEY\"\nrequest_max_retries = 0\nstream_max_retries = 0\n",
+            upstream.addr
+        ),
+    )
+    .unwrap();
+    let mut launch = Launch::new("uring")
+        .env("ABX_SERVER_ENABLED_GROUPS", "agents")
+        .env("CODEX_HOME", codex_home.to_str().unwrap())
+        .env("STUB_API_KEY", "stub")
+        .env("OPENAI_BASE_URL", &format!("http://{}/v1", upstream.addr))
+        .env("OPENAI_API_KEY", "stub")
+        .env("OPENAI_MODEL", "stub-model")
+        .env("HOME", home.path().to_str().unwrap())
+        .env("QWEN_CODE_SUPPRESS_YOLO_WARNING", "1");
+    for (name, value) in extra {
+        launch = launch.env(name, value);
+    }
+    launch.start()
+}
+
+fn post(server: &Server, path: &str, body: Value) -> (u16, Value) {
+    let reply = server.post(path, &body.to_string());
+    assert_eq!(reply.header("x-agent-sandbox-local"), Some("1"), "{path}");
+    (reply.status, reply.json())
+}
+
+fn get(server: &Server, path: &str) -> (u16, Value) {
+    let reply = server.get(path);
+    assert_eq!(reply.header("x-agent-sandbox-local"), Some("1"), "{path}");
+    (reply.status, reply.json())
+}
+
+fn output_text(response: &Value) -> String {
+    response["output"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|i| i["type"] == "message")
+        .flat_map(|i| i["content"].as_array().unwrap().iter())
+        .filter_map(|c| c["text"].as_str())
+        .collect()
+}
+
+#[test]
+fn runtimes_models_and_refusals() {
+    let upstream = serve_upstream();
+    let home = TempDir::new("agents-home");
+    let server = agents_server(&upstream, &home, &[]);
+    let (status, runtimes) = get(&server, "/v1/agents/runtimes");
+    assert_eq!(status, 200, "{runtimes}");
+    let by_id = |id: &str| {
+        runtimes["data"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|r| r["id"] == id)
+            .unwrap()
+            .clone()
+    };
+    let codex = by_id("codex");
+    assert_eq!(
+        (codex["implemented"].clone(), codex["installed"].clone()),
+        (json!(true), json!(true)),
+        "{codex}"
+    );
+    assert_eq!(
+        codex["version"], "0.169.0",
+        "the tests run the pinned version"
+    );
+    assert_eq!(codex["default"], true);
+    let qwen = by_id("qwen-code");
+    assert_eq!(qwen["aliases"], json!(["qwen", "qwencode"]));
+    assert_eq!(qwen["version"], "0.24.4");
+    for declared in ["claude-code", "cursor", "command"] {
+        assert_eq!(by_id(declared)["implemented"], false);
+    }
+    assert_eq!(codex["x_agent_sandbox"]["local"], true);
+
+    let (_, models) = get(&server, "/v1/models");
+    let ids: Vec<&str> = models["data"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m["id"].as_str().unwrap())
+        .collect();
+    assert_eq!(ids, ["codex", "qwen-code"]);
+    let (status, model) = get(&server, "/v1/models/qwen");
+    assert_eq!(
+        (status, model["id"].clone(), model["object"].clone()),
+        (200, json!("qwen-code"), json!("model"))
+    );
+    let reply = server.get("/v1/models/claude-code");
+    assert_eq!(reply.status, 404);
+    assert_eq!(reply.header("x-should-retry"), Some("false"));
+    let body = reply.json();
+    assert_eq!(body["error"]["code"], "agents.not_implemented_locally");
+    assert_eq!(body["error"]["type"], "not_found_error");
+    assert!(body["error"]["message"]
+        .as_str()
+        .unwrap()
+        .contains("GET /v1/agents/runtimes"));
+    let (status, body) = get(&server, "/v1/models/gpt-99");
+    assert_eq!(
+        (status, body["error"]["code"].clone()),
+        (404, json!("model_not_found"))
+    );
+
+    for (method, path, code) in [
+        (
+            "POST",
+            "/v1/responses/input_tokens",
+            "agents_cannot_count_input_tokens",
+        ),
+        ("DELETE", "/v1/models/codex", "agents_cannot_delete_models"),
+        (
+            "POST",
+            "/v1/agents/executors",
+            "agents_cannot_register_executors",
+        ),
+        (
+            "GET",
+            "/v1/agents/executors/ex_1/channel",
+            "agents_cannot_open_executor_channels",
+        ),
+    ] {
+        let reply = server.request(
+            method,
+            path,
+            &[],
+            (method == "POST").then_some(b"{}".as_slice()),
+        );
+        assert_eq!(reply.status, 404, "{path}");
+        assert_eq!(reply.header("x-should-retry"), Some("false"), "{path}");
+        assert_eq!(reply.header("x-agent-sandbox-local"), Some("1"), "{path}");
+        let body = reply.json();
+        assert_eq!(body["error"]["code"], code, "{body}");
+        assert_eq!(body["error"]["type"], "not_found_error");
+        assert!(body["error"].as_object().unwrap().contains_key("param"));
+    }
+
+    let caps = server.get("/capabilities").json();
+    assert_eq!(
+        caps["group_summary"]["agents"],
+        json!({"enabled": 20, "total": 20})
+    );
+    assert_eq!(
+        caps["endpoints"]["responses_create"]["scopes"],
+        json!(["agents:use"])
+    );
+    let off = Server::start("uring");
+    let reply = off.post("/v1/responses", r#"{"input": "hi"}"#);
+    assert_eq!(reply.status, 404);
+    let body = reply.json();
+    assert_eq!(body["error"]["code"], "endpoint_disabled", "{body}");
+}
+
+#[test]
+fn codex_answers_whole_and_as_openai_events() {
+    let upstream = serve_upstream();
+    let home = TempDir::new("agents-home");
+    let server = agents_server(&upstream, &home, &[]);
+    let (status, response) = post(
+        &server,
+        "/v1/responses",
+        json!({"model": "codex", "input": "SAY hello there", "metadata": {"k": "v"}}),
+    );
+    assert_eq!(status, 200, "{response}");
+    assert_eq!(response["object"], "response");
+    assert_eq!(response["status"], "completed");
+    assert_eq!(output_text(&response), "hello there");
+    assert_eq!(response["usage"]["input_tokens"], 10);
+    assert_eq!(response["usage"]["total_tokens"], 13);
+    assert_eq!(response["metadata"], json!({"k": "v"}));
+    assert_eq!(response["x_agent_sandbox"]["compute"], "codex");
+    let id = response["id"].as_str().unwrap().to_string();
+    let (_, stored) = get(&server, &format!("/v1/responses/{id}"));
+    assert_eq!(stored, response);
+    let (_, inputs) = get(&server, &format!("/v1/responses/{id}/input_items"));
+    assert_eq!(inputs["data"][0]["content"][0]["text"], "SAY hello there");
+
+    // Streamed: OpenAI's event names, in order, numbered from 0.
+    let mut stream = server.connect();
+    let body = json!({"input": "SAY streamed words", "stream": true}).to_string();
+    write!(stream, "POST /v1/responses HTTP/1.1\r\nHost: t\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}", body.len()).unwrap();
+    let mut reader = BufReader::new(stream);
+    let mut head = String::new();
+    loop {
+        let mut line = String::new();
+        reader.read_line(&mut line).unwrap();
+        if line.trim().is_empty() {
+            break;
+        }
+        head.push_str(&line);
+    }
+    assert!(head.contains("text/event-stream"), "{head}");
+    assert!(
+        head.to_ascii_lowercase()
+            .contains("x-agent-sandbox-local: 1"),
+        "{head}"
+    );
+    let mut names = Vec::new();
+    loop {
+        let (name, data) = read_event(&mut reader);
+        assert_eq!(data["type"], name.as_str());
+        assert_eq!(data["sequence_number"], names.len(), "{name}");
+        if name == "response.output_text.delta" {
+            assert_eq!(data["delta"], "streamed words");
+        }
+        let last = name == "response.completed";
+        names.push(name);
+        if last {
+            assert_eq!(output_text(&data["response"]), "streamed words");
+            break;
+        }
+    }
+    assert_eq!(
+        names,
+        [
+            "response.created",
+            "response.in_progress",
+            "response.output_item.added",
+            "response.content_part.added",
+            "response.output_text.delta",
+            "response.output_text.done",
+            "response.content_part.done",
+            "response.output_item.done",
+            "response.completed",
+        ]
+    );
+
+    for (body, param) in [
+        (json!({"input": "SAY x", "temperature": 0.2}), "temperature"),
+        (
+            json!({"input": "SAY x", "tools": [{"type": "web_search"}]}),
+            "tools",
+        ),
+        (
+            json!({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "data:,"}]}]}),
+            "input[0].content[0].type",
+        ),
+        (json!({"input": "SAY x", "runtime": "nonesuch"}), "runtime"),
+        (json!({"model": "codex"}), "input"),
+    ] {
+        let (status, error) = post(&server, "/v1/responses", body.clone());
+        assert_eq!(status, 400, "{body}: {error}");
+        assert_eq!(error["error"]["type"], "invalid_request_error");
+        assert_eq!(error["error"]["param"], param, "{error}");
+    }
+    let reply = server.post(
+        "/v1/responses",
+        r#"{"input": "SAY x", "runtime": "cursor"}"#,
+    );
+    assert_eq!(
+        (reply.status, reply.header("x-should-retry")),
+        (404, Some("false"))
+    );
+    assert_eq!(
+        reply.json()["error"]["code"],
+        "agents.not_implemented_locally"
+    );
+    let (status, _) = get(&server, "/v1/responses/resp_nonesuch");
+    assert_eq!(status, 404);
+}
+
+#[test]
+fn codex_runs_a_shell_command_the_model_asked_for() {
+    let upstream = serve_upstream();
+    let home = TempDir::new("agents-home");
+    let server = agents_server(&upstream, &home, &[]);
+    let (status, response) = post(
+        &server,
+        "/v1/responses",
+        json!({"input": "SHELL echo made-by-codex > made.txt"}),
+    );
+    assert_eq!(status, 200, "{response}");
+    assert_eq!(response["status"], "completed", "{response}");
+    assert_eq!(output_text(&response), "done");
+    let made = std::fs::read_to_string(server.base_dir().join("made.txt"))
+        .expect("the command ran in the base directory");
+    assert_eq!(made.trim(), "made-by-codex");
+    let shell = response["output"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|i| i["type"] == "local_shell_call")
+        .expect("the command is an output item");
+    assert!(
+        shell["action"]["command"][2]
+            .as_str()
+            .unwrap()
+            .contains("made.txt"),
+        "{shell}"
+    );
+    assert_eq!(shell["x_agent_sandbox"]["exit_code"], 0);
+}
+
+#[test]
+fn cancel_and_upstream_failure() {
+    let upstream = serve_upstream();
+    let home = TempDir::new("agents-home");
+    let server = agents_server(&upstream, &home, &[]);
+    let (status, failed) = post(&server, "/v1/responses", json!({"input": "FAIL"}));
+    assert_eq!(status, 200, "{failed}");
+    assert_eq!(failed["status"], "failed", "{failed}");
+    assert!(!failed["error"]["message"].as_str().unwrap().is_empty());
+
+    let mut stream = server.connect();
+    let body = json!({"input": "SLOW", "stream": true}).to_string();
+    write!(stream, "POST /v1/responses HTTP/1.1\r\nHost: t\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}", body.len()).unwrap();
+    let mut reader = BufReader::new(stream);
+    loop {
+        let mut line = String::new();
+        reader.read_line(&mut line).unwrap();
+        if line.trim().is_empty() {
+            break;
+        }
+    }
+    let (name, created) = read_event(&mut reader);
+    assert_eq!(name, "response.created");
+    let id = created["response"]["id"].as_str().unwrap().to_string();
+    let (_, running) = get(&server, &format!("/v1/responses/{id}"));
+    assert_eq!(running["status"], "in_progress");
+    let (status, cancelled) = post(&server, &format!("/v1/responses/{id}/cancel"), json!({}));
+    assert_eq!(
+        (status, cancelled["status"].clone()),
+        (200, json!("cancelled")),
+        "{cancelled}"
+    );
+    let last = loop {
+        let (name, data) = read_event(&mut reader);
+        if name != "response.in_progress" {
+            break (name, data);
+        }
+    };
+    assert_eq!(last.0, "response.incomplete", "{}", last.1);
+    assert_eq!(last.1["response"]["status"], "cancelled");
+    let (_, stored) = get(&server, &format!("/v1/responses/{id}"));
+    assert_eq!(stored["status"], "cancelled");
+    let (status, again) = post(&server, &format!("/v1/responses/{id}/cancel"), json!({}));
+    assert_eq!(status, 400, "{again}");
+    let (status, deleted) = server_delete(&server, &format!("/v1/responses/{id}"));
+    assert_eq!((status, deleted["deleted"].clone()), (200, json!(true)));
+    assert_eq!(get(&server, &format!("/v1/responses/{id}")).0, 404);
+}
+
+fn server_delete(server: &Server, path: &str) -> (u16, Value) {
+    let reply = server.request("DELETE", path, &[], None);
+    (reply.status, reply.json())
+}
+
+#[test]
+fn conversations_continue_the_cli_session_and_belong_to_their_caller() {
+    let upstream = serve_upstream();
+    let home = TempDir::new("agents-home");
+    let policy = home.path().join("policy.yaml");
+    std::fs::write(
+        &policy,
+        "groups: {agents: true}\nidentities:\n  - {id: alice, scopes: [\"*\"], token_env: ALICE_TOKEN}\n  - {id: bob, scopes: [\"*\"], token_env: BOB_TOKEN}\n",
+    )
+    .unwrap();
+    let server = agents_server(
+        &upstream,
+        &home,
+        &[
+            ("ABX_SERVER_POLICY", policy.to_str().unwrap()),
+            ("ALICE_TOKEN", "alice-secret"),
+            ("BOB_TOKEN", "bob-secret"),
+        ],
+    );
+    let as_user = |token: &str, method: &str, path: &str, body: Option<Value>| {
+        let auth = format!("Bearer {token}");
+        let bytes = body.map(|b| b.to_string().into_bytes());
+        let reply = server.request(method, path, &[("Authorization", &auth)], bytes.as_deref());
+        (reply.status, reply.json())
+    };
+    let (status, conversation) = as_user(
+        "alice-secret",
+        "POST",
+        "/v1/conversations",
+        Some(
+            json!({"metadata": {"topic": "t"}, "items": [{"role": "user", "content": "The code word is PLUM."}]}),
+        ),
+    );
+    assert_eq!(status, 200, "{conversation}");
+    assert_eq!(conversation["object"], "conversation");
+    let conv = conversation["id"].as_str().unwrap().to_string();
+
+    let (status, first) = as_user(
+        "alice-secret",
+        "POST",
+        "/v1/responses",
+        Some(json!({"input": "SAY first answer", "conversation": conv})),
+    );
+    assert_eq!(
+        (status, first["status"].clone()),
+        (200, json!("completed")),
+        "{first}"
+    );
+    // The item added before the turn reached the CLI with the prompt.
+    let first_request = upstream.seen.lock().unwrap().last().unwrap().to_string();
+    assert!(
+        first_request.contains("PLUM"),
+        "the conversation's items were handed to the CLI"
+    );
+    let (status, second) = as_user(
+        "alice-secret",
+        "POST",
+        "/v1/responses",
+        Some(json!({"input": "SAY second answer", "conversation": conv})),
+    );
+    assert_eq!(
+        (status, output_text(&second)),
+        (200, "second answer".to_string()),
+        "{second}"
+    );
+    // codex resumed its own thread: the second upstream request carries the first turn.
+    let second_request = upstream.seen.lock().unwrap().last().unwrap().to_string();
+    assert!(
+        second_request.contains("first answer"),
+        "the second turn resumed the first"
+    );
+
+    let (_, items) = as_user(
+        "alice-secret",
+        "GET",
+        &format!("/v1/conversations/{conv}/items?order=asc"),
+        None,
+    );
+    let texts: Vec<String> = items["data"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|i| i["content"][0]["text"].as_str().unwrap_or("").to_string())
+        .collect();
+    assert_eq!(
+        texts,
+        [
+            "The code word is PLUM.",
+            "SAY first answer",
+            "first answer",
+            "SAY second answer",
+            "second answer"
+        ]
+    );
+    let item_id = items["data"][0]["id"].as_str().unwrap().to_string();
+    let (status, item) = as_user(
+        "alice-secret",
+        "GET",
+        &format!("/v1/conversations/{conv}/items/{item_id}"),
+        None,
+    );
+    assert_eq!((status, item["id"].clone()), (200, json!(item_id)));
+
+    // previous_response_id continues the same thread.
+    let first_id = first["id"].as_str().unwrap();
+    let (status, third) = as_user(
+        "alice-secret",
+        "POST",
+        "/v1/responses",
+        Some(json!({"input": "SAY third", "previous_response_id": first_id})),
+    );
+    assert_eq!(
+        (status, third["previous_response_id"].clone()),
+        (200, json!(first_id)),
+        "{third}"
+    );
+
+    // Bob sees none of it: a foreign id answers like an unknown one.
+    for path in [
+        format!("/v1/conversations/{conv}"),
+        format!("/v1/responses/{first_id}"),
+        format!("/v1/conversations/{conv}/items"),
+    ] {
+        let (status, body) = as_user("bob-secret", "GET", &path, None);
+        assert_eq!(status, 404, "{path}: {body}");
+        assert_eq!(body["error"]["type"], "not_found_error");
+    }
+    let (status, _) = as_user(
+        "bob-secret",
+        "POST",
+        "/v1/responses",
+        Some(json!({"input": "SAY x", "conversation": conv})),
+    );
+    assert_eq!(status, 404);
+
+    let (status, updated) = as_user(
+        "alice-secret",
+        "POST",
+        &format!("/v1/conversations/{conv}"),
+        Some(json!({"metadata": {"topic": "u"}})),
+    );
+    assert_eq!(
+        (status, updated["metadata"]["topic"].clone()),
+        (200, json!("u"))
+    );
+    let (status, deleted) = as_user(
+        "alice-secret",
+        "DELETE",
+        &format!("/v1/conversations/{conv}/items/{item_id}"),
+        None,
+    );
+    assert_eq!((status, deleted["id"].clone()), (200, json!(conv)));
+    let (status, deleted) = as_user(
+        "alice-secret",
+        "DELETE",
+        &format!("/v1/conversations/{conv}"),
+        None,
+    );
+    assert_eq!(
+        (status, deleted["object"].clone()),
+        (200, json!("conversation.deleted"))
+    );
+    let (status, _) = as_user(
+        "alice-secret",
+        "GET",
+        &format!("/v1/conversations/{conv}"),
+        None,
+    );
+    assert_eq!(status, 404);
+}
+
+#[test]
+fn qwen_code_answers_and_resumes() {
+    let upstream = serve_upstream();
+    let home = TempDir::new("agents-home");
+    let server = agents_server(&upstream, &home, &[("ABX_AGENTS_DEFAULT", "qwen")]);
+    let (status, first) = post(
+        &server,
+        "/v1/responses",
+        json!({"input": "SAY hello from qwen"}),
+    );
+    assert_eq!(status, 200, "{first}");
+    assert_eq!(first["status"], "completed", "{first}");
+    assert_eq!(first["model"], "qwen-code");
+    assert_eq!(output_text(&first), "hello from qwen");
+    let (status, second) = post(
+        &server,
+        "/v1/responses",
+        json!({"input": "SAY again", "previous_response_id": first["id"]}),
+    );
+    assert_eq!(
+        (status, output_text(&second)),
+        (200, "again".to_string()),
+        "{second}"
+    );
+    let last = upstream.seen.lock().unwrap().last().unwrap().to_string();
+    assert!(last.contains("hello from qwen"), "qwen resumed its session");
+    let (status, failed) = post(&server, "/v1/responses", json!({"input": "FAIL400"}));
+    assert_eq!(
+        (status, failed["status"].clone()),
+        (200, json!("failed")),
+        "{failed}"
+    );
+}
+
+#[test]
+fn the_official_openai_client_drives_the_surface() {
+    let upstream = serve_upstream();
+    let home = TempDir::new("agents-home");
+    let server = agents_server(&upstream, &home, &[]);
+    let script = r#"
+import sys
+from openai import OpenAI
+client = OpenAI(base_url=sys.argv[1], api_key="local")
+r = client.responses.create(model="codex", input="SAY from the client")
+assert r.status == "completed", r
+assert r.output_text == "from the client", r.output_text
+events = [e.type for e in client.responses.create(model="codex", input="SAY streamed", stream=True)]
+assert events[0] == "response.created" and events[-1] == "response.completed", events
+assert "response.output_text.delta" in events, events
+conv = client.conversations.create(metadata={"k": "v"})
+r2 = client.responses.create(model="codex", input="SAY in conversation", conversation=conv.id)
+items = client.conversations.items.list(conv.id, order="asc")
+assert [i.role for i in items.data] == ["user", "assistant"], items
+assert client.responses.retrieve(r2.id).id == r2.id
+models = [m.id for m in client.models.list()]
+assert models == ["codex", "qwen-code"], models
+print("ok")
+"#;
+    let output = std::process::Command::new("python3")
+        .args(["-c", script, &format!("http://{}/v1", server.addr)])
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        output.status.success() && stdout.trim() == "ok",
+        "stdout: {stdout}\nstderr: {stderr}"
+    );
+}

@@ -100,6 +100,8 @@ impl Runtime {
     /// The argv of one turn: a new session, or `resume` of the CLI's own session id.
     /// The prompt goes to stdin.
     pub fn turn_argv(self, resume: Option<&str>, model: Option<&str>) -> Vec<String> {
+        // `--model=VALUE` in one word: a model that starts with `-` cannot become an
+        // option of the CLI.
         let mut argv: Vec<String> = Vec::new();
         match self {
             Runtime::Codex => {
@@ -118,7 +120,7 @@ impl Runtime {
                     .map(String::from),
                 );
                 if let Some(model) = model {
-                    argv.extend(["-m".to_string(), model.to_string()]);
+                    argv.push(format!("--model={model}"));
                 }
                 argv.push("-".into());
             }
@@ -137,7 +139,7 @@ impl Runtime {
                     argv.extend(["--resume".to_string(), session.to_string()]);
                 }
                 if let Some(model) = model {
-                    argv.extend(["-m".to_string(), model.to_string()]);
+                    argv.push(format!("--model={model}"));
                 }
             }
             _ => {}
@@ -194,6 +196,9 @@ pub enum AgentEvent {
     Completed(Usage),
     /// The turn failed: the CLI's message.
     Failed(String),
+    /// A complaint the CLI may still recover from (codex retries after an `error`
+    /// event); kept to explain a turn that ends without a result.
+    Notice(String),
 }
 
 #[derive(Deserialize)]
@@ -271,11 +276,8 @@ fn parse_codex(line: &str) -> Vec<AgentEvent> {
         }
         // A stream error codex may still recover from (it retries); the turn's end says
         // whether it did.
-        "error" => Vec::new(),
-        _ => {
-            let _ = parsed.message;
-            Vec::new()
-        }
+        "error" => parsed.message.map(AgentEvent::Notice).into_iter().collect(),
+        _ => Vec::new(),
     }
 }
 
@@ -375,7 +377,7 @@ mod tests {
     fn codex_turns_start_or_resume() {
         let fresh = Runtime::Codex.turn_argv(None, Some("gpt-5"));
         assert_eq!(fresh[..3], ["codex", "exec", "--json"]);
-        assert!(fresh.ends_with(&["-m".into(), "gpt-5".into(), "-".into()]));
+        assert!(fresh.ends_with(&["--model=gpt-5".into(), "-".into()]));
         let next = Runtime::Codex.turn_argv(Some("T1"), None);
         assert_eq!(next[..4], ["codex", "exec", "resume", "T1"]);
         let qwen = Runtime::QwenCode.turn_argv(Some("S1"), None);

@@ -8,7 +8,8 @@
 //! [`MAX_CONVERSATIONS`] a new conversation is refused.
 
 use std::collections::{HashMap, VecDeque};
-use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
 
 use serde_json::Value;
 
@@ -32,8 +33,9 @@ pub struct ResponseRecord {
     pub session: Option<(Runtime, String)>,
     /// The running CLI's process group, while the turn runs.
     pub running: Option<i32>,
-    /// Set by cancel: the turn's end reports `cancelled`.
-    pub cancelled: bool,
+    /// Raised by cancel or delete; the running turn holds the same flag, so it reports
+    /// `cancelled` even when the record is gone.
+    pub cancelled: Arc<AtomicBool>,
 }
 
 /// A conversation: its object, its items, and the CLI sessions that continue it.
@@ -133,7 +135,11 @@ impl Store {
         }
         let record = inner.responses.remove(id);
         inner.order.retain(|r| r != id);
-        Ok(record.and_then(|r| r.running))
+        let running = record.as_ref().and_then(|r| r.running);
+        if let (Some(record), Some(_)) = (&record, running) {
+            record.cancelled.store(true, Ordering::Relaxed);
+        }
+        Ok(running)
     }
 
     /// Keeps a new conversation.
@@ -188,7 +194,7 @@ mod tests {
             input_items: Vec::new(),
             session: None,
             running: None,
-            cancelled: false,
+            cancelled: Arc::default(),
         }
     }
 

@@ -102,6 +102,23 @@ impl ApiError {
         self.extra.iter().any(|(n, _)| *n == name)
     }
 
+    /// OpenAI's error type: the kind itself when it is one (`invalid_request_error`),
+    /// else the one OpenAI uses for the status, so the dispatcher's refusals (a Python
+    /// exception name in the contract's envelope) read right under `/v1`.
+    fn openai_type(&self) -> Cow<'static, str> {
+        if self.kind.ends_with("_error") {
+            return self.kind.clone();
+        }
+        Cow::Borrowed(match self.status {
+            401 => "authentication_error",
+            403 => "permission_error",
+            404 => "not_found_error",
+            429 => "rate_limit_error",
+            500.. => "server_error",
+            _ => "invalid_request_error",
+        })
+    }
+
     /// The JSON envelope in `style`. Field order follows the contract's examples.
     pub fn body(&self, style: ErrorStyle) -> Value {
         match style {
@@ -127,7 +144,7 @@ impl ApiError {
                 };
                 serde_json::json!({"error": {
                     "message": self.message,
-                    "type": self.kind,
+                    "type": self.openai_type(),
                     "param": field("param"),
                     "code": self.code,
                 }})
@@ -165,7 +182,7 @@ mod tests {
         );
         assert_eq!(
             error.body(ErrorStyle::OpenAi),
-            serde_json::json!({"error": {"message": "no", "type": "ValueError", "param": "model", "code": "bad"}})
+            serde_json::json!({"error": {"message": "no", "type": "invalid_request_error", "param": "model", "code": "bad"}})
         );
     }
 }

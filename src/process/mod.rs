@@ -21,7 +21,7 @@ pub mod shlex;
 pub mod spawn;
 pub mod table;
 
-pub use child::{Child, Spawn};
+pub use child::{Child, ExitCode, Spawn};
 pub use env::Environment;
 pub use table::ProcessTable;
 

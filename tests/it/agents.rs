@@ -116,6 +116,23 @@ fn respond(mut stream: TcpStream, path: &str, request: &Value) -> std::io::Resul
             std::thread::sleep(Duration::from_secs(60));
             return Ok(());
         }
+        if let (Some(command), false) = (script.strip_prefix("SHELL "), tool_done) {
+            let call = json!({"index": 0, "id": "call_1", "type": "function",
+                "function": {"name": "run_shell_command", "arguments": json!({"command": command}).to_string()}});
+            chat_chunk(
+                &mut stream,
+                json!({"role": "assistant", "tool_calls": [call]}),
+                None,
+                None,
+            )?;
+            chat_chunk(
+                &mut stream,
+                json!({}),
+                Some("tool_calls"),
+                Some(json!({"prompt_tokens": 7, "completion_tokens": 4, "total_tokens": 11})),
+            )?;
+            return write!(stream, "data: [DONE]\n\n");
+        }
         chat_chunk(
             &mut stream,
             json!({"role": "assistant", "content": text}),
@@ -363,6 +380,10 @@ fn runtimes_models_and_refusals() {
     assert_eq!(reply.status, 404);
     let body = reply.json();
     assert_eq!(body["error"]["code"], "endpoint_disabled", "{body}");
+    assert_eq!(
+        body["error"]["type"], "not_found_error",
+        "the dispatcher speaks OpenAI under /v1"
+    );
 }
 
 #[test]
@@ -450,6 +471,10 @@ fn codex_answers_whole_and_as_openai_events() {
             "input[0].content[0].type",
         ),
         (json!({"input": "SAY x", "runtime": "nonesuch"}), "runtime"),
+        (
+            json!({"input": [{"role": "user", "content": "x", "name": "me"}]}),
+            "input[0].name",
+        ),
         (json!({"model": "codex"}), "input"),
     ] {
         let (status, error) = post(&server, "/v1/responses", body.clone());
@@ -676,6 +701,65 @@ fn conversations_continue_the_cli_session_and_belong_to_their_caller() {
         "{third}"
     );
 
+    // While a turn runs in the conversation, it takes no other turn and no items.
+    let mut slow = server.connect();
+    let body = json!({"input": "SLOW", "conversation": conv, "stream": true}).to_string();
+    write!(
+        slow,
+        "POST /v1/responses HTTP/1.1\r\nHost: t\r\nAuthorization: Bearer alice-secret\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    )
+    .unwrap();
+    let mut reader = BufReader::new(slow);
+    loop {
+        let mut line = String::new();
+        reader.read_line(&mut line).unwrap();
+        if line.trim().is_empty() {
+            break;
+        }
+    }
+    let (_, created) = read_event(&mut reader);
+    let slow_id = created["response"]["id"].as_str().unwrap().to_string();
+    let (status, locked) = as_user(
+        "alice-secret",
+        "POST",
+        "/v1/responses",
+        Some(json!({"input": "SAY x", "conversation": conv})),
+    );
+    assert_eq!(
+        (status, locked["error"]["code"].clone()),
+        (409, json!("conversation_locked")),
+        "{locked}"
+    );
+    let (status, locked) = as_user(
+        "alice-secret",
+        "POST",
+        &format!("/v1/conversations/{conv}/items"),
+        Some(json!({"items": [{"role": "user", "content": "x"}]})),
+    );
+    assert_eq!(status, 409, "{locked}");
+    let (status, _) = as_user(
+        "alice-secret",
+        "POST",
+        &format!("/v1/responses/{slow_id}/cancel"),
+        Some(json!({})),
+    );
+    assert_eq!(status, 200);
+    loop {
+        let (name, _) = read_event(&mut reader);
+        if name == "response.incomplete" {
+            break;
+        }
+    }
+    drop(reader);
+    let (status, added) = as_user(
+        "alice-secret",
+        "POST",
+        &format!("/v1/conversations/{conv}/items"),
+        Some(json!({"items": [{"role": "user", "content": "after the cancel"}]})),
+    );
+    assert_eq!(status, 200, "the conversation is free again: {added}");
+
     // Bob sees none of it: a foreign id answers like an unknown one.
     for path in [
         format!("/v1/conversations/{conv}"),
@@ -762,6 +846,29 @@ fn qwen_code_answers_and_resumes() {
         (200, json!("failed")),
         "{failed}"
     );
+
+    // A shell command the model asks for runs in the base directory.
+    let (status, shell) = post(
+        &server,
+        "/v1/responses",
+        json!({"input": "SHELL echo made-by-qwen > qwen.txt"}),
+    );
+    assert_eq!(
+        (status, shell["status"].clone()),
+        (200, json!("completed")),
+        "{shell}"
+    );
+    assert_eq!(output_text(&shell), "done");
+    let made =
+        std::fs::read_to_string(server.base_dir().join("qwen.txt")).expect("qwen ran the command");
+    assert_eq!(made.trim(), "made-by-qwen");
+    let call = shell["output"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|i| i["type"] == "function_call")
+        .expect("the tool call is an output item");
+    assert_eq!(call["name"], "run_shell_command");
 }
 
 #[test]

@@ -160,7 +160,8 @@ async fn delete(call: Call) -> Result<Response, ApiError> {
         .remove_conversation(&call.identity.id, &id)
         .map_err(|e| store_error(e, "conversation", &id, "conversation_id"))?;
     Ok(Response::ok(
-        &json!({"id": id, "object": "conversation.deleted", "deleted": true}),
+        &json!({"id": id, "object": "conversation.deleted", "deleted": true,
+                "x_agent_sandbox": label("agent-sandbox", &DIFFERENCES)}),
     ))
 }
 
@@ -176,6 +177,15 @@ async fn items_create(call: Call) -> Result<Response, ApiError> {
         .services()
         .agents
         .with_conversation(&call.identity.id, &id, |c| {
+            // Items added while a turn runs would be marked seen by its end unseen.
+            if c.busy {
+                return Err(store_error(
+                    crate::agents::store::StoreError::Busy,
+                    "conversation",
+                    &id,
+                    "conversation_id",
+                ));
+            }
             if c.items.len() + items.len() > MAX_ITEMS {
                 return Err(invalid(
                     "items",
@@ -192,6 +202,7 @@ async fn items_create(call: Call) -> Result<Response, ApiError> {
         "first_id": added.first().map(|i| i["id"].clone()),
         "last_id": added.last().map(|i| i["id"].clone()),
         "has_more": false,
+        "x_agent_sandbox": label("agent-sandbox", &DIFFERENCES),
     })))
 }
 

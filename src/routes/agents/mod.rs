@@ -201,10 +201,13 @@ fn default_runtime(call: &Call) -> Runtime {
         .unwrap_or(Runtime::Codex)
 }
 
-/// Where a runtime's CLI is on the children's `PATH`, if anywhere. Blocking: stats.
-fn find_cli(runtime: Runtime, call: &Call) -> Option<std::path::PathBuf> {
+/// Where a runtime's CLI is on the children's `PATH`, if anywhere. Blocking (stats):
+/// call it on the pool.
+fn find_cli(
+    runtime: Runtime,
+    env: &[(std::ffi::OsString, std::ffi::OsString)],
+) -> Option<std::path::PathBuf> {
     let cli = runtime.cli()?;
-    let env = call.services().environment.snapshot();
     let path = env
         .iter()
         .find(|(k, _)| k == "PATH")
@@ -267,25 +270,8 @@ async fn runtimes(call: Call) -> Result<Response, ApiError> {
     let mut data = Vec::new();
     for runtime in Runtime::ALL {
         let found = if runtime.implemented() {
-            let call_ref = &call;
-            let lookup = {
-                let env = call_ref.services().environment.snapshot();
-                let path = env
-                    .iter()
-                    .find(|(k, _)| k == "PATH")
-                    .map(|(_, v)| v.clone());
-                let program = runtime.cli().map(|c| c.program);
-                monoio::spawn_blocking(move || {
-                    let root = rustix::fs::open(
-                        "/",
-                        rustix::fs::OFlags::PATH | rustix::fs::OFlags::CLOEXEC,
-                        rustix::fs::Mode::empty(),
-                    )
-                    .ok()?;
-                    spawn::find_program(program?, path.as_deref(), std::os::fd::AsFd::as_fd(&root))
-                        .ok()
-                })
-            };
+            let env = call.services().environment.snapshot();
+            let lookup = monoio::spawn_blocking(move || find_cli(runtime, &env));
             lookup.await.ok().flatten()
         } else {
             None
@@ -309,7 +295,9 @@ async fn runtimes(call: Call) -> Result<Response, ApiError> {
             "x_agent_sandbox": label(runtime.name(), &[]),
         }));
     }
-    Ok(Response::ok(&json!({"object": "list", "data": data})))
+    Ok(Response::ok(
+        &json!({"object": "list", "data": data, "x_agent_sandbox": label("agent-sandbox", &[])}),
+    ))
 }
 
 fn model_object(runtime: Runtime, created: u64) -> Value {
@@ -329,7 +317,9 @@ async fn models_list(call: Call) -> Result<Response, ApiError> {
         .filter(|r| r.implemented())
         .map(|r| model_object(r, created))
         .collect();
-    Ok(Response::ok(&json!({"object": "list", "data": data})))
+    Ok(Response::ok(
+        &json!({"object": "list", "data": data, "x_agent_sandbox": label("agent-sandbox", &[])}),
+    ))
 }
 
 async fn models_get(call: Call) -> Result<Response, ApiError> {

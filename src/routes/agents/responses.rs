@@ -1,7 +1,9 @@
 //! `/v1/responses`: a turn of a local CLI as an OpenAI Response, answered whole or as
 //! server-sent events in OpenAI's names, and the stored responses afterwards.
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
+use std::time::Duration;
 
 use serde_json::{json, Map, Value};
 
@@ -9,12 +11,15 @@ use super::{
     body, default_runtime, find_cli, invalid, label, metadata, not_implemented, now_unix,
     only_known, route, store_error,
 };
-use crate::agents::store::{new_id, ConversationRecord, ResponseRecord, Store};
+use crate::agents::store::{new_id, ConversationRecord, ResponseRecord, Store, MAX_ITEMS};
 use crate::agents::turn::Turn;
 use crate::agents::{AgentEvent, Item, Runtime, Usage};
 use crate::api::{ApiError, Method, Param};
 use crate::app::{handler, Call, Endpoint};
 use crate::http::{sse, Response};
+
+/// How long a CLI may take to exit after its last event before it is killed.
+const EXIT_GRACE: Duration = Duration::from_secs(2);
 
 /// The fields `POST /v1/responses` honours; any other is a 400.
 const KNOWN: [&str; 9] = [
@@ -119,6 +124,17 @@ fn parse_input(input: Option<&Value>) -> Result<Vec<InputMessage>, ApiError> {
         Some(Value::Array(items)) => {
             let mut messages = Vec::new();
             for (i, item) in items.iter().enumerate() {
+                let unknown = item.as_object().and_then(|o| {
+                    o.keys().find(|k| {
+                        !matches!(k.as_str(), "type" | "role" | "content" | "id" | "status")
+                    })
+                });
+                if let Some(key) = unknown {
+                    return Err(invalid(
+                        &format!("input[{i}].{key}"),
+                        format!("Input items cannot carry '{key}' for a local runtime."),
+                    ));
+                }
                 let kind = item
                     .get("type")
                     .and_then(Value::as_str)
@@ -182,6 +198,7 @@ fn input_item(message: &InputMessage) -> Value {
         "role": message.role,
         "status": "completed",
         "content": [{"type": "input_text", "text": message.text}],
+        "x_agent_sandbox": label("agent-sandbox", &[]),
     })
 }
 
@@ -285,7 +302,7 @@ async fn create(call: Call) -> Result<Response, ApiError> {
     let conversation = match body.get("conversation") {
         None | Some(Value::Null) => None,
         Some(Value::String(id)) => Some(id.clone()),
-        Some(Value::Object(o)) => Some(
+        Some(Value::Object(o)) if o.len() == 1 => Some(
             o.get("id")
                 .and_then(Value::as_str)
                 .ok_or_else(|| {
@@ -348,8 +365,15 @@ async fn create(call: Call) -> Result<Response, ApiError> {
                     if c.busy {
                         return Err(crate::agents::store::StoreError::Busy);
                     }
+                    if c.items.len() >= MAX_ITEMS {
+                        return Err(crate::agents::store::StoreError::Full("items"));
+                    }
                     c.busy = true;
-                    let unseen: Vec<String> = c.items[c.unseen_from..]
+                    let session = c.sessions.get(&runtime).cloned();
+                    // A CLI session that does not exist yet (the first turn, or the first
+                    // on this runtime) has seen nothing: it gets the whole conversation.
+                    let from = if session.is_some() { c.unseen_from } else { 0 };
+                    let unseen: Vec<String> = c.items[from..]
                         .iter()
                         .map(|item| {
                             format!(
@@ -359,7 +383,7 @@ async fn create(call: Call) -> Result<Response, ApiError> {
                             )
                         })
                         .collect();
-                    Ok((c.sessions.get(&runtime).cloned(), unseen))
+                    Ok((session, unseen))
                 })
                 .map_err(|e| store_error(e, "conversation", id, "conversation"))?
                 .map_err(|e| store_error(e, "conversation", id, "conversation"))?;
@@ -394,7 +418,11 @@ async fn create(call: Call) -> Result<Response, ApiError> {
     }
 
     let program = {
-        let found = find_cli(runtime, &call);
+        let env = call.services().environment.snapshot();
+        let found = monoio::spawn_blocking(move || find_cli(runtime, &env))
+            .await
+            .ok()
+            .flatten();
         found.ok_or_else(|| {
             ApiError::new(
                 503,
@@ -473,6 +501,7 @@ async fn create(call: Call) -> Result<Response, ApiError> {
             format!("The {} CLI could not be started: {e}", runtime.name()),
         )
     })?;
+    let cancelled = Arc::new(AtomicBool::new(false));
     if store_it {
         release.response = Some(id.clone());
         store.insert_response(
@@ -483,11 +512,12 @@ async fn create(call: Call) -> Result<Response, ApiError> {
                 input_items: input_items.clone(),
                 session: resume.clone().map(|s| (runtime, s)),
                 running: Some(turn.pgid()),
-                cancelled: false,
+                cancelled: cancelled.clone(),
             },
         );
     }
     let run = TurnRun {
+        cancelled,
         store,
         owner,
         id: id.clone(),
@@ -555,6 +585,8 @@ impl Drop for TurnGuard {
 
 /// What a running turn updates as it goes.
 struct TurnRun {
+    /// Raised by a cancel or a delete of the response.
+    cancelled: Arc<AtomicBool>,
     store: Arc<Store>,
     owner: String,
     id: String,
@@ -569,6 +601,8 @@ struct TurnRun {
 /// stream.
 trait Sink {
     async fn send(&mut self, kind: &str, data: Value) -> Result<(), sse::StreamClosed>;
+    /// Resolves when nobody reads any more.
+    async fn gone(&mut self);
 }
 
 struct Collect;
@@ -576,6 +610,11 @@ struct Collect;
 impl Sink for Collect {
     async fn send(&mut self, _: &str, _: Value) -> Result<(), sse::StreamClosed> {
         Ok(())
+    }
+
+    // A whole answer's caller is watched by the engine, which drops this turn.
+    async fn gone(&mut self) {
+        std::future::pending::<()>().await
     }
 }
 
@@ -591,11 +630,15 @@ impl Sink for Events {
         self.sequence += 1;
         self.tx.send(kind, &data).await
     }
+
+    async fn gone(&mut self) {
+        self.tx.closed().await
+    }
 }
 
 /// An output item in OpenAI's shape.
-fn output_item(item: &Item) -> Value {
-    match item {
+fn output_item(item: &Item, runtime: Runtime) -> Value {
+    let mut value = match item {
         Item::Message { text } => json!({
             "id": new_id("msg_"),
             "type": "message",
@@ -628,8 +671,17 @@ fn output_item(item: &Item) -> Value {
             "arguments": arguments,
             "status": "completed",
         }),
-        Item::Other(value) => value.clone(),
+        Item::Other(value) => return value.clone(),
+    };
+    // Every object carries the label; a shell call's output and exit code sit beside it.
+    let mut labelled = label(runtime.name(), &["tools_run_locally"]);
+    if let Some(extra) = value.get("x_agent_sandbox").and_then(Value::as_object) {
+        for (k, v) in extra {
+            labelled[k] = v.clone();
+        }
     }
+    value["x_agent_sandbox"] = labelled;
+    value
 }
 
 fn usage_json(usage: Usage) -> Value {
@@ -651,20 +703,40 @@ impl TurnRun {
         let mut session: Option<String> = None;
         let mut outcome: Option<Result<Usage, String>> = None;
         let mut client_gone = false;
-        while let Some(event) = turn.next().await {
+        loop {
+            // A stream's reader that leaves ends the turn at once, not at the next item.
+            let next = monoio::select! {
+                event = turn.next() => event,
+                _ = sink.gone() => {
+                    client_gone = true;
+                    None
+                }
+            };
+            let Some(event) = next else {
+                break;
+            };
             match event {
                 AgentEvent::Session(id) => {
                     session = Some(id.clone());
+                    let runtime = self.runtime;
                     if self.stored {
-                        let runtime = self.runtime;
+                        let id = id.clone();
                         let _ = self.store.with_response(&self.owner, &self.id, |r| {
                             r.session = Some((runtime, id))
                         });
                     }
+                    // Kept at once: a turn cut short still leaves the thread to resume.
+                    if let Some(conversation) = &self.conversation {
+                        let _ = self
+                            .store
+                            .with_conversation(&self.owner, conversation, |c| {
+                                c.sessions.insert(runtime, id)
+                            });
+                    }
                 }
                 AgentEvent::Item(Item::Other(value)) => other.push(value),
                 AgentEvent::Item(item) => {
-                    let value = output_item(&item);
+                    let value = output_item(&item, self.runtime);
                     let index = output.len();
                     output.push(value.clone());
                     if !client_gone && self.item_events(sink, index, &item, &value).await.is_err() {
@@ -677,15 +749,15 @@ impl TurnRun {
                 }
                 AgentEvent::Completed(usage) => outcome = Some(Ok(usage)),
                 AgentEvent::Failed(message) => outcome = Some(Err(message)),
+                AgentEvent::Notice(_) => {}
             }
         }
-        let cancelled = self.stored
-            && self
-                .store
-                .with_response(&self.owner, &self.id, |r| r.cancelled)
-                .unwrap_or(false);
+        let cancelled = self.cancelled.load(Ordering::Relaxed);
         if client_gone {
             turn.kill().await;
+        } else {
+            // The CLI may still be saving its session, which the next turn resumes.
+            turn.wait_exit(EXIT_GRACE).await;
         }
         drop(turn);
         response["output"] = Value::Array(output.clone());
@@ -827,9 +899,10 @@ async fn delete(call: Call) -> Result<Response, ApiError> {
     if let Some(pgid) = running {
         kill_group(pgid);
     }
-    Ok(Response::ok(
-        &json!({"id": id, "object": "response", "deleted": true}),
-    ))
+    Ok(Response::ok(&json!({
+        "id": id, "object": "response", "deleted": true,
+        "x_agent_sandbox": label("agent-sandbox", &[]),
+    })))
 }
 
 async fn cancel(call: Call) -> Result<Response, ApiError> {
@@ -838,7 +911,7 @@ async fn cancel(call: Call) -> Result<Response, ApiError> {
     let running = store
         .with_response(&call.identity.id, &id, |r| {
             if r.running.is_some() {
-                r.cancelled = true;
+                r.cancelled.store(true, Ordering::Relaxed);
             }
             (r.running, r.object.clone())
         })
@@ -847,6 +920,7 @@ async fn cancel(call: Call) -> Result<Response, ApiError> {
         (Some(pgid), mut object) => {
             kill_group(pgid);
             object["status"] = json!("cancelled");
+            object["incomplete_details"] = json!({"reason": "cancelled"});
             Ok(Response::ok(&object))
         }
         (None, object) => Err(invalid(
@@ -896,6 +970,7 @@ pub(super) fn list_page(
         "first_id": ordered.first().map(|i| i["id"].clone()),
         "last_id": ordered.last().map(|i| i["id"].clone()),
         "has_more": has_more,
+        "x_agent_sandbox": label("agent-sandbox", &["objects_in_memory"]),
     }))
 }
 
@@ -980,14 +1055,19 @@ mod tests {
 
     #[test]
     fn output_items_take_openai_shapes() {
-        let message = output_item(&Item::Message { text: "hi".into() });
+        let message = output_item(&Item::Message { text: "hi".into() }, Runtime::Codex);
         assert_eq!(message["type"], "message");
         assert_eq!(message["content"][0]["text"], "hi");
-        let shell = output_item(&Item::Shell {
-            command: "ls".into(),
-            output: "a\n".into(),
-            exit_code: Some(0),
-        });
+        let shell = output_item(
+            &Item::Shell {
+                command: "ls".into(),
+                output: "a\n".into(),
+                exit_code: Some(0),
+            },
+            Runtime::Codex,
+        );
+        assert_eq!(shell["x_agent_sandbox"]["exit_code"], 0);
+        assert_eq!(shell["x_agent_sandbox"]["local"], true);
         assert_eq!(shell["type"], "local_shell_call");
         assert_eq!(shell["action"]["command"][2], "ls");
         assert_eq!(

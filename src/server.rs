@@ -214,6 +214,7 @@ impl Server {
         if std::process::id() == 1 {
             start_orphan_reaper(state.clone());
         }
+        runtime::memory::spawn_trimmer(shutdown.clone());
         let children_state = state.clone();
         let reload_state = state.clone();
         shutdown::spawn_signal_thread(

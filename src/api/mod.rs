@@ -161,9 +161,12 @@ pub enum BodyMode {
     /// A JSON object the handler deserialises whole itself: the dispatcher checks only
     /// that it starts like an object (saves a second pass over a 10 MiB upload).
     WholeJson,
-    /// `WholeJson`, or with `Content-Type: application/octet-stream` a raw body that is
-    /// streamed into the sink the handler opens, up to `ABX_MAX_UPLOAD_SIZE`.
-    RawOrWholeJson,
+    /// A JSON object streamed into the sink the endpoint opens as it arrives, so a large
+    /// body is never held whole; the sink checks its syntax.
+    StreamedJson,
+    /// `StreamedJson`, or with `Content-Type: application/octet-stream` a raw body
+    /// streamed into a second sink, up to `ABX_MAX_UPLOAD_SIZE`.
+    RawOrStreamedJson,
     /// A WebSocket upgrade (listed in `/capabilities` with method `WS`).
     Upgrade,
 }

@@ -218,7 +218,7 @@ impl ApiService {
 
     /// Whether this request streams a raw `application/octet-stream` body into a sink.
     fn is_raw(&self, index: usize, method: Method, head: &RequestHead) -> bool {
-        self.state.catalog().endpoints[index].spec.body == BodyMode::RawOrWholeJson
+        self.state.catalog().endpoints[index].spec.body == BodyMode::RawOrStreamedJson
             && method == Method::Post
             && head.header("content-type").is_some_and(|v| {
                 v.split(';')
@@ -322,7 +322,8 @@ impl Service for ApiService {
         let endpoint = &catalog.endpoints[index];
         let limit = self.body_limit(index, accepted.method, head);
         let open_sink = match &endpoint.serve {
-            Serve::HandlerOrSink { raw, .. } if self.is_raw(index, accepted.method, head) => raw,
+            Serve::Sinks { raw: Some(raw), .. } if self.is_raw(index, accepted.method, head) => raw,
+            Serve::Sinks { json, .. } if accepted.method.takes_json_body() => json,
             _ => {
                 // The browser's one page and an agent's turn are held for their caller
                 // alone: when the caller hangs up, the work stops.
@@ -368,10 +369,10 @@ impl Service for ApiService {
             }
         }
         let handler = match &endpoint.serve {
-            Serve::Handler(handler) | Serve::HandlerOrSink { json: handler, .. } => handler.clone(),
-            Serve::Unavailable(_) | Serve::Upgrade(_) => {
-                // The router indexes no unavailable endpoint, and WebSockets are not on
-                // the API port.
+            Serve::Handler(handler) => handler.clone(),
+            Serve::Unavailable(_) | Serve::Upgrade(_) | Serve::Sinks { .. } => {
+                // The router indexes no unavailable endpoint, WebSockets are not on the
+                // API port, and bodies that stream never reach here.
                 return render(
                     ApiError::not_found_path(&accepted.path),
                     endpoint.spec.errors,
@@ -506,6 +507,10 @@ impl BodySink for SinkAnswers {
 
     fn abort(self: Box<Self>) -> LocalFuture<'static, ()> {
         self.sink.abort()
+    }
+
+    fn piece_size(&self) -> usize {
+        self.sink.piece_size()
     }
 }
 

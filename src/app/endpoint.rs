@@ -141,6 +141,10 @@ pub trait RawSink {
     fn finish(self: Box<Self>) -> HandlerFuture<Response>;
     /// The body did not arrive whole: undo.
     fn abort(self: Box<Self>) -> Pin<Box<dyn Future<Output = ()>>>;
+    /// The most bytes one piece should carry (the engine's default: 256 KiB).
+    fn piece_size(&self) -> usize {
+        crate::http::conn::STREAM_CHUNK
+    }
 }
 
 /// Opens the sink a raw body streams into (after the dispatcher accepted the request).
@@ -210,9 +214,13 @@ pub enum Serve {
     Upgrade(UpgradeHandler),
     /// By a handler (with the JSON body, or none for GET).
     Handler(Handler),
-    /// A JSON body goes to `json`; a raw `application/octet-stream` body streams into
-    /// the sink `raw` opens.
-    HandlerOrSink { json: Handler, raw: SinkHandler },
+    /// The body streams into a sink as it arrives: a JSON body into the one `json`
+    /// opens, a raw `application/octet-stream` body (when `raw` is set) into the one
+    /// `raw` opens.
+    Sinks {
+        json: SinkHandler,
+        raw: Option<SinkHandler>,
+    },
     /// Declared but not part of this build, with the reason: listed in `/capabilities`
     /// as disabled (rule `build:unavailable`), whatever the policy says.
     Unavailable(&'static str),
@@ -253,12 +261,26 @@ impl Endpoint {
         self
     }
 
+    /// An endpoint whose JSON body streams into the sink `json` opens (see
+    /// [`BodyMode::StreamedJson`]).
+    pub fn streamed(method: Method, path: &str, group: Group, json: SinkHandler) -> Endpoint {
+        let mut spec = EndpointSpec::new(method, path, group);
+        spec.body = BodyMode::StreamedJson;
+        Endpoint {
+            spec,
+            serve: Serve::Sinks { json, raw: None },
+        }
+    }
+
     /// Also accepts a raw `application/octet-stream` body, streamed into the sink `raw`
-    /// opens (see [`BodyMode::RawOrWholeJson`]).
+    /// opens (see [`BodyMode::RawOrStreamedJson`]); for [`Endpoint::streamed`] ones.
     pub fn raw_body(mut self, raw: SinkHandler) -> Self {
-        if let Serve::Handler(json) = self.serve {
-            self.serve = Serve::HandlerOrSink { json, raw };
-            self.spec.body = BodyMode::RawOrWholeJson;
+        if let Serve::Sinks { json, .. } = self.serve {
+            self.serve = Serve::Sinks {
+                json,
+                raw: Some(raw),
+            };
+            self.spec.body = BodyMode::RawOrStreamedJson;
         }
         self
     }

@@ -59,7 +59,7 @@ pub fn document(endpoints: &[Endpoint], listener: Listener) -> Value {
                     "required": body_required,
                 }}),
             );
-            if spec.body == BodyMode::RawOrWholeJson {
+            if spec.body == BodyMode::RawOrStreamedJson {
                 content.insert(
                     "application/octet-stream".into(),
                     json!({"schema": {"type": "string", "format": "binary"}}),

@@ -10,6 +10,7 @@ pub mod fnmatch;
 pub mod read;
 pub mod resolve;
 pub mod tree;
+pub mod upload_body;
 pub mod walk;
 pub mod watch;
 pub mod write;

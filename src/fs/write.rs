@@ -20,15 +20,29 @@ use super::error::FsError;
 use super::resolve::{self, Kind};
 use crate::runtime::{blocking, AsyncFile, IoDriver};
 
-/// A temporary file opened beside its target, not yet visible under the target's name.
-pub struct PendingWrite {
+/// Where a write lands: the confined parent directory and the name in it.
+struct Target {
     parent: OwnedFd,
-    file: OwnedFd,
-    /// `None` for an anonymous O_TMPFILE.
-    temp_name: Option<OsString>,
-    target_name: OsString,
+    name: OsString,
     /// Permission bits of the file being replaced, kept across the rename.
     keep_mode: Option<u32>,
+}
+
+/// How the temporary file is named until the commit.
+enum TempName {
+    /// An anonymous O_TMPFILE: nothing to clean up, the kernel reclaims it.
+    Anonymous,
+    /// A named file in the target's directory.
+    Beside(OsString),
+    /// A named file in another directory (a detached upload's, in the base directory).
+    Elsewhere(OwnedFd, OsString),
+}
+
+/// A temporary file bound to its target, not yet visible under the target's name.
+pub struct PendingWrite {
+    target: Target,
+    file: OwnedFd,
+    temp: TempName,
     pub caller: CallerPath,
     /// Replace a file already at the target (the default); `false` makes the commit
     /// fail with EEXIST instead, decided by the kernel at the rename itself
@@ -43,20 +57,30 @@ const SMALL_WRITE_BYTES: usize = 64 * 1024;
 
 /// Creates missing parent directories and the temporary file. Blocking.
 pub fn prepare(base: &BaseDir, caller: CallerPath) -> Result<PendingWrite, FsError> {
-    prepare_following(base, caller, 0)
+    let (target, caller) = locate(base, caller, 0)?;
+    let (file, name) = create_temp(&target.parent, &target.name)
+        .map_err(|e| FsError::io(e, caller.input.clone()))?;
+    Ok(PendingWrite {
+        temp: name.map_or(TempName::Anonymous, TempName::Beside),
+        target,
+        file,
+        caller,
+        replace: true,
+    })
 }
 
 /// Most symlinks followed from an upload's path to the file it replaces (as the kernel's
 /// limit on nested links, roughly).
 const MAX_LINK_HOPS: usize = 8;
 
-/// Like [`prepare`]; a symlink as the last component is followed (as Python's
-/// `open(path, "wb")` writes through it), confined like any caller path.
-fn prepare_following(
+/// Finds (creating missing parents) where `caller` is written; a symlink as the last
+/// component is followed (as Python's `open(path, "wb")` writes through it), confined
+/// like any caller path. Returns the caller path actually written. Blocking.
+fn locate(
     base: &BaseDir,
     caller: CallerPath,
     hops: usize,
-) -> Result<PendingWrite, FsError> {
+) -> Result<(Target, CallerPath), FsError> {
     let Some(name) = caller.file_name().map(OsStr::to_os_string) else {
         return Err(FsError::Invalid(
             "path must name a file, not the base directory".into(),
@@ -99,57 +123,46 @@ fn prepare_following(
                 .confine(&next.to_string_lossy())
                 .map_err(|_| base.not_allowed(&input))?;
             next.input = input;
-            return prepare_following(base, next, hops + 1);
+            return locate(base, next, hops + 1);
         }
         _ => None,
     };
+    Ok((
+        Target {
+            parent,
+            name,
+            keep_mode,
+        },
+        caller,
+    ))
+}
+
+/// A temporary file in `dir`: anonymous where the file system allows, else named
+/// `.<name>.abx-*.tmp` (returned). Read-write, so its data can be copied if the rename
+/// must cross a mount.
+fn create_temp(dir: &OwnedFd, name: &OsStr) -> io::Result<(OwnedFd, Option<OsString>)> {
     let mode = Mode::from_raw_mode(0o666);
     // Without /proc (and without CAP_DAC_READ_SEARCH) an O_TMPFILE could never be named.
-    let anonymous = if std::path::Path::new("/proc/self/fd").is_dir() {
-        rustix::fs::openat(
-            &parent,
-            ".",
-            OFlags::TMPFILE | OFlags::WRONLY | OFlags::CLOEXEC,
-            mode,
-        )
-        .ok()
-    } else {
-        None
-    };
-    if let Some(file) = anonymous {
-        return Ok(PendingWrite {
-            parent,
-            file,
-            temp_name: None,
-            target_name: name,
-            keep_mode,
-            replace: true,
-            caller,
-        });
+    if std::path::Path::new("/proc/self/fd").is_dir() {
+        let flags = OFlags::TMPFILE | OFlags::RDWR | OFlags::CLOEXEC;
+        if let Ok(file) = rustix::fs::openat(dir, ".", flags, mode) {
+            return Ok((file, None));
+        }
     }
     let mut temp = OsString::from(".");
-    temp.push(&name);
+    temp.push(name);
     temp.push(format!(
         ".abx-{}-{}.tmp",
         std::process::id(),
         TEMP_COUNTER.fetch_add(1, Ordering::Relaxed)
     ));
     let file = rustix::fs::openat(
-        &parent,
+        dir,
         temp.as_os_str(),
-        OFlags::WRONLY | OFlags::CREATE | OFlags::EXCL | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+        OFlags::RDWR | OFlags::CREATE | OFlags::EXCL | OFlags::NOFOLLOW | OFlags::CLOEXEC,
         mode,
-    )
-    .map_err(|e| io(e.into()))?;
-    Ok(PendingWrite {
-        parent,
-        file,
-        temp_name: Some(temp),
-        target_name: name,
-        keep_mode,
-        replace: true,
-        caller,
-    })
+    )?;
+    Ok((file, Some(temp)))
 }
 
 impl PendingWrite {
@@ -160,46 +173,153 @@ impl PendingWrite {
 
     /// Makes the data visible under the target name (replacing any file there). Blocking.
     pub fn commit(self) -> io::Result<()> {
-        if let Some(mode) = self.keep_mode {
+        if let Some(mode) = self.target.keep_mode {
             rustix::fs::fchmod(&self.file, Mode::from_raw_mode(mode))?;
         }
-        let temp = match &self.temp_name {
-            Some(name) => name.clone(),
-            None => {
-                let mut name = OsString::from(".");
-                name.push(&self.target_name);
-                name.push(format!(
-                    ".abx-{}-{}.link",
-                    std::process::id(),
-                    TEMP_COUNTER.fetch_add(1, Ordering::Relaxed)
-                ));
-                link_anonymous(&self.file, &self.parent, &name)?;
-                name
-            }
-        };
         let flags = if self.replace {
             rustix::fs::RenameFlags::empty()
         } else {
             rustix::fs::RenameFlags::NOREPLACE
         };
-        if let Err(e) = rustix::fs::renameat_with(
-            &self.parent,
-            temp.as_os_str(),
-            &self.parent,
-            self.target_name.as_os_str(),
-            flags,
-        ) {
-            let _ = rustix::fs::unlinkat(&self.parent, temp.as_os_str(), AtFlags::empty());
-            return Err(e.into());
+        let parent = &self.target.parent;
+        let target = self.target.name.as_os_str();
+        let (from_dir, from_name) = match &self.temp {
+            TempName::Anonymous => {
+                let mut name = OsString::from(".");
+                name.push(&self.target.name);
+                name.push(format!(
+                    ".abx-{}-{}.link",
+                    std::process::id(),
+                    TEMP_COUNTER.fetch_add(1, Ordering::Relaxed)
+                ));
+                match link_anonymous(&self.file, parent, &name) {
+                    Ok(()) => {}
+                    Err(e) if e.raw_os_error() == Some(libc::EXDEV) => return self.copy_across(),
+                    Err(e) => return Err(e),
+                }
+                (parent, name)
+            }
+            TempName::Beside(name) => (parent, name.clone()),
+            TempName::Elsewhere(dir, name) => (dir, name.clone()),
+        };
+        match rustix::fs::renameat_with(from_dir, from_name.as_os_str(), parent, target, flags) {
+            Ok(()) => Ok(()),
+            Err(rustix::io::Errno::XDEV) => self.copy_across(),
+            Err(e) => {
+                let _ = rustix::fs::unlinkat(from_dir, from_name.as_os_str(), AtFlags::empty());
+                Err(e.into())
+            }
         }
-        Ok(())
+    }
+
+    /// The temporary file is on another mount than the target (a detached upload whose
+    /// path is under a mount point inside the base directory): copy its data into a
+    /// temporary file beside the target and commit that. Blocking.
+    fn copy_across(self) -> io::Result<()> {
+        let (file, name) = create_temp(&self.target.parent, &self.target.name)?;
+        let mut from = std::fs::File::from(self.file.try_clone()?);
+        let mut to = std::fs::File::from(file.try_clone()?);
+        let copied =
+            std::io::Seek::rewind(&mut from).and_then(|_| std::io::copy(&mut from, &mut to));
+        let PendingWrite {
+            target,
+            temp,
+            caller,
+            replace,
+            ..
+        } = self;
+        remove_temp(&temp);
+        let beside = PendingWrite {
+            target,
+            file,
+            temp: name.map_or(TempName::Anonymous, TempName::Beside),
+            caller,
+            replace,
+        };
+        match copied {
+            Ok(_) => beside.commit(),
+            Err(e) => {
+                beside.abort();
+                Err(e)
+            }
+        }
     }
 
     /// Removes the temporary file (a no-op for an anonymous one). Blocking.
     pub fn abort(self) {
-        if let Some(name) = &self.temp_name {
-            let _ = rustix::fs::unlinkat(&self.parent, name.as_os_str(), AtFlags::empty());
+        let parent = self.target.parent;
+        match self.temp {
+            TempName::Beside(name) => {
+                let _ = rustix::fs::unlinkat(&parent, name.as_os_str(), AtFlags::empty());
+            }
+            other => remove_temp(&other),
         }
+    }
+}
+
+fn remove_temp(temp: &TempName) {
+    if let TempName::Elsewhere(dir, name) = temp {
+        let _ = rustix::fs::unlinkat(dir, name.as_os_str(), AtFlags::empty());
+    }
+}
+
+/// A temporary file in the base directory whose target is not known yet: a JSON upload
+/// whose `path` may arrive after its content. [`Detached::attach`] binds it to the
+/// target once the path is known and confined.
+pub struct Detached {
+    file: OwnedFd,
+    temp: TempName,
+}
+
+impl Detached {
+    /// Creates the temporary file in the base directory. Blocking.
+    pub fn create(base: &BaseDir) -> Result<Detached, FsError> {
+        let shown = base.path().to_string_lossy().into_owned();
+        let io = |e: io::Error| FsError::io(e, shown.clone());
+        let beneath = base.open_creating()?;
+        let root = beneath
+            .open(
+                std::path::Path::new(""),
+                OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,
+                Mode::empty(),
+            )
+            .map_err(|e| match e {
+                super::resolve::OpenError::Io(e) => io(e),
+                super::resolve::OpenError::Escape => io(io::Error::other("base directory")),
+            })?;
+        let (file, name) = create_temp(&root, OsStr::new("upload")).map_err(io)?;
+        Ok(Detached {
+            file,
+            temp: name.map_or(TempName::Anonymous, |name| TempName::Elsewhere(root, name)),
+        })
+    }
+
+    /// Binds the data to `caller` (creating its parents); on error the temporary file
+    /// is removed. Blocking.
+    pub fn attach(
+        self,
+        base: &BaseDir,
+        caller: CallerPath,
+        replace: bool,
+    ) -> Result<PendingWrite, FsError> {
+        match locate(base, caller, 0) {
+            Ok((target, caller)) => Ok(PendingWrite {
+                target,
+                file: self.file,
+                temp: self.temp,
+                caller,
+                replace,
+            }),
+            Err(e) => {
+                remove_temp(&self.temp);
+                Err(e)
+            }
+        }
+    }
+
+    /// Removes the temporary file. Blocking.
+    pub fn abort(self) {
+        remove_temp(&self.temp);
     }
 }
 
@@ -267,9 +387,15 @@ pub async fn write_atomic(
 /// A streamed upload: pieces are written at increasing offsets to the temporary file,
 /// which becomes visible under the target name only on [`Upload::commit`].
 pub struct Upload {
-    pending: Option<PendingWrite>,
+    stage: Option<Stage>,
     file: Option<AsyncFile>,
     written: u64,
+}
+
+/// Whether the upload knows its target yet.
+enum Stage {
+    Bound(PendingWrite),
+    Detached(Detached),
 }
 
 impl Upload {
@@ -286,7 +412,7 @@ impl Upload {
             .map_err(|e| FsError::io(e, shown))??;
         match pending.data_file(driver) {
             Ok(file) => Ok(Upload {
-                pending: Some(pending),
+                stage: Some(Stage::Bound(pending)),
                 file: Some(file),
                 written: 0,
             }),
@@ -298,12 +424,57 @@ impl Upload {
         }
     }
 
-    /// The path the data will appear under.
+    /// Creates the temporary file in the base directory before the target is known;
+    /// [`Upload::attach`] names the target before the commit.
+    pub async fn open_detached(base: &BaseDir, driver: IoDriver) -> Result<Upload, FsError> {
+        let shown = base.path().to_string_lossy().into_owned();
+        let base = base.clone();
+        let detached = blocking(move || Detached::create(&base))
+            .await
+            .map_err(|e| FsError::io(e, shown.clone()))??;
+        match detached
+            .file
+            .try_clone()
+            .and_then(|fd| AsyncFile::new(fd, driver))
+        {
+            Ok(file) => Ok(Upload {
+                stage: Some(Stage::Detached(detached)),
+                file: Some(file),
+                written: 0,
+            }),
+            Err(e) => {
+                let _ = blocking(move || detached.abort()).await;
+                Err(FsError::io(e, shown))
+            }
+        }
+    }
+
+    /// Binds a detached upload to its target (a no-op for one opened bound). On error
+    /// the temporary file is gone and the upload is spent.
+    pub async fn attach(
+        &mut self,
+        base: &BaseDir,
+        caller: CallerPath,
+        replace: bool,
+    ) -> Result<(), FsError> {
+        let Some(Stage::Detached(detached)) = self.stage.take() else {
+            return Ok(());
+        };
+        let shown = caller.display();
+        let base = base.clone();
+        let pending = blocking(move || detached.attach(&base, caller, replace))
+            .await
+            .map_err(|e| FsError::io(e, shown))??;
+        self.stage = Some(Stage::Bound(pending));
+        Ok(())
+    }
+
+    /// The path the data will appear under (empty while detached).
     pub fn display(&self) -> String {
-        self.pending
-            .as_ref()
-            .map(|p| p.caller.display())
-            .unwrap_or_default()
+        match &self.stage {
+            Some(Stage::Bound(p)) => p.caller.display(),
+            _ => String::new(),
+        }
     }
 
     /// Appends one piece; returns the buffer for reuse.
@@ -323,7 +494,7 @@ impl Upload {
 
     /// Commit will fail with EEXIST rather than replace a file at the target.
     pub fn keep_existing(&mut self) {
-        if let Some(pending) = &mut self.pending {
+        if let Some(Stage::Bound(pending)) = &mut self.stage {
             pending.replace = false;
         }
     }
@@ -332,9 +503,9 @@ impl Upload {
     pub async fn commit(mut self) -> Result<(usize, String), FsError> {
         drop(self.file.take());
         let display = self.display();
-        let Some(pending) = self.pending.take() else {
+        let Some(Stage::Bound(pending)) = self.stage.take() else {
             return Err(FsError::io(
-                io::Error::other("upload already finished"),
+                io::Error::other("upload has no target or already finished"),
                 display,
             ));
         };
@@ -349,8 +520,14 @@ impl Upload {
     /// Removes the temporary file.
     pub async fn abort(mut self) {
         drop(self.file.take());
-        if let Some(pending) = self.pending.take() {
-            let _ = blocking(move || pending.abort()).await;
+        match self.stage.take() {
+            Some(Stage::Bound(pending)) => {
+                let _ = blocking(move || pending.abort()).await;
+            }
+            Some(Stage::Detached(detached)) => {
+                let _ = blocking(move || detached.abort()).await;
+            }
+            None => {}
         }
     }
 }

@@ -542,17 +542,15 @@ impl<S: Service> Connection<S> {
         sink: &mut dyn BodySink,
     ) -> Result<Result<(), Response>, Stop> {
         self.start_body();
-        let mut piece: Vec<u8> = Vec::with_capacity(STREAM_CHUNK);
+        let chunk = sink.piece_size().clamp(1, STREAM_CHUNK);
+        let mut piece: Vec<u8> = Vec::with_capacity(chunk);
         if head.chunked {
             let mut framing = BodyFraming::of(head, limit);
             let mut total = 0u64;
             loop {
                 piece.clear();
-                while piece.len() < STREAM_CHUNK {
-                    match self
-                        .next_piece(&mut framing, STREAM_CHUNK - piece.len())
-                        .await?
-                    {
+                while piece.len() < chunk {
+                    match self.next_piece(&mut framing, chunk - piece.len()).await? {
                         Ok(Some((start, end, next))) => {
                             piece.extend_from_slice(&self.buf[start..end]);
                             self.pos = next;
@@ -587,12 +585,12 @@ impl<S: Service> Connection<S> {
             piece.clear();
             let buffered = self.buf.len() - self.pos;
             if buffered > 0 {
-                let take = buffered.min(remaining as usize).min(STREAM_CHUNK);
+                let take = buffered.min(remaining as usize).min(chunk);
                 piece.extend_from_slice(&self.buf[self.pos..self.pos + take]);
                 self.pos += take;
             } else {
                 // Straight from the socket into the piece: no copy through our buffer.
-                let want = (remaining as usize).min(STREAM_CHUNK);
+                let want = (remaining as usize).min(chunk);
                 if piece.capacity() < want {
                     piece.reserve(want);
                 }

@@ -29,6 +29,11 @@ pub trait BodySink {
     fn finish(self: Box<Self>) -> LocalFuture<'static, Response>;
     /// The body did not arrive whole (client gone, too large, malformed): undo.
     fn abort(self: Box<Self>) -> LocalFuture<'static, ()>;
+    /// The most bytes one piece should carry: what the sink holds per body on top of
+    /// its own buffers.
+    fn piece_size(&self) -> usize {
+        super::conn::STREAM_CHUNK
+    }
 }
 
 /// Takes over a connection after an upgrade: the socket and the bytes already read

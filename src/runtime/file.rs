@@ -2,9 +2,14 @@
 //! the io_uring driver; the blocking pool under epoll, where monoio would otherwise run
 //! `pread`/`pwrite` on the event-loop thread. Buffers pass by value and come back, as
 //! monoio's ops do.
+//!
+//! Files on tmpfs or ramfs are the exception: their data lives in memory, so `pread` and
+//! `pwrite` cannot wait for a disk and run on the worker. io_uring would hand them to an
+//! io-wq thread (tmpfs does not do non-blocking I/O), a context switch per piece that
+//! measured 15-20 % of a JSON upload's throughput (`docs/architecture.md`).
 
 use std::io;
-use std::os::fd::{BorrowedFd, OwnedFd};
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::sync::Arc;
 
 use monoio::buf::IoBufMut;
@@ -16,11 +21,16 @@ use crate::http::{BodyStream, LocalFuture};
 pub enum AsyncFile {
     Uring(monoio::fs::File),
     Pool(Arc<std::fs::File>),
+    /// On tmpfs or ramfs: plain `pread`/`pwrite` on the worker.
+    Memory(std::fs::File),
 }
 
 impl AsyncFile {
     /// Wraps `fd` for the driver the calling worker runs.
     pub fn new(fd: OwnedFd, driver: IoDriver) -> io::Result<AsyncFile> {
+        if memory_backed(fd.as_fd()) {
+            return Ok(AsyncFile::Memory(std::fs::File::from(fd)));
+        }
         let file = std::fs::File::from(fd);
         match driver {
             IoDriver::IoUring => Ok(AsyncFile::Uring(monoio::fs::File::from_std(file)?)),
@@ -32,6 +42,10 @@ impl AsyncFile {
     pub async fn read_at(&self, mut buf: Vec<u8>, pos: u64) -> (io::Result<usize>, Vec<u8>) {
         buf.clear();
         match self {
+            AsyncFile::Memory(file) => {
+                let result = rustix::io::pread(file, rustix::buffer::spare_capacity(&mut buf), pos);
+                (result.map_err(io::Error::from), buf)
+            }
             AsyncFile::Uring(file) => file.read_at(buf, pos).await,
             AsyncFile::Pool(file) => {
                 // Page-cached data is copied inline (RWF_NOWAIT never waits for the disk);
@@ -77,6 +91,11 @@ impl AsyncFile {
         while buf.len() < wanted {
             let filled = buf.len();
             let (result, back) = match self {
+                AsyncFile::Memory(file) => {
+                    let spare = rustix::buffer::spare_capacity(&mut buf);
+                    let result = rustix::io::pread(file, spare, pos + filled as u64);
+                    (result.map_err(io::Error::from), buf)
+                }
                 AsyncFile::Uring(file) => {
                     // Read straight into the spare capacity: no second buffer, no copy.
                     let (result, slice) = file
@@ -134,6 +153,10 @@ impl AsyncFile {
     /// Writes all of `buf` at `pos`.
     pub async fn write_all_at(&self, buf: Vec<u8>, pos: u64) -> (io::Result<()>, Vec<u8>) {
         match self {
+            AsyncFile::Memory(file) => {
+                use std::os::unix::fs::FileExt;
+                (file.write_all_at(&buf, pos), buf)
+            }
             AsyncFile::Uring(file) => file.write_all_at(buf, pos).await,
             AsyncFile::Pool(file) => {
                 let file = file.clone();
@@ -209,6 +232,103 @@ impl BodyStream for FileStream {
             buf.truncate(want.min(n));
             self.pos += buf.len() as u64;
             Ok(Some(buf))
+        })
+    }
+}
+
+/// The most raw bytes per base64 piece: a multiple of 3, so pieces encode without padding
+/// and concatenate into one valid encoding (256 KiB of base64 out per piece).
+const BASE64_PIECE: usize = 3 * 64 * 1024;
+
+/// A file region as standard base64 between a `prefix` and a `suffix` (the value of a
+/// JSON string field, with the object around it), as a body of known length. Each
+/// piece is read straight into a reused buffer, encoded into the outgoing buffer's
+/// spare capacity (nothing is zero-filled first) and sent while the next is read, so
+/// memory stays at one piece per response whatever the file's size.
+pub struct Base64FileStream {
+    file: AsyncFile,
+    pos: u64,
+    end: u64,
+    prefix: Option<Vec<u8>>,
+    suffix: Option<Vec<u8>>,
+    raw: Vec<u8>,
+    length: u64,
+}
+
+impl Base64FileStream {
+    /// The `len` bytes of `file` from `offset`, encoded, after `prefix` and before
+    /// `suffix`.
+    pub fn new(file: AsyncFile, offset: u64, len: u64, prefix: Vec<u8>, suffix: Vec<u8>) -> Self {
+        let length = prefix.len() as u64 + len.div_ceil(3) * 4 + suffix.len() as u64;
+        Base64FileStream {
+            file,
+            pos: offset,
+            end: offset + len,
+            prefix: Some(prefix),
+            suffix: Some(suffix),
+            raw: Vec::new(),
+            length,
+        }
+    }
+}
+
+impl BodyStream for Base64FileStream {
+    fn length(&self) -> Option<u64> {
+        Some(self.length)
+    }
+
+    fn next(&mut self, mut buf: Vec<u8>) -> LocalFuture<'_, io::Result<Option<Vec<u8>>>> {
+        Box::pin(async move {
+            buf.clear();
+            if let Some(prefix) = self.prefix.take() {
+                buf.extend_from_slice(&prefix);
+            }
+            if self.pos < self.end {
+                // Fill the outgoing buffer without outgrowing it (the engine hands the
+                // same two buffers back and forth): a reallocation per piece showed as
+                // page faults in the profile.
+                let suffix = self.suffix.as_ref().map_or(0, Vec::len);
+                let room = buf.capacity().saturating_sub(buf.len() + suffix) / 4 * 3;
+                let piece = if room < 3 {
+                    BASE64_PIECE
+                } else {
+                    room.min(BASE64_PIECE)
+                };
+                let want = ((self.end - self.pos) as usize).min(piece);
+                let mut raw = std::mem::take(&mut self.raw);
+                if raw.capacity() < BASE64_PIECE {
+                    raw = Vec::with_capacity(BASE64_PIECE);
+                }
+                let (result, mut raw) = self.file.read_full_at(raw, self.pos).await;
+                result?;
+                if raw.len() < want {
+                    // The file shrank since its size was announced.
+                    return Err(io::Error::from(io::ErrorKind::UnexpectedEof));
+                }
+                raw.truncate(want);
+                let encoded = base64_simd::STANDARD.encoded_length(want);
+                buf.reserve(encoded + 64);
+                let start = buf.len();
+                let written = base64_simd::STANDARD
+                    .encode(
+                        &raw,
+                        base64_simd::Out::from_uninit_slice(
+                            &mut buf.spare_capacity_mut()[..encoded],
+                        ),
+                    )
+                    .len();
+                debug_assert_eq!(written, encoded);
+                // SAFETY: the encoder initialised exactly `encoded` bytes after `start`.
+                unsafe { buf.set_len(start + encoded) };
+                self.pos += want as u64;
+                self.raw = raw;
+            }
+            if self.pos >= self.end {
+                if let Some(suffix) = self.suffix.take() {
+                    buf.extend_from_slice(&suffix);
+                }
+            }
+            Ok((!buf.is_empty()).then_some(buf))
         })
     }
 }

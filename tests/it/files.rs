@@ -335,6 +335,324 @@ fn raw_streaming_200_mib_in_constant_memory(driver: &'static str) {
     );
 }
 
+fn json_downloads_stream_in_bounded_memory(driver: &'static str) {
+    let server = Server::start(driver);
+    // Sizes around the base64 piece (196,608 raw bytes), the small-file path and zero.
+    for len in [
+        0usize, 1, 2, 3, 65_535, 65_536, 196_607, 196_608, 196_609, 1_000_001,
+    ] {
+        let data = noise(len, len as u64 + 7);
+        std::fs::write(server.base_dir().join("d.bin"), &data).unwrap();
+        for route in ["/download?path=d.bin", "/files/download-stream?path=d.bin"] {
+            let reply = server.get(route);
+            assert_eq!(reply.status, 200, "{route} {len}");
+            assert_eq!(
+                reply
+                    .header("content-length")
+                    .map(|l| l.parse::<usize>().unwrap()),
+                Some(reply.body.len()),
+                "{route} {len}"
+            );
+            let got = reply.json();
+            assert_eq!(unb64(&got["content_base64"]), data, "{route} {len}");
+            assert_eq!(got["path"], format!("{}/d.bin", base(&server)));
+            if route.starts_with("/files") {
+                assert_eq!(got["bytes"], len);
+            } else {
+                assert!(got.get("bytes").is_none());
+            }
+        }
+    }
+
+    // 64 MiB as JSON (85 MiB of base64), read slowly at first: the server holds a piece
+    // at a time, not the file or its encoding.
+    const LEN: usize = 64 << 20;
+    let block = noise(1 << 20, 5);
+    let mut file = std::fs::File::create(server.base_dir().join("big.bin")).unwrap();
+    for _ in 0..64 {
+        file.write_all(&block).unwrap();
+    }
+    drop(file);
+    let mut stream = server.connect();
+    stream
+        .write_all(b"GET /download?path=big.bin HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n")
+        .unwrap();
+    let mut reader = BufReader::with_capacity(1 << 20, stream);
+    let mut length = 0usize;
+    loop {
+        let mut line = String::new();
+        reader.read_line(&mut line).unwrap();
+        if line == "\r\n" {
+            break;
+        }
+        if let Some(v) = line.to_ascii_lowercase().strip_prefix("content-length:") {
+            length = v.trim().parse().unwrap();
+        }
+    }
+    std::thread::sleep(Duration::from_millis(300));
+    let mut body = Vec::with_capacity(length);
+    reader.read_to_end(&mut body).unwrap_or_default();
+    assert_eq!(body.len(), length);
+    let got: Value = serde_json::from_slice(&body).unwrap();
+    let decoded = unb64(&got["content_base64"]);
+    assert_eq!(decoded.len(), LEN);
+    assert!(decoded.chunks(1 << 20).all(|c| c == block.as_slice()));
+    let rss = peak_rss_kib(&server);
+    assert!(
+        rss < 16 * 1024,
+        "server peak RSS {rss} KiB for a 64 MiB JSON download"
+    );
+}
+
+/// A JSON upload body with `path` first or last.
+fn upload_json(path: &str, data: &[u8], path_first: bool) -> Vec<u8> {
+    let path = serde_json::to_string(path).unwrap();
+    let content = b64(data);
+    if path_first {
+        format!(r#"{{"path": {path}, "content_base64": "{content}"}}"#)
+    } else {
+        format!(r#"{{"content_base64":"{content}","path":{path}}}"#)
+    }
+    .into_bytes()
+}
+
+/// Sends a body in uneven writes, so the server sees it in many pieces.
+fn post_in_pieces(server: &Server, route: &str, body: &[u8]) -> crate::support::Reply {
+    let mut stream = server.connect();
+    let head = format!(
+        "POST {route} HTTP/1.1\r\nHost: t\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n",
+        body.len()
+    );
+    stream.write_all(head.as_bytes()).unwrap();
+    let mut sent = 0;
+    let mut size = 1;
+    while sent < body.len() {
+        let end = (sent + size).min(body.len());
+        stream.write_all(&body[sent..end]).unwrap();
+        sent = end;
+        size = size * 7 + 3;
+        if size > 300_000 {
+            size = 1;
+        }
+    }
+    read_reply(&mut BufReader::new(stream)).unwrap()
+}
+
+/// The entries of the base directory, and the server's descriptors open beneath it.
+fn leftovers(server: &Server) -> (Vec<String>, usize) {
+    let base_dir = std::fs::canonicalize(server.base_dir()).unwrap();
+    let mut names: Vec<String> = std::fs::read_dir(&base_dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    names.sort();
+    let open = std::fs::read_dir(format!("/proc/{}/fd", server.child.id()))
+        .unwrap()
+        .filter_map(|e| std::fs::read_link(e.ok()?.path()).ok())
+        .filter(|target| target.starts_with(&base_dir))
+        .count();
+    (names, open)
+}
+
+fn json_uploads_stream_to_disk(driver: &'static str) {
+    let server = Server::start(driver);
+    // The largest file the 10 MiB body cap admits, with a one-letter path.
+    const CAP: usize = 10 * 1024 * 1024;
+    let overhead = upload_json("m", b"", true).len();
+    let largest = (CAP - overhead) / 4 * 3;
+    for len in [0usize, 1, 65_535, 65_536, 1_000_000, largest] {
+        let data = noise(len, len as u64 + 11);
+        for path_first in [true, false] {
+            let body = upload_json("m", &data, path_first);
+            assert!(body.len() <= CAP);
+            for route in ["/upload", "/files/upload-stream"] {
+                let reply = post_in_pieces(&server, route, &body);
+                assert_eq!(reply.status, 200, "{route} {len} {}", reply.text());
+                assert_eq!(
+                    reply.json(),
+                    json!({"path": format!("{}/m", base(&server)), "bytes": len})
+                );
+                assert!(std::fs::read(server.base_dir().join("m")).unwrap() == data);
+                let got = server.get("/download?path=m").json();
+                assert!(unb64(&got["content_base64"]) == data, "{route} {len}");
+            }
+        }
+    }
+    // One quad more is over the body cap.
+    let body = upload_json("m", &noise(largest + 3, 1), true);
+    let reply = server.request("POST", "/upload", &[], Some(&body));
+    assert_eq!(
+        (reply.status, reply.json()["code"].clone()),
+        (413, json!("payload_too_large"))
+    );
+    std::fs::remove_file(server.base_dir().join("m")).unwrap();
+    assert_eq!(leftovers(&server), (vec![], 0));
+
+    // Bad base64 in the first, a middle and the last piece, path first and last: 400,
+    // and nothing on disk, temporary or otherwise.
+    let data = noise(3_000_000, 3);
+    let encoded = b64(&data);
+    for at in [5, encoded.len() / 2, encoded.len() - 2] {
+        for path_first in [true, false] {
+            let mut bad = encoded.clone().into_bytes();
+            bad[at] = b'*';
+            let bad = String::from_utf8(bad).unwrap();
+            let body = if path_first {
+                format!(r#"{{"path": "bad.bin", "content_base64": "{bad}"}}"#)
+            } else {
+                format!(r#"{{"content_base64": "{bad}", "path": "bad.bin"}}"#)
+            };
+            let reply = post_in_pieces(&server, "/upload", body.as_bytes());
+            assert_eq!(reply.status, 400, "{at}");
+            assert_eq!(
+                reply.json()["error"],
+                "content_base64 is not valid standard base64"
+            );
+            assert_eq!(leftovers(&server), (vec![], 0), "{at}");
+        }
+    }
+    // Content first, then a path the policy refuses, or a directory: the streamed data
+    // is dropped.
+    std::fs::create_dir(server.base_dir().join("dir")).unwrap();
+    for (path, status) in [("/etc/evil.bin", 403), ("dir", 500)] {
+        let body = upload_json(path, &data, false);
+        let reply = server.request("POST", "/upload", &[], Some(&body));
+        assert_eq!(reply.status, status, "{path} {}", reply.text());
+        assert_eq!(leftovers(&server), (vec!["dir".to_string()], 0), "{path}");
+    }
+    // Invalid JSON around a valid streamed value, and a duplicate value.
+    for body in [
+        format!(r#"{{"path": "x.bin", "content_base64": "{encoded}",}}"#),
+        format!(r#"{{"path": "x.bin", "content_base64": "{encoded}", "content_base64": "QQ=="}}"#),
+        format!(r#"{{"path": "x.bin" "content_base64": "{encoded}"}}"#),
+    ] {
+        let reply = server.request("POST", "/upload", &[], Some(body.as_bytes()));
+        assert_eq!(reply.status, 400, "{}", reply.text());
+        assert_eq!(leftovers(&server), (vec!["dir".to_string()], 0));
+    }
+    // A chunked body streams too.
+    let body = upload_json("chunked.bin", &data, false);
+    let mut stream = server.connect();
+    stream
+        .write_all(b"POST /upload HTTP/1.1\r\nHost: t\r\nTransfer-Encoding: chunked\r\n\r\n")
+        .unwrap();
+    for piece in body.chunks(100_000) {
+        stream
+            .write_all(format!("{:x}\r\n", piece.len()).as_bytes())
+            .unwrap();
+        stream.write_all(piece).unwrap();
+        stream.write_all(b"\r\n").unwrap();
+    }
+    stream.write_all(b"0\r\n\r\n").unwrap();
+    let reply = read_reply(&mut BufReader::new(stream)).unwrap();
+    assert_eq!(reply.json()["bytes"], data.len());
+    assert!(std::fs::read(server.base_dir().join("chunked.bin")).unwrap() == data);
+
+    // A client that leaves mid-body: the temporary file is let go, nothing remains.
+    let mut stream = server.connect();
+    stream
+        .write_all(b"POST /upload HTTP/1.1\r\nHost: t\r\nContent-Length: 9000000\r\n\r\n")
+        .unwrap();
+    stream.write_all(&body[..3_000_000]).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while leftovers(&server).1 == 0 && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    assert!(leftovers(&server).1 >= 1, "the temporary file is open");
+    stream.shutdown(std::net::Shutdown::Write).unwrap();
+    assert!(closes_within(&mut stream, Duration::from_secs(10)));
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while leftovers(&server).1 > 0 && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    assert_eq!(
+        leftovers(&server),
+        (vec!["chunked.bin".to_string(), "dir".to_string()], 0)
+    );
+}
+
+fn rss_kib(server: &Server) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{}/status", server.child.id())).unwrap();
+    let line = status.lines().find(|l| l.starts_with("VmRSS:")).unwrap();
+    line.split_whitespace().nth(1).unwrap().parse().unwrap()
+}
+
+/// Files on tmpfs are read and written on the worker (no io_uring op): the same
+/// answers as on a disk.
+fn transfers_on_tmpfs(driver: &'static str) {
+    let shm = Path::new("/dev/shm");
+    assert!(shm.is_dir(), "this test needs a tmpfs at /dev/shm");
+    let dir = shm.join(format!("abx-test-tmpfs-{}-{driver}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let server = Launch::new(driver).base_dir(&dir).start();
+    let data = noise(1_000_003, 21);
+    for (route, path_first) in [("/upload", true), ("/files/upload-stream", false)] {
+        let body = upload_json("t/m.bin", &data, path_first);
+        let reply = post_in_pieces(&server, route, &body);
+        assert_eq!(reply.json()["bytes"], data.len(), "{}", reply.text());
+        assert!(std::fs::read(dir.join("t/m.bin")).unwrap() == data);
+    }
+    let got = server.get("/download?path=t/m.bin").json();
+    assert!(unb64(&got["content_base64"]) == data);
+    let reply = raw_upload(&server, "t/raw.bin", data.len() as u64, |at| {
+        data[at as usize..].to_vec()
+    });
+    assert_eq!(reply.json()["bytes"], data.len(), "{}", reply.text());
+    let raw = server.get("/files/download-stream?path=t/raw.bin&raw=1");
+    assert!(raw.body == data);
+    let part = server.request(
+        "GET",
+        "/files/download-stream?path=t/raw.bin&raw=1",
+        &[("Range", "bytes=999990-")],
+        None,
+    );
+    assert_eq!((part.status, part.body.as_slice()), (206, &data[999_990..]));
+    drop(server);
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+fn concurrent_json_uploads_in_bounded_memory(driver: &'static str) {
+    let server = Server::start(driver);
+    let idle = rss_kib(&server);
+    // 64 uploads of 2 MiB at once (2.7 MiB of JSON each): the server holds a piece of
+    // each, not the bodies (which alone would be 170 MiB).
+    let data = std::sync::Arc::new(noise(2 << 20, 9));
+    let addr = server.addr;
+    let uploads: Vec<_> = (0..64)
+        .map(|i| {
+            let data = data.clone();
+            std::thread::spawn(move || {
+                let body = upload_json(&format!("c{i}.bin"), &data, i % 2 == 0);
+                crate::support::request_at(addr, "POST", "/upload", &[], Some(&body))
+            })
+        })
+        .collect();
+    for upload in uploads {
+        let reply = upload.join().unwrap();
+        assert_eq!(reply.json()["bytes"], 2 << 20, "{}", reply.text());
+    }
+    for i in 0..64 {
+        let written = std::fs::read(server.base_dir().join(format!("c{i}.bin"))).unwrap();
+        assert!(written == *data);
+    }
+    let rss = peak_rss_kib(&server);
+    assert!(
+        rss < 40 * 1024,
+        "server peak RSS {rss} KiB for 64 concurrent 2 MiB JSON uploads"
+    );
+    // Once quiet, the memory goes back to the kernel (the trimmer samples twice a
+    // second; a generous deadline, since this is behaviour, not speed).
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while rss_kib(&server) > idle + 2 * 1024 && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let after = rss_kib(&server);
+    assert!(
+        after <= idle + 2 * 1024,
+        "resident {after} KiB after the uploads, {idle} KiB before"
+    );
+}
+
 fn raw_upload_limits_and_chunked(driver: &'static str) {
     let server = Launch::new(driver)
         .env("ABX_MAX_UPLOAD_SIZE", "100000")
@@ -1415,6 +1733,10 @@ on_both_drivers!(
     upload_and_download_errors,
     overwrite_keeps_permissions_and_is_atomic,
     raw_streaming_200_mib_in_constant_memory,
+    json_downloads_stream_in_bounded_memory,
+    json_uploads_stream_to_disk,
+    concurrent_json_uploads_in_bounded_memory,
+    transfers_on_tmpfs,
     raw_upload_limits_and_chunked,
     interrupted_uploads_leave_nothing,
     range_etag_and_not_modified,

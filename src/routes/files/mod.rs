@@ -18,11 +18,11 @@ use crate::fs::FsError;
 pub fn endpoints() -> Vec<Endpoint> {
     let path_q = Param::query("path", "string", true);
     vec![
-        Endpoint::new(
+        Endpoint::streamed(
             Method::Post,
             "/upload",
             Group::FileOps,
-            handler(transfer::upload),
+            sink_handler(transfer::open_json_upload),
         )
         .id("upload")
         .returns(schema::path_bytes())
@@ -31,8 +31,7 @@ pub fn endpoints() -> Vec<Endpoint> {
         .params(&[
             Param::body("path", "string", true),
             Param::body("content_base64", "string", true),
-        ])
-        .whole_json(),
+        ]),
         Endpoint::new(
             Method::Get,
             "/download",
@@ -123,11 +122,11 @@ pub fn endpoints() -> Vec<Endpoint> {
         .limit("max_results", search::DEFAULT_RESULTS)
         .limit("max_results_cap", search::MAX_RESULTS)
         .limit("timeout_seconds", search::TIME_LIMIT.as_secs()),
-        Endpoint::new(
+        Endpoint::streamed(
             Method::Post,
             "/files/upload-stream",
             Group::FileOps,
-            handler(transfer::upload),
+            sink_handler(transfer::open_json_upload),
         )
         .id("files_upload_stream")
         .returns(schema::path_bytes())
@@ -138,7 +137,6 @@ pub fn endpoints() -> Vec<Endpoint> {
             Param::body("content_base64", "string", true),
             Param::query("path", "string", false),
         ])
-        .whole_json()
         .raw_body(sink_handler(transfer::open_raw_upload)),
         Endpoint::new(
             Method::Get,

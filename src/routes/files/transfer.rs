@@ -10,12 +10,14 @@ use serde_json::json;
 
 use super::{confine, fs_error, query_path, truthy};
 use crate::api::ApiError;
-use crate::app::endpoint::{is_blank, parse_json, HandlerFuture};
+use crate::app::endpoint::{parse_json, HandlerFuture};
+use crate::app::request::validate_json_object;
 use crate::app::{Call, RawSink};
 use crate::fs::read::{open_file, Opened};
+use crate::fs::upload_body::{UploadBodyError, UploadScanner};
 use crate::fs::write::{write_atomic, Upload};
 use crate::http::{LocalFuture, Response, JSON_CONTENT_TYPE};
-use crate::runtime::{blocking, AsyncFile, FileStream};
+use crate::runtime::{blocking, AsyncFile, Base64FileStream, FileStream};
 
 /// Bodies and payloads above this are parsed, decoded and encoded on the blocking pool,
 /// so one large transfer does not stall the other connections of its worker.
@@ -31,19 +33,6 @@ struct UploadBody<'a> {
     path: Option<Cow<'a, str>>,
     #[serde(borrow, default)]
     content_base64: Option<Cow<'a, str>>,
-}
-
-fn parse_upload(body: &[u8], limit: u64) -> Result<(String, Vec<u8>), ApiError> {
-    let body: &[u8] = if is_blank(body) { b"{}" } else { body };
-    let parsed: UploadBody = parse_json(body)?;
-    let path = parsed
-        .path
-        .filter(|p| !p.is_empty())
-        .ok_or_else(|| ApiError::bad_request("path is required"))?;
-    let content = parsed
-        .content_base64
-        .ok_or_else(|| ApiError::bad_request("content_base64 is required"))?;
-    Ok((path.into_owned(), decode_base64(&content, limit)?))
 }
 
 /// Decodes standard base64; if strict decoding fails, retries without ASCII whitespace
@@ -165,25 +154,178 @@ fn upload_too_large(limit: u64) -> ApiError {
     .with_code("payload_too_large")
 }
 
-/// `POST /upload` and the JSON form of `/files/upload-stream`.
-pub async fn upload(mut call: Call) -> Result<Response, ApiError> {
+/// Decoded bytes gathered before they are written: an upload that ends below this is
+/// written by one pool task (`write_atomic`), a larger one streams.
+const SPILL_BYTES: usize = 64 * 1024;
+
+/// Body bytes per piece of a JSON upload, fed to the scanner [`FEED_BYTES`] at a time:
+/// with the decoded bytes (at most [`SPILL_BYTES`] plus one feed's 48 KiB) an upload
+/// holds about 240 KiB, so 64 at once fit in 16 MiB (measured in
+/// `docs/architecture.md`). Larger pieces measured no faster.
+const JSON_PIECE_BYTES: usize = 128 * 1024;
+const FEED_BYTES: usize = 64 * 1024;
+
+/// `POST /upload` and the JSON form of `/files/upload-stream`: the body is decoded as
+/// it arrives ([`UploadScanner`]) into a temporary file in the base directory, which is
+/// linked under `path` once the body is complete and valid, wherever `path` was in it.
+pub async fn open_json_upload(call: Call) -> Result<Box<dyn RawSink>, ApiError> {
     let limit = upload_limit(&call);
-    let body = call.take_body();
-    let (input, data) = if body.len() > OFFLOAD_BYTES {
-        blocking(move || parse_upload(&body, limit))
+    Ok(Box::new(JsonUpload {
+        call,
+        scanner: UploadScanner::new(limit),
+        decoded: Vec::new(),
+        upload: None,
+    }))
+}
+
+struct JsonUpload {
+    call: Call,
+    scanner: UploadScanner,
+    /// Decoded bytes not yet written.
+    decoded: Vec<u8>,
+    /// The temporary file, once more than [`SPILL_BYTES`] arrived.
+    upload: Option<Upload>,
+}
+
+fn scan_error(error: UploadBodyError, limit: u64) -> ApiError {
+    match error {
+        UploadBodyError::Json(message) => {
+            ApiError::bad_request(format!("Invalid JSON body: {message}"))
+        }
+        UploadBodyError::Base64 => {
+            ApiError::bad_request("content_base64 is not valid standard base64")
+        }
+        UploadBodyError::TooLarge => upload_too_large(limit),
+    }
+}
+
+impl JsonUpload {
+    async fn spill(&mut self) -> Result<(), ApiError> {
+        if self.upload.is_none() {
+            let services = self.call.services();
+            self.upload = Some(
+                Upload::open_detached(&services.base, services.driver)
+                    .await
+                    .map_err(fs_error)?,
+            );
+        }
+        if let Some(upload) = self.upload.as_mut() {
+            let pending = std::mem::take(&mut self.decoded);
+            let mut back = upload.write(pending).await.map_err(fs_error)?;
+            back.clear();
+            self.decoded = back;
+        }
+        Ok(())
+    }
+
+    /// The body is complete: checks it as a whole and commits the data under its path.
+    async fn complete(&mut self) -> Result<Response, ApiError> {
+        let limit = upload_limit(&self.call);
+        let scanner = std::mem::replace(&mut self.scanner, UploadScanner::new(0));
+        let (skeleton, streamed) = scanner.finish().map_err(|e| scan_error(e, limit))?;
+        validate_json_object(&skeleton, false)?;
+        let (input, inline) = if skeleton.len() > OFFLOAD_BYTES {
+            blocking(move || parse_skeleton(&skeleton, streamed, limit))
+                .await
+                .map_err(pool_failed)??
+        } else {
+            parse_skeleton(&skeleton, streamed, limit)?
+        };
+        let caller = confine(&self.call, &input)?;
+        check_extension(&self.call, &caller)?;
+        let services = self.call.services();
+        let replace = self.call.decision().knob_bool("overwrite") != Some(false);
+        let data = inline.unwrap_or_else(|| std::mem::take(&mut self.decoded));
+        let Some(mut upload) = self.upload.take() else {
+            let (bytes, shown) =
+                write_atomic(&services.base, caller, data, services.driver, replace)
+                    .await
+                    .map_err(|e| exists_error(&self.call, e))?;
+            return Ok(Response::ok(&json!({"path": shown, "bytes": bytes})));
+        };
+        let written = async {
+            if !data.is_empty() {
+                upload.write(data).await?;
+            }
+            upload.attach(&services.base, caller, replace).await
+        };
+        if let Err(e) = written.await {
+            upload.abort().await;
+            return Err(exists_error(&self.call, e));
+        }
+        let (bytes, shown) = upload
+            .commit()
             .await
-            .map_err(pool_failed)??
+            .map_err(|e| exists_error(&self.call, e))?;
+        Ok(Response::ok(&json!({"path": shown, "bytes": bytes})))
+    }
+}
+
+/// The body without the streamed value: `path`, and the content when it was not
+/// streamed (decoded here, as the whole-body path did).
+fn parse_skeleton(
+    skeleton: &[u8],
+    streamed: bool,
+    limit: u64,
+) -> Result<(String, Option<Vec<u8>>), ApiError> {
+    let parsed: UploadBody = parse_json(skeleton)?;
+    let path = parsed
+        .path
+        .filter(|p| !p.is_empty())
+        .ok_or_else(|| ApiError::bad_request("path is required"))?;
+    let content = parsed
+        .content_base64
+        .ok_or_else(|| ApiError::bad_request("content_base64 is required"))?;
+    let inline = if streamed {
+        None
     } else {
-        parse_upload(&body, limit)?
+        Some(decode_base64(&content, limit)?)
     };
-    let caller = confine(&call, &input)?;
-    check_extension(&call, &caller)?;
-    let services = call.services();
-    let replace = call.decision().knob_bool("overwrite") != Some(false);
-    let (bytes, shown) = write_atomic(&services.base, caller, data, services.driver, replace)
-        .await
-        .map_err(|e| exists_error(&call, e))?;
-    Ok(Response::ok(&json!({"path": shown, "bytes": bytes})))
+    Ok((path.into_owned(), inline))
+}
+
+impl RawSink for JsonUpload {
+    fn write(&mut self, piece: Vec<u8>) -> LocalFuture<'_, Result<Vec<u8>, ApiError>> {
+        Box::pin(async move {
+            let limit = upload_limit(&self.call);
+            if self.decoded.capacity() == 0 {
+                self.decoded = Vec::with_capacity(SPILL_BYTES + FEED_BYTES / 4 * 3 + 64);
+            }
+            for slice in piece.chunks(FEED_BYTES) {
+                self.scanner
+                    .feed(slice, &mut self.decoded)
+                    .map_err(|e| scan_error(e, limit))?;
+                if self.decoded.len() >= SPILL_BYTES {
+                    self.spill().await?;
+                }
+            }
+            Ok(piece)
+        })
+    }
+
+    fn finish(mut self: Box<Self>) -> HandlerFuture<Response> {
+        Box::pin(async move {
+            let answer = self.complete().await;
+            if answer.is_err() {
+                if let Some(upload) = self.upload.take() {
+                    upload.abort().await;
+                }
+            }
+            answer
+        })
+    }
+
+    fn abort(mut self: Box<Self>) -> Pin<Box<dyn Future<Output = ()>>> {
+        Box::pin(async move {
+            if let Some(upload) = self.upload.take() {
+                upload.abort().await;
+            }
+        })
+    }
+
+    fn piece_size(&self) -> usize {
+        JSON_PIECE_BYTES
+    }
 }
 
 /// The raw form of `/files/upload-stream`: opens the temporary file the body streams
@@ -280,24 +422,21 @@ async fn download_json(call: &Call, with_bytes: bool) -> Result<Response, ApiErr
     }
     let io = |e: std::io::Error| fs_error(crate::fs::FsError::io(e, shown.clone()));
     let file = AsyncFile::new(opened.fd, services.driver).map_err(io)?;
-    // One byte more than the stat size tells us if the file grew meanwhile.
-    let (result, data) = file
-        .read_full_at(Vec::with_capacity(size as usize + 1), 0)
-        .await;
-    result.map_err(io)?;
-    if data.len() as u64 > limit {
-        return Err(file_too_large(format!(
-            "File too large: over {limit} bytes"
-        )));
+    // The answer's length is known from the size: stream it, one piece in memory at a
+    // time. A file that changes size meanwhile ends the connection short (the length
+    // announced cannot be met), as with the raw download.
+    let mut prefix = Vec::with_capacity(shown.len() + 40);
+    prefix.extend_from_slice(b"{\"path\":");
+    let _ = serde_json::to_writer(&mut prefix, &shown);
+    prefix.extend_from_slice(b",\"content_base64\":\"");
+    let mut suffix = b"\"".to_vec();
+    if with_bytes {
+        suffix.extend_from_slice(b",\"bytes\":");
+        suffix.extend_from_slice(itoa::Buffer::new().format(size).as_bytes());
     }
-    let body = if data.len() > OFFLOAD_BYTES {
-        blocking(move || download_body(&shown, &data, with_bytes))
-            .await
-            .map_err(pool_failed)?
-    } else {
-        download_body(&shown, &data, with_bytes)
-    };
-    Ok(Response::raw(200, JSON_CONTENT_TYPE, body))
+    suffix.push(b'}');
+    let stream = Base64FileStream::new(file, 0, size, prefix, suffix);
+    Ok(Response::stream(200, JSON_CONTENT_TYPE, Box::new(stream)))
 }
 
 /// `GET /download`.

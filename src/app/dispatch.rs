@@ -465,9 +465,9 @@ fn panicked(id: &str, message: &str) -> ApiError {
 
 /// Builds and polls a handler's future, turning a panic in either into `Err` with the
 /// panic's message.
-async fn guarded<T, F>(start: F) -> Result<Result<T, ApiError>, String>
+async fn guarded<'a, T, F>(start: F) -> Result<Result<T, ApiError>, String>
 where
-    F: FnOnce() -> Pin<Box<dyn Future<Output = Result<T, ApiError>>>>,
+    F: FnOnce() -> Pin<Box<dyn Future<Output = Result<T, ApiError>> + 'a>>,
 {
     let future = match std::panic::catch_unwind(std::panic::AssertUnwindSafe(start)) {
         Ok(future) => future,
@@ -485,22 +485,27 @@ struct SinkAnswers {
     id: String,
 }
 
+/// A sink's panic is a 500 for its request, as a handler's is; the engine then aborts
+/// the sink (after `write`) or drops it (after `finish`, which consumed it).
 impl BodySink for SinkAnswers {
     fn write(&mut self, piece: Vec<u8>) -> LocalFuture<'_, Result<Vec<u8>, Response>> {
         Box::pin(async move {
-            self.sink
-                .write(piece)
-                .await
-                .map_err(|e| render(with_endpoint(e, &self.id), self.style))
+            let (style, id) = (self.style, self.id.clone());
+            match guarded(|| self.sink.write(piece)).await {
+                Ok(Ok(buffer)) => Ok(buffer),
+                Ok(Err(error)) => Err(render(with_endpoint(error, &id), style)),
+                Err(message) => Err(render(panicked(&id, &message), style)),
+            }
         })
     }
 
     fn finish(self: Box<Self>) -> LocalFuture<'static, Response> {
         Box::pin(async move {
             let SinkAnswers { sink, style, id } = *self;
-            match sink.finish().await {
-                Ok(response) => response,
-                Err(error) => render(with_endpoint(error, &id), style),
+            match guarded(move || sink.finish()).await {
+                Ok(Ok(response)) => response,
+                Ok(Err(error)) => render(with_endpoint(error, &id), style),
+                Err(message) => render(panicked(&id, &message), style),
             }
         })
     }

@@ -251,8 +251,11 @@ impl UploadScanner {
             self.escape_len += 1;
             let unescaped = match (self.escape[1], self.escape_len) {
                 (b'u', 6) => {
-                    let hex = std::str::from_utf8(&self.escape[2..6]).ok();
-                    let code = hex
+                    // Four hex digits exactly (`from_str_radix` alone would take a `+`).
+                    let hex = &self.escape[2..6];
+                    let code = std::str::from_utf8(hex)
+                        .ok()
+                        .filter(|_| hex.iter().all(u8::is_ascii_hexdigit))
                         .and_then(|h| u32::from_str_radix(h, 16).ok())
                         .ok_or(UploadBodyError::Json("invalid \\u escape"))?;
                     // Anything outside ASCII is outside base64 too.
@@ -436,6 +439,7 @@ mod tests {
         for body in [
             &b"{\"content_base64\":\"QU\nJD\"}"[..],
             br#"{"content_base64":"QU\xJD"}"#,
+            br#"{"content_base64":"\u+051UJD"}"#,
         ] {
             for result in every_split(body) {
                 assert!(matches!(result, Err(UploadBodyError::Json(_))));

@@ -5,7 +5,8 @@
 //! The temporary file is an anonymous `O_TMPFILE` where the file system supports it
 //! (ext4, xfs, btrfs, tmpfs, overlayfs on recent kernels): if the server is killed, the
 //! kernel reclaims it and no stray file exists. Elsewhere a named `.<target>.abx-*.tmp`
-//! file is used and removed on every failure path we see.
+//! file (with a random part, so no other process can guess it) is used, removed when it
+//! is dropped on any path, and committed through its descriptor, never by its name.
 
 use std::ffi::{OsStr, OsString};
 use std::io;
@@ -32,10 +33,35 @@ struct Target {
 enum TempName {
     /// An anonymous O_TMPFILE: nothing to clean up, the kernel reclaims it.
     Anonymous,
-    /// A named file in the target's directory.
-    Beside(OsString),
-    /// A named file in another directory (a detached upload's, in the base directory).
-    Elsewhere(OwnedFd, OsString),
+    /// A named file (where the file system lacks O_TMPFILE), in the target's directory
+    /// or, for a detached upload, in the base directory.
+    Named(NamedTemp),
+}
+
+/// A named temporary file. Dropping it removes the name if it still is this file, so
+/// every path out (success, error, panic) leaves no temporary file behind, and a file
+/// someone put in its place is never removed or committed.
+struct NamedTemp {
+    dir: OwnedFd,
+    name: OsString,
+    dev: u64,
+    ino: u64,
+}
+
+impl NamedTemp {
+    /// Whether the name still refers to this file.
+    fn is_ours(&self) -> bool {
+        rustix::fs::statat(&self.dir, self.name.as_os_str(), AtFlags::SYMLINK_NOFOLLOW)
+            .is_ok_and(|st| st.st_dev == self.dev && st.st_ino == self.ino)
+    }
+}
+
+impl Drop for NamedTemp {
+    fn drop(&mut self) {
+        if self.is_ours() {
+            let _ = rustix::fs::unlinkat(&self.dir, self.name.as_os_str(), AtFlags::empty());
+        }
+    }
 }
 
 /// A temporary file bound to its target, not yet visible under the target's name.
@@ -58,10 +84,10 @@ const SMALL_WRITE_BYTES: usize = 64 * 1024;
 /// Creates missing parent directories and the temporary file. Blocking.
 pub fn prepare(base: &BaseDir, caller: CallerPath) -> Result<PendingWrite, FsError> {
     let (target, caller) = locate(base, caller, 0)?;
-    let (file, name) = create_temp(&target.parent, &target.name)
+    let (file, temp) = create_temp(&target.parent, &target.name)
         .map_err(|e| FsError::io(e, caller.input.clone()))?;
     Ok(PendingWrite {
-        temp: name.map_or(TempName::Anonymous, TempName::Beside),
+        temp,
         target,
         file,
         caller,
@@ -138,31 +164,48 @@ fn locate(
 }
 
 /// A temporary file in `dir`: anonymous where the file system allows, else named
-/// `.<name>.abx-*.tmp` (returned). Read-write, so its data can be copied if the rename
-/// must cross a mount.
-fn create_temp(dir: &OwnedFd, name: &OsStr) -> io::Result<(OwnedFd, Option<OsString>)> {
+/// `.<name>.abx-<pid>-<n>-<random>.tmp`. Read-write, so its data can be copied if the
+/// commit must cross a mount.
+fn create_temp(dir: &OwnedFd, name: &OsStr) -> io::Result<(OwnedFd, TempName)> {
     let mode = Mode::from_raw_mode(0o666);
     // Without /proc (and without CAP_DAC_READ_SEARCH) an O_TMPFILE could never be named.
-    if std::path::Path::new("/proc/self/fd").is_dir() {
+    if std::path::Path::new("/proc/self/fd").is_dir() && !named_only() {
         let flags = OFlags::TMPFILE | OFlags::RDWR | OFlags::CLOEXEC;
         if let Ok(file) = rustix::fs::openat(dir, ".", flags, mode) {
-            return Ok((file, None));
+            return Ok((file, TempName::Anonymous));
         }
     }
-    let mut temp = OsString::from(".");
-    temp.push(name);
-    temp.push(format!(
-        ".abx-{}-{}.tmp",
-        std::process::id(),
-        TEMP_COUNTER.fetch_add(1, Ordering::Relaxed)
-    ));
+    let temp = temp_name(name, "tmp");
     let file = rustix::fs::openat(
         dir,
         temp.as_os_str(),
         OFlags::RDWR | OFlags::CREATE | OFlags::EXCL | OFlags::NOFOLLOW | OFlags::CLOEXEC,
         mode,
     )?;
-    Ok((file, Some(temp)))
+    let stat = rustix::fs::fstat(&file)?;
+    let named = NamedTemp {
+        dir: dir.try_clone()?,
+        name: temp,
+        dev: stat.st_dev,
+        ino: stat.st_ino,
+    };
+    Ok((file, TempName::Named(named)))
+}
+
+/// `.<name>.abx-<pid>-<counter>-<random>.<suffix>`: unique, and not guessable by other
+/// processes that can write the directory.
+fn temp_name(name: &OsStr, suffix: &str) -> OsString {
+    let mut random = [0u8; 8];
+    let _ = rustix::rand::getrandom(&mut random, rustix::rand::GetRandomFlags::empty());
+    let mut temp = OsString::from(".");
+    temp.push(name);
+    temp.push(format!(
+        ".abx-{}-{}-{:016x}.{suffix}",
+        std::process::id(),
+        TEMP_COUNTER.fetch_add(1, Ordering::Relaxed),
+        u64::from_ne_bytes(random)
+    ));
+    temp
 }
 
 impl PendingWrite {
@@ -171,7 +214,8 @@ impl PendingWrite {
         AsyncFile::new(self.file.try_clone()?, driver)
     }
 
-    /// Makes the data visible under the target name (replacing any file there). Blocking.
+    /// Makes the data visible under the target name (replacing any file there). On
+    /// failure the temporary file is gone. Blocking.
     pub fn commit(self) -> io::Result<()> {
         if let Some(mode) = self.target.keep_mode {
             rustix::fs::fchmod(&self.file, Mode::from_raw_mode(mode))?;
@@ -183,84 +227,77 @@ impl PendingWrite {
         };
         let parent = &self.target.parent;
         let target = self.target.name.as_os_str();
-        let (from_dir, from_name) = match &self.temp {
-            TempName::Anonymous => {
-                let mut name = OsString::from(".");
-                name.push(&self.target.name);
-                name.push(format!(
-                    ".abx-{}-{}.link",
-                    std::process::id(),
-                    TEMP_COUNTER.fetch_add(1, Ordering::Relaxed)
-                ));
-                match link_anonymous(&self.file, parent, &name) {
-                    Ok(()) => {}
-                    Err(e) if e.raw_os_error() == Some(libc::EXDEV) => return self.copy_across(),
-                    Err(e) => return Err(e),
+        // The data is linked into the target's directory through its descriptor, never
+        // by its temporary name, so a file put in that name's place cannot be committed.
+        let link = temp_name(&self.target.name, "link");
+        match link_anonymous(&self.file, parent, &link) {
+            Ok(()) => {}
+            Err(e) if e.raw_os_error() == Some(libc::EXDEV) => return self.copy_across(),
+            Err(e) => match &self.temp {
+                // No /proc and no CAP_DAC_READ_SEARCH: only the name is left to rename.
+                TempName::Named(named) if named.is_ours() => {
+                    return match rustix::fs::renameat_with(
+                        &named.dir,
+                        named.name.as_os_str(),
+                        parent,
+                        target,
+                        flags,
+                    ) {
+                        Ok(()) => Ok(()),
+                        Err(rustix::io::Errno::XDEV) => self.copy_across(),
+                        Err(e) => Err(e.into()),
+                    };
                 }
-                (parent, name)
-            }
-            TempName::Beside(name) => (parent, name.clone()),
-            TempName::Elsewhere(dir, name) => (dir, name.clone()),
-        };
-        match rustix::fs::renameat_with(from_dir, from_name.as_os_str(), parent, target, flags) {
-            Ok(()) => Ok(()),
-            Err(rustix::io::Errno::XDEV) => self.copy_across(),
-            Err(e) => {
-                let _ = rustix::fs::unlinkat(from_dir, from_name.as_os_str(), AtFlags::empty());
-                Err(e.into())
-            }
+                // The name was replaced, which unlinked our file (and the kernel links
+                // no unlinked file that was not made O_TMPFILE): the data is still
+                // there through the descriptor, so copy it.
+                TempName::Named(_) => return self.copy_across(),
+                TempName::Anonymous => return Err(e),
+            },
         }
+        if let Err(e) = rustix::fs::renameat_with(parent, link.as_os_str(), parent, target, flags) {
+            let _ = rustix::fs::unlinkat(parent, link.as_os_str(), AtFlags::empty());
+            return Err(e.into());
+        }
+        // A named temporary file's own name goes when `self` is dropped.
+        Ok(())
     }
 
     /// The temporary file is on another mount than the target (a detached upload whose
     /// path is under a mount point inside the base directory): copy its data into a
     /// temporary file beside the target and commit that. Blocking.
     fn copy_across(self) -> io::Result<()> {
-        let (file, name) = create_temp(&self.target.parent, &self.target.name)?;
-        let mut from = std::fs::File::from(self.file.try_clone()?);
-        let mut to = std::fs::File::from(file.try_clone()?);
-        let copied =
-            std::io::Seek::rewind(&mut from).and_then(|_| std::io::copy(&mut from, &mut to));
         let PendingWrite {
             target,
+            file,
             temp,
             caller,
             replace,
-            ..
         } = self;
-        remove_temp(&temp);
+        // The data stays reachable through `file`.
+        drop(temp);
+        let (copy, temp) = create_temp(&target.parent, &target.name)?;
         let beside = PendingWrite {
             target,
-            file,
-            temp: name.map_or(TempName::Anonymous, TempName::Beside),
+            file: copy,
+            temp,
             caller,
             replace,
         };
+        let copied = (|| {
+            let mut from = std::fs::File::from(file);
+            std::io::Seek::rewind(&mut from)?;
+            let mut to = std::fs::File::from(beside.file.try_clone()?);
+            std::io::copy(&mut from, &mut to)
+        })();
         match copied {
             Ok(_) => beside.commit(),
-            Err(e) => {
-                beside.abort();
-                Err(e)
-            }
+            Err(e) => Err(e),
         }
     }
 
-    /// Removes the temporary file (a no-op for an anonymous one). Blocking.
-    pub fn abort(self) {
-        let parent = self.target.parent;
-        match self.temp {
-            TempName::Beside(name) => {
-                let _ = rustix::fs::unlinkat(&parent, name.as_os_str(), AtFlags::empty());
-            }
-            other => remove_temp(&other),
-        }
-    }
-}
-
-fn remove_temp(temp: &TempName) {
-    if let TempName::Elsewhere(dir, name) = temp {
-        let _ = rustix::fs::unlinkat(dir, name.as_os_str(), AtFlags::empty());
-    }
+    /// Removes the temporary file (dropping it does the same). Blocking.
+    pub fn abort(self) {}
 }
 
 /// A temporary file in the base directory whose target is not known yet: a JSON upload
@@ -287,11 +324,8 @@ impl Detached {
                 super::resolve::OpenError::Io(e) => io(e),
                 super::resolve::OpenError::Escape => io(io::Error::other("base directory")),
             })?;
-        let (file, name) = create_temp(&root, OsStr::new("upload")).map_err(io)?;
-        Ok(Detached {
-            file,
-            temp: name.map_or(TempName::Anonymous, |name| TempName::Elsewhere(root, name)),
-        })
+        let (file, temp) = create_temp(&root, OsStr::new("upload")).map_err(io)?;
+        Ok(Detached { file, temp })
     }
 
     /// Binds the data to `caller` (creating its parents); on error the temporary file
@@ -302,29 +336,22 @@ impl Detached {
         caller: CallerPath,
         replace: bool,
     ) -> Result<PendingWrite, FsError> {
-        match locate(base, caller, 0) {
-            Ok((target, caller)) => Ok(PendingWrite {
-                target,
-                file: self.file,
-                temp: self.temp,
-                caller,
-                replace,
-            }),
-            Err(e) => {
-                remove_temp(&self.temp);
-                Err(e)
-            }
-        }
+        let (target, caller) = locate(base, caller, 0)?;
+        Ok(PendingWrite {
+            target,
+            file: self.file,
+            temp: self.temp,
+            caller,
+            replace,
+        })
     }
 
-    /// Removes the temporary file. Blocking.
-    pub fn abort(self) {
-        remove_temp(&self.temp);
-    }
+    /// Removes the temporary file (dropping it does the same). Blocking.
+    pub fn abort(self) {}
 }
 
-/// Gives an O_TMPFILE a name. `AT_EMPTY_PATH` needs CAP_DAC_READ_SEARCH; the
-/// `/proc/self/fd` form works for everyone.
+/// Links an open file (anonymous or not) under `name`. `AT_EMPTY_PATH` needs
+/// CAP_DAC_READ_SEARCH; the `/proc/self/fd` form works for everyone with /proc.
 fn link_anonymous(file: &OwnedFd, parent: &OwnedFd, name: &OsStr) -> io::Result<()> {
     if rustix::fs::linkat(file, "", parent, name, AtFlags::EMPTY_PATH).is_ok() {
         return Ok(());
@@ -528,6 +555,123 @@ impl Upload {
                 let _ = blocking(move || detached.abort()).await;
             }
             None => {}
+        }
+    }
+}
+
+/// Whether this thread must use named temporary files: tests set it to exercise what
+/// file systems without O_TMPFILE get.
+#[cfg(not(test))]
+fn named_only() -> bool {
+    false
+}
+
+#[cfg(test)]
+fn named_only() -> bool {
+    tests::NAMED.with(std::cell::Cell::get)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::cell::Cell;
+
+    thread_local! {
+        pub static NAMED: Cell<bool> = const { Cell::new(false) };
+    }
+
+    fn scratch(tag: &str) -> std::path::PathBuf {
+        let dir = std::env::temp_dir().join(format!("abx-write-{tag}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        dir
+    }
+
+    fn names(dir: &std::path::Path) -> Vec<String> {
+        let mut names: Vec<String> = std::fs::read_dir(dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        names.sort();
+        names
+    }
+
+    fn write_data(pending: &PendingWrite, data: &[u8]) {
+        let mut file = std::fs::File::from(pending.file.try_clone().unwrap());
+        std::io::Write::write_all(&mut file, data).unwrap();
+    }
+
+    #[test]
+    fn named_temporary_files_commit_and_clean_up() {
+        NAMED.with(|n| n.set(true));
+        let dir = scratch("named");
+        let base = BaseDir::new(dir.clone());
+        // Committed: the target has the data and no temporary name is left.
+        let pending = prepare(&base, base.confine("a.txt").unwrap()).unwrap();
+        assert!(matches!(pending.temp, TempName::Named(_)));
+        write_data(&pending, b"one");
+        pending.commit().unwrap();
+        assert_eq!(std::fs::read(dir.join("a.txt")).unwrap(), b"one");
+        assert_eq!(names(&dir), ["a.txt"]);
+        // Dropped without a commit (an error, a panic): the name goes.
+        let pending = prepare(&base, base.confine("b.txt").unwrap()).unwrap();
+        assert_eq!(names(&dir).len(), 2);
+        drop(pending);
+        assert_eq!(names(&dir), ["a.txt"]);
+        // Another file put in the temporary name's place is neither committed nor
+        // removed, and the data still arrives.
+        let pending = prepare(&base, base.confine("c.txt").unwrap()).unwrap();
+        write_data(&pending, b"ours");
+        let temp = names(&dir)
+            .into_iter()
+            .find(|n| n.starts_with(".c.txt"))
+            .unwrap();
+        std::fs::write(dir.join("swap"), b"theirs").unwrap();
+        std::fs::rename(dir.join("swap"), dir.join(&temp)).unwrap();
+        pending.commit().unwrap();
+        assert_eq!(std::fs::read(dir.join("c.txt")).unwrap(), b"ours");
+        assert_eq!(std::fs::read(dir.join(&temp)).unwrap(), b"theirs");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn detached_files_land_under_the_path_given_later() {
+        for named in [false, true] {
+            NAMED.with(|n| n.set(named));
+            let dir = scratch(if named { "detached-named" } else { "detached" });
+            let base = BaseDir::new(dir.clone());
+            let detached = Detached::create(&base).unwrap();
+            {
+                let mut file = std::fs::File::from(detached.file.try_clone().unwrap());
+                std::io::Write::write_all(&mut file, b"late path").unwrap();
+            }
+            let pending = detached
+                .attach(&base, base.confine("sub/dir/x.bin").unwrap(), false)
+                .unwrap();
+            pending.commit().unwrap();
+            assert_eq!(
+                std::fs::read(dir.join("sub/dir/x.bin")).unwrap(),
+                b"late path"
+            );
+            assert_eq!(names(&dir), ["sub"]);
+            assert_eq!(names(&dir.join("sub/dir")), ["x.bin"]);
+            // overwrite: false refuses an existing target, and nothing is left.
+            let detached = Detached::create(&base).unwrap();
+            let pending = detached
+                .attach(&base, base.confine("sub/dir/x.bin").unwrap(), false)
+                .unwrap();
+            let error = pending.commit().unwrap_err();
+            assert_eq!(error.raw_os_error(), Some(libc::EEXIST));
+            assert_eq!(names(&dir), ["sub"]);
+            assert_eq!(names(&dir.join("sub/dir")), ["x.bin"]);
+            // A target that cannot be written: the temporary file goes with the error.
+            std::fs::create_dir(dir.join("sub/dir/y")).unwrap();
+            let detached = Detached::create(&base).unwrap();
+            assert!(detached
+                .attach(&base, base.confine("sub/dir/y").unwrap(), true)
+                .is_err());
+            assert_eq!(names(&dir), ["sub"]);
+            std::fs::remove_dir_all(&dir).unwrap();
         }
     }
 }

@@ -195,15 +195,17 @@ fn create_temp(dir: &OwnedFd, name: &OsStr) -> io::Result<(OwnedFd, TempName)> {
 /// `.<name>.abx-<pid>-<counter>-<random>.<suffix>`: unique, and not guessable by other
 /// processes that can write the directory.
 fn temp_name(name: &OsStr, suffix: &str) -> OsString {
-    let mut random = [0u8; 8];
-    let _ = rustix::rand::getrandom(&mut random, rustix::rand::GetRandomFlags::empty());
+    // The counter keyed with SipHash under random keys drawn once per process: as
+    // unguessable as a `getrandom` per name, without a system call per upload.
+    static KEYS: std::sync::OnceLock<std::collections::hash_map::RandomState> =
+        std::sync::OnceLock::new();
+    let counter = TEMP_COUNTER.fetch_add(1, Ordering::Relaxed);
+    let random = std::hash::BuildHasher::hash_one(KEYS.get_or_init(Default::default), counter);
     let mut temp = OsString::from(".");
     temp.push(name);
     temp.push(format!(
-        ".abx-{}-{}-{:016x}.{suffix}",
-        std::process::id(),
-        TEMP_COUNTER.fetch_add(1, Ordering::Relaxed),
-        u64::from_ne_bytes(random)
+        ".abx-{}-{counter}-{random:016x}.{suffix}",
+        std::process::id()
     ));
     temp
 }

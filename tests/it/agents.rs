@@ -6,7 +6,7 @@
 //! `SLOW` starts an answer and never finishes it, `FAIL` is an upstream 500 (`FAIL400` a
 //! 400).
 
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{BufRead, BufReader, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -66,6 +66,14 @@ fn sse(stream: &mut TcpStream, event: &str, data: Value) -> std::io::Result<()> 
     stream.flush()
 }
 
+/// A whole streamed chat completion: one delta, the finish with usage, `[DONE]`.
+fn chat_reply(stream: &mut TcpStream, delta: Value, finish: &str) -> std::io::Result<()> {
+    chat_chunk(stream, delta, None, None)?;
+    let usage = json!({"prompt_tokens": 7, "completion_tokens": 4, "total_tokens": 11});
+    chat_chunk(stream, json!({}), Some(finish), Some(usage))?;
+    write!(stream, "data: [DONE]\n\n")
+}
+
 fn chat_chunk(
     stream: &mut TcpStream,
     delta: Value,
@@ -119,33 +127,17 @@ fn respond(mut stream: TcpStream, path: &str, request: &Value) -> std::io::Resul
         if let (Some(command), false) = (script.strip_prefix("SHELL "), tool_done) {
             let call = json!({"index": 0, "id": "call_1", "type": "function",
                 "function": {"name": "run_shell_command", "arguments": json!({"command": command}).to_string()}});
-            chat_chunk(
+            return chat_reply(
                 &mut stream,
                 json!({"role": "assistant", "tool_calls": [call]}),
-                None,
-                None,
-            )?;
-            chat_chunk(
-                &mut stream,
-                json!({}),
-                Some("tool_calls"),
-                Some(json!({"prompt_tokens": 7, "completion_tokens": 4, "total_tokens": 11})),
-            )?;
-            return write!(stream, "data: [DONE]\n\n");
+                "tool_calls",
+            );
         }
-        chat_chunk(
+        return chat_reply(
             &mut stream,
             json!({"role": "assistant", "content": text}),
-            None,
-            None,
-        )?;
-        chat_chunk(
-            &mut stream,
-            json!({}),
-            Some("stop"),
-            Some(json!({"prompt_tokens": 7, "completion_tokens": 4, "total_tokens": 11})),
-        )?;
-        return write!(stream, "data: [DONE]\n\n");
+            "stop",
+        );
     }
     sse(
         &mut stream,
@@ -191,25 +183,9 @@ fn serve_upstream() -> Upstream {
             let record = record.clone();
             std::thread::spawn(move || {
                 let mut reader = BufReader::new(stream);
-                let mut line = String::new();
-                if reader.read_line(&mut line).unwrap_or(0) == 0 {
+                let Some((_, path, body)) = crate::support::read_request(&mut reader) else {
                     return;
-                }
-                let path = line.split_whitespace().nth(1).unwrap_or("").to_string();
-                let mut length = 0;
-                loop {
-                    let mut header = String::new();
-                    if reader.read_line(&mut header).unwrap_or(0) == 0 || header.trim().is_empty() {
-                        break;
-                    }
-                    if let Some((name, value)) = header.split_once(':') {
-                        if name.eq_ignore_ascii_case("content-length") {
-                            length = value.trim().parse().unwrap_or(0);
-                        }
-                    }
-                }
-                let mut body = vec![0; length];
-                let _ = reader.read_exact(&mut body);
+                };
                 let request: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
                 record.lock().unwrap().push(request.clone());
                 let _ = respond(reader.into_inner(), &path, &request);

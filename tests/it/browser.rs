@@ -2,7 +2,7 @@
 //! HTTP server in this test process serves on 127.0.0.1 (it records every request, so a
 //! test can tell what Chromium really fetched or submitted).
 
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{BufReader, Write};
 use std::net::{SocketAddr, TcpListener};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -93,27 +93,9 @@ fn serve_pages() -> Pages {
             std::thread::spawn(move || {
                 let _ = stream.set_read_timeout(Some(Duration::from_secs(10)));
                 let mut reader = BufReader::new(stream);
-                let mut line = String::new();
-                if reader.read_line(&mut line).unwrap_or(0) == 0 {
+                let Some((method, path, body)) = crate::support::read_request(&mut reader) else {
                     return;
-                }
-                let mut parts = line.split_whitespace();
-                let method = parts.next().unwrap_or("").to_string();
-                let path = parts.next().unwrap_or("").to_string();
-                let mut length = 0;
-                loop {
-                    let mut header = String::new();
-                    if reader.read_line(&mut header).unwrap_or(0) == 0 || header.trim().is_empty() {
-                        break;
-                    }
-                    if let Some((name, value)) = header.split_once(':') {
-                        if name.eq_ignore_ascii_case("content-length") {
-                            length = value.trim().parse().unwrap_or(0);
-                        }
-                    }
-                }
-                let mut body = vec![0; length];
-                let _ = reader.read_exact(&mut body);
+                };
                 let path_only = path.split('?').next().unwrap_or("").to_string();
                 record.lock().unwrap().push((
                     method,

@@ -347,6 +347,33 @@ impl Reply {
 
 /// Reads one response (Content-Length, chunked, or until close). `None` on a clean EOF
 /// before any byte.
+/// One request read by a test's stub server: method, target and body (by
+/// `Content-Length`); `None` when the client closed before a request line.
+pub fn read_request<R: BufRead>(reader: &mut R) -> Option<(String, String, Vec<u8>)> {
+    let mut line = String::new();
+    if reader.read_line(&mut line).unwrap_or(0) == 0 {
+        return None;
+    }
+    let mut parts = line.split_whitespace();
+    let method = parts.next().unwrap_or("").to_string();
+    let target = parts.next().unwrap_or("").to_string();
+    let mut length = 0;
+    loop {
+        let mut header = String::new();
+        if reader.read_line(&mut header).unwrap_or(0) == 0 || header.trim().is_empty() {
+            break;
+        }
+        if let Some((name, value)) = header.split_once(':') {
+            if name.eq_ignore_ascii_case("content-length") {
+                length = value.trim().parse().unwrap_or(0);
+            }
+        }
+    }
+    let mut body = vec![0; length];
+    let _ = reader.read_exact(&mut body);
+    Some((method, target, body))
+}
+
 pub fn read_reply<R: BufRead>(reader: &mut R) -> Option<Reply> {
     let mut status_line = String::new();
     if reader.read_line(&mut status_line).ok()? == 0 {

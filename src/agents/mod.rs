@@ -25,6 +25,25 @@ pub enum Runtime {
     Command,
 }
 
+/// `src/pins.env`: the one place the pinned versions are written (the tests' installer,
+/// `scripts/tools`, reads the same file).
+const PINS: &str = include_str!("../pins.env");
+
+/// The value of `key` in `src/pins.env`. A missing key is a build defect the unit test
+/// below catches, so it panics rather than inventing a version.
+pub fn pin(key: &str) -> &'static str {
+    PINS.lines()
+        .filter_map(|line| line.split_once('='))
+        .find(|(name, _)| name.trim() == key)
+        .map(|(_, value)| value.trim())
+        .unwrap_or_else(|| panic!("src/pins.env names no {key}"))
+}
+
+/// What the pinned CLIs need to run: "Node.js 22 or later" (their `engines`).
+pub fn node_requirement() -> String {
+    format!("Node.js {} or later", pin("NODE_MINIMUM_MAJOR"))
+}
+
 /// How a runtime's CLI is found and installed.
 pub struct Cli {
     /// The program on `PATH`.
@@ -80,12 +99,12 @@ impl Runtime {
             Runtime::Codex => Some(Cli {
                 program: "codex",
                 package: "@openai/codex",
-                version: "0.169.0",
+                version: pin("CODEX_VERSION"),
             }),
             Runtime::QwenCode => Some(Cli {
                 program: "qwen",
                 package: "@qwen-code/qwen-code",
-                version: "0.24.4",
+                version: pin("QWEN_CODE_VERSION"),
             }),
             _ => None,
         }
@@ -369,7 +388,21 @@ mod tests {
         assert!(!Runtime::Cursor.implemented());
         assert_eq!(
             Runtime::Codex.install_command().unwrap(),
-            "npm install -g @openai/codex@0.169.0"
+            format!("npm install -g @openai/codex@{}", pin("CODEX_VERSION"))
+        );
+    }
+
+    #[test]
+    fn every_pin_the_server_reads_is_written() {
+        for key in ["CODEX_VERSION", "QWEN_CODE_VERSION", "NODE_MINIMUM_MAJOR"] {
+            assert!(!pin(key).is_empty(), "{key}");
+        }
+        assert!(pin("CODEX_VERSION")
+            .split('.')
+            .all(|n| n.parse::<u32>().is_ok()));
+        assert_eq!(
+            node_requirement(),
+            format!("Node.js {} or later", pin("NODE_MINIMUM_MAJOR"))
         );
     }
 

@@ -57,6 +57,49 @@ pub struct Launch {
     pub python: Option<PathBuf>,
 }
 
+/// The tools the tests drive, at the versions `src/pins.env` names, installed into
+/// `.tools/` of this checkout by `scripts/tools` (run once per test process; a warm run
+/// takes a fraction of a second). Tests use these, never whatever is first on `PATH`.
+pub struct Tools {
+    /// `PATH` for a server whose children run the pinned CLIs (and their Node.js)
+    /// ahead of anything else.
+    pub path: String,
+    /// The Python of `.tools/venv` (the pinned `openai` SDK).
+    pub python: PathBuf,
+}
+
+pub fn tools() -> &'static Tools {
+    static TOOLS: std::sync::OnceLock<Tools> = std::sync::OnceLock::new();
+    TOOLS.get_or_init(|| {
+        let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+        let output = Command::new(root.join("scripts/tools"))
+            .arg("--path")
+            .output()
+            .expect("run scripts/tools");
+        let stdout = String::from_utf8_lossy(&output.stdout);
+        assert!(
+            output.status.success(),
+            "scripts/tools could not install the pinned tools:\n{stdout}{}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+        let own = stdout.lines().last().unwrap_or_default().trim().to_string();
+        Tools {
+            path: format!("{own}:{}", std::env::var("PATH").unwrap_or_default()),
+            python: root.join(".tools/venv/bin/python3"),
+        }
+    })
+}
+
+/// A version `src/pins.env` names.
+pub fn pin(key: &str) -> String {
+    let pins = include_str!("../../src/pins.env");
+    pins.lines()
+        .filter_map(|line| line.split_once('='))
+        .find(|(name, _)| name.trim() == key)
+        .map(|(_, value)| value.trim().to_string())
+        .unwrap_or_else(|| panic!("src/pins.env names no {key}"))
+}
+
 /// The uninstalled `agent_sandbox` package of this repository.
 pub fn python_package_dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("python")

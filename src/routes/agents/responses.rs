@@ -35,10 +35,11 @@ const KNOWN: [&str; 9] = [
 ];
 
 /// What every local response differs in (codes documented in `docs/agents.md`).
-const DIFFERENCES: [&str; 4] = [
+const DIFFERENCES: [&str; 5] = [
     "model_is_runtime",
     "tools_run_locally",
     "usage_from_cli",
+    "usage_neutral_fields",
     "objects_in_memory",
 ];
 
@@ -428,9 +429,10 @@ async fn create(call: Call) -> Result<Response, ApiError> {
                 503,
                 "server_error",
                 format!(
-                    "The {} CLI is not installed. Install it with `{}` (Node.js 20 or later), then retry.",
+                    "The {} CLI is not installed. Install it with `{}` ({}), then retry.",
                     runtime.name(),
-                    runtime.install_command().unwrap_or_default()
+                    runtime.install_command().unwrap_or_default(),
+                    crate::agents::node_requirement(),
                 ),
             )
             .with_code("agents.runtime_not_installed")
@@ -576,7 +578,6 @@ impl Drop for TurnGuard {
             let _ = self.store.with_response(&self.owner, id, |r| {
                 if r.running.take().is_some() {
                     r.object["status"] = json!("cancelled");
-                    r.object["incomplete_details"] = json!({"reason": "cancelled"});
                 }
             });
         }
@@ -687,7 +688,9 @@ fn output_item(item: &Item, runtime: Runtime) -> Value {
 fn usage_json(usage: Usage) -> Value {
     json!({
         "input_tokens": usage.input_tokens,
-        "input_tokens_details": {"cached_tokens": usage.cached_tokens},
+        // Neither CLI reports cache writes; 0 is the neutral value
+        // (`usage_neutral_fields`), and the pinned SDK requires the field.
+        "input_tokens_details": {"cached_tokens": usage.cached_tokens, "cache_write_tokens": 0},
         "output_tokens": usage.output_tokens,
         "output_tokens_details": {"reasoning_tokens": usage.reasoning_tokens},
         "total_tokens": usage.input_tokens + usage.output_tokens,
@@ -767,7 +770,6 @@ impl TurnRun {
         let final_event = match (&outcome, cancelled || client_gone) {
             (_, true) => {
                 response["status"] = json!("cancelled");
-                response["incomplete_details"] = json!({"reason": "cancelled"});
                 "response.incomplete"
             }
             (Some(Ok(usage)), false) => {
@@ -920,7 +922,6 @@ async fn cancel(call: Call) -> Result<Response, ApiError> {
         (Some(pgid), mut object) => {
             kill_group(pgid);
             object["status"] = json!("cancelled");
-            object["incomplete_details"] = json!({"reason": "cancelled"});
             Ok(Response::ok(&object))
         }
         (None, object) => Err(invalid(

@@ -106,15 +106,30 @@ struct Setting {
     apply: fn(&mut Config, &str, &str) -> Result<(), String>,
 }
 
+/// An IP address, or a host name resolved once at startup (`localhost`): its first IPv4
+/// address, since the contract's default listens on IPv4, else its first address.
+fn parse_host(value: &str) -> Option<IpAddr> {
+    if let Ok(ip) = value.parse() {
+        return Some(ip);
+    }
+    use std::net::ToSocketAddrs;
+    let resolved: Vec<IpAddr> = (value, 0).to_socket_addrs().ok()?.map(|a| a.ip()).collect();
+    resolved
+        .iter()
+        .find(|ip| ip.is_ipv4())
+        .or(resolved.first())
+        .copied()
+}
+
 const SETTINGS: &[Setting] = &[
     Setting {
         flag: Some("host"),
         var: "ABX_SERVER_HOST",
         default: "`0.0.0.0`",
         apply: |c, src, v| {
-            c.host = v
-                .parse()
-                .map_err(|_| format!("{src}: '{v}' is not an IP address"))?;
+            c.host = parse_host(v).ok_or_else(|| {
+                format!("{src}: '{v}' is neither an IP address nor a host name that resolves here")
+            })?;
             Ok(())
         },
     },
@@ -354,18 +369,21 @@ impl Config {
             let Some(name) = arg.strip_prefix("--") else {
                 return Err(format!("unexpected argument '{arg}' (see --help)"));
             };
-            let (name, value) = match name.split_once('=') {
-                Some((n, v)) => (n.to_string(), v.to_string()),
-                None => {
-                    let value = args
-                        .next()
-                        .ok_or_else(|| format!("--{name} needs a value (see --help)"))?;
-                    (name.to_string(), value)
-                }
+            let (name, inline) = match name.split_once('=') {
+                Some((n, v)) => (n, Some(v.to_string())),
+                None => (name, None),
             };
-            if !SETTINGS.iter().any(|s| s.flag == Some(name.as_str())) {
+            // An unknown flag is named as such, with or without a value after it.
+            if !SETTINGS.iter().any(|s| s.flag == Some(name)) {
                 return Err(format!("unknown flag --{name} (see --help)"));
             }
+            let value = match inline {
+                Some(value) => value,
+                None => args
+                    .next()
+                    .ok_or_else(|| format!("--{name} needs a value (see --help)"))?,
+            };
+            let name = name.to_string();
             flags.push((name, value));
         }
         let mut config = Config::default();
@@ -502,7 +520,27 @@ mod tests {
         let err = parse(&[], &[("ABX_SERVER_ENABLED_GROUPS", "dev_tools,nope")]).unwrap_err();
         assert!(err.contains("nope"), "{err}");
         assert!(parse(&["--frobnicate", "1"], &[]).is_err());
+        // An unknown flag alone is named as unknown, not as missing its value.
+        let err = parse(&["--bogus"], &[]).unwrap_err();
+        assert_eq!(err, "unknown flag --bogus (see --help)");
+        let err = parse(&["--port"], &[]).unwrap_err();
+        assert!(err.contains("--port needs a value"), "{err}");
         assert!(parse(&["--workers", "0"], &[]).is_err());
+    }
+
+    #[test]
+    fn host_names_that_resolve_are_accepted() {
+        let c = parse(&["--host", "localhost"], &[]).unwrap();
+        assert!(c.host.is_loopback(), "{}", c.host);
+        assert_eq!(
+            parse(&["--host", "::1"], &[]).unwrap().host.to_string(),
+            "::1"
+        );
+        let err = parse(&["--host", "no such host.invalid"], &[]).unwrap_err();
+        assert!(
+            err.contains("neither an IP address nor a host name"),
+            "{err}"
+        );
     }
 
     #[test]

@@ -167,6 +167,7 @@ impl Server {
         let state = Arc::new(AppState::build(self.config, endpoints, driver, extras)?);
         check_kernel()?;
         check_base_dir(state.services.base.path())?;
+        create_missing_base_dir(state.services.base.path());
         let config = &state.config;
         let addr = SocketAddr::new(config.host, config.port);
         let (listeners, bound) = runtime::bind_all(addr, config.workers)
@@ -361,6 +362,23 @@ fn check_base_dir(path: &std::path::Path) -> Result<(), String> {
             "base directory {} cannot be reached ({e})",
             path.display()
         )),
+    }
+}
+
+/// A missing base directory (the default `/home/user` often is) is created when its
+/// parent allows, so commands and file routes work from the first request; otherwise one
+/// line says what fails until it exists. `/capabilities` repeats that warning for as long
+/// as the directory is missing.
+fn create_missing_base_dir(path: &std::path::Path) {
+    if path.is_dir() {
+        return;
+    }
+    match std::fs::create_dir_all(path) {
+        Ok(()) => crate::log!("created the missing base directory {}", path.display()),
+        Err(e) => crate::log!(
+            "warning: base directory {} does not exist and cannot be created ({e}): file routes, and commands and terminals without a cwd, fail until it exists",
+            path.display()
+        ),
     }
 }
 

@@ -204,12 +204,6 @@ impl AppState {
                 "command '{name}' is registered twice; the later registration wins"
             ));
         }
-        if !base_dir.is_dir() {
-            catalog.warnings.push(format!(
-                "base directory {} does not exist; file routes will fail until it is created",
-                base_dir.display()
-            ));
-        }
         let children: Arc<ChildRegistry> = extras.children.unwrap_or_default();
         Ok(AppState {
             services: Services {
@@ -271,12 +265,6 @@ impl AppState {
             policy,
             &self.group_switches,
         )?;
-        if !base_dir.is_dir() {
-            catalog.warnings.push(format!(
-                "base directory {} does not exist; file routes will fail until it is created",
-                base_dir.display()
-            ));
-        }
         // Warnings about the build itself (commands registered twice) carry over.
         for warning in &current.warnings {
             if warning.starts_with("command '") && !catalog.warnings.contains(warning) {

@@ -124,6 +124,17 @@ impl BaseDir {
         }
     }
 
+    /// What the startup line and `/capabilities` say while the base directory is missing
+    /// (`None` once it exists). Blocking (one `stat`).
+    pub fn missing_warning(&self) -> Option<String> {
+        (!self.path.is_dir()).then(|| {
+            format!(
+                "base directory {} does not exist: reads and listings fail until it is created (an upload, a mkdir, or a command without a cwd creates it)",
+                self.path.display()
+            )
+        })
+    }
+
     /// Like [`BaseDir::open`], but creates a missing base directory first, as writes do
     /// in the Python reference (`os.makedirs` of the target's parents). Blocking.
     pub fn open_creating(&self) -> Result<Beneath<'_>, FsError> {
@@ -147,6 +158,13 @@ impl BaseDir {
 pub struct Beneath<'a> {
     base: &'a BaseDir,
     fd: OwnedFd,
+}
+
+impl Beneath<'_> {
+    /// The base directory's own descriptor (`O_PATH`).
+    pub fn into_fd(self) -> OwnedFd {
+        self.fd
+    }
 }
 
 impl Beneath<'_> {

@@ -155,6 +155,17 @@ pub async fn open_dir(base: &BaseDir, caller: &CallerPath) -> Result<OwnedFd, Fs
         .map_err(|e| FsError::io(e, shown))?
 }
 
+/// The base directory itself, created first when it is missing (as an upload or a mkdir
+/// would create it): the working directory of a command that names none, so a caller who
+/// sent no `cwd` is never refused for a base directory that simply does not exist yet.
+pub async fn open_base_creating(base: &BaseDir) -> Result<OwnedFd, FsError> {
+    let base = base.clone();
+    let shown = base.path().to_string_lossy().into_owned();
+    blocking(move || base.open_creating().map(super::base::Beneath::into_fd))
+        .await
+        .map_err(|e| FsError::io(e, shown))?
+}
+
 /// `mkdir -p`.
 pub async fn mkdir(base: &BaseDir, caller: CallerPath) -> Result<(), FsError> {
     let base = base.clone();

@@ -64,6 +64,12 @@ async fn health(_call: Call) -> Result<Response, ApiError> {
 }
 
 async fn capabilities(call: Call) -> Result<Response, ApiError> {
+    // The base directory's state now, not at startup: it may have been made since.
+    let base = call.services().base.clone();
+    let base_missing = crate::runtime::file::blocking(move || base.missing_warning())
+        .await
+        .ok()
+        .flatten();
     let catalog = call.catalog();
     let identity = &call.identity;
     let mut endpoints = Map::new();
@@ -119,7 +125,7 @@ async fn capabilities(call: Call) -> Result<Response, ApiError> {
             "configured": catalog.policy.configured,
         },
         "endpoints": endpoints,
-        "warnings": catalog.warnings,
+        "warnings": catalog.warnings.iter().cloned().chain(base_missing).collect::<Vec<_>>(),
     });
     Ok(Response::ok(&document))
 }

@@ -103,9 +103,39 @@ pub fn bind_reuseport(addr: SocketAddr) -> io::Result<StdListener> {
     Ok(socket.into())
 }
 
-/// Binds one listener per worker on the same port. With port 0 the first bind picks the
-/// port and the others reuse it.
+/// Proves that no other process listens on `addr`'s port before this server makes its own
+/// `SO_REUSEPORT` group there. `SO_REUSEPORT` lets any process of the same user join a
+/// port, and the kernel then splits connections between the two servers; a bind without
+/// it conflicts with every listener on the port (while `SO_REUSEADDR` still ignores a
+/// previous run's `TIME_WAIT` connections), so it fails exactly when another server holds
+/// the port. The probe is closed before the real listeners bind: two servers started in
+/// the same instant can still both pass it.
+fn ensure_port_free(addr: SocketAddr) -> io::Result<()> {
+    if addr.port() == 0 {
+        return Ok(());
+    }
+    let probe = Socket::new(Domain::for_address(addr), Type::STREAM, Some(Protocol::TCP))?;
+    probe.set_reuse_address(true)?;
+    if addr.is_ipv6() {
+        probe.set_only_v6(false)?;
+    }
+    match probe.bind(&addr.into()) {
+        Err(e) if e.kind() == io::ErrorKind::AddrInUse => Err(io::Error::new(
+            io::ErrorKind::AddrInUse,
+            format!(
+                "port {} is already in use (another agent-sandbox or another program listens there); stop it or choose another port",
+                addr.port()
+            ),
+        )),
+        other => other,
+    }
+}
+
+/// Binds one listener per worker on the same port, once no other process listens there
+/// (see `ensure_port_free`). With port 0 the first bind picks the port and the others
+/// reuse it.
 pub fn bind_all(addr: SocketAddr, workers: usize) -> io::Result<(Vec<StdListener>, SocketAddr)> {
+    ensure_port_free(addr)?;
     let first = bind_reuseport(addr)?;
     let bound = first.local_addr()?;
     let mut listeners = vec![first];

@@ -779,24 +779,121 @@ fn bad_configuration_exits_2_with_one_line(driver: &'static str) {
     assert_eq!(code, 2);
 }
 
-fn missing_base_dir_is_a_warning(driver: &'static str) {
-    let server = Launch::new(driver)
-        .base_dir(std::path::Path::new("/nonexistent/abx/base"))
-        .start();
-    // stderr and stdout are separate pipes, so the warning may arrive after the banner.
-    let warned = server
-        .startup
-        .iter()
-        .any(|l| l.contains("warning") && l.contains("/nonexistent/abx/base"))
+/// `SO_REUSEPORT` would let a second server join a port a running one holds, and the
+/// kernel would split connections between them: the second exits 2 with one line naming
+/// the port, and the first answers every request meanwhile and after.
+fn second_server_on_a_held_port_exits_2(driver: &'static str) {
+    let first = Launch::new(driver).env("ABX_SERVER_TOKEN", "first").start();
+    let port = first.addr.port().to_string();
+    let (code, stderr) = Launch::new(driver).arg("--port").arg(&port).fail();
+    assert_eq!(code, 2, "{stderr}");
+    assert_eq!(stderr.trim().lines().count(), 1, "{stderr}");
+    assert!(
+        stderr.contains(&format!("port {port} is already in use")),
+        "{stderr}"
+    );
+    // The PTY port likewise.
+    let pty = first
+        .pty_addr
+        .expect("the terminal group is on by default")
+        .port()
+        .to_string();
+    let (code, stderr) = Launch::new(driver).arg("--pty-port").arg(&pty).fail();
+    assert_eq!(code, 2, "{stderr}");
+    assert!(
+        stderr.contains(&format!("port {pty} is already in use")),
+        "{stderr}"
+    );
+    for _ in 0..20 {
+        let reply = first.request(
+            "GET",
+            "/capabilities",
+            &[("Authorization", "Bearer first")],
+            None,
+        );
+        assert_eq!(reply.status, 200, "a request reached another server");
+    }
+}
+
+/// Whether the server said a line containing all of `words` at startup (stderr and
+/// stdout are separate pipes, so such a line may arrive after the banner).
+fn said_at_startup(server: &Server, words: &[&str]) -> bool {
+    let matches = |l: &String| words.iter().all(|w| l.contains(w));
+    server.startup.iter().any(matches)
         || std::iter::from_fn(|| server.output.recv_timeout(Duration::from_secs(2)).ok())
-            .any(|l| l.contains("warning") && l.contains("/nonexistent/abx/base"));
-    assert!(warned);
+            .any(|l| matches(&l))
+}
+
+fn base_dir_warnings(server: &Server) -> Vec<String> {
     let doc = server.get("/capabilities").json();
-    assert!(doc["warnings"]
+    doc["warnings"]
         .as_array()
         .unwrap()
         .iter()
-        .any(|w| w.as_str().unwrap().contains("/nonexistent/abx/base")));
+        .filter_map(|w| w.as_str())
+        .filter(|w| w.contains("base directory"))
+        .map(String::from)
+        .collect()
+}
+
+/// A base directory that cannot be made (sysfs refuses new directories, even to root)
+/// is one warning at startup, and `/capabilities` says so while it is missing.
+fn uncreatable_base_dir_is_a_warning(driver: &'static str) {
+    let base = std::path::Path::new("/sys/abx-test-base/user");
+    let shown = base.to_str().unwrap();
+    let server = Launch::new(driver).base_dir(&base).start();
+    assert!(said_at_startup(
+        &server,
+        &["warning", shown, "cannot be created"]
+    ));
+    let warnings = base_dir_warnings(&server);
+    assert!(
+        warnings.len() == 1 && warnings[0].contains(shown),
+        "{warnings:?}"
+    );
+}
+
+/// The default `/home/user` is often missing: the server creates it at startup (and
+/// says so), commands without a cwd run there, and `/capabilities` warns only while it is
+/// actually missing. A command without a cwd makes a base directory deleted later again.
+fn missing_base_dir_is_created_and_commands_run_there(driver: &'static str) {
+    let dir = TempDir::new("absent");
+    let base = dir.path().join("home/user");
+    let server = Launch::new(driver).base_dir(&base).start();
+    assert!(base.is_dir(), "the base directory is made at startup");
+    assert!(said_at_startup(
+        &server,
+        &["created", base.to_str().unwrap()]
+    ));
+    assert_eq!(base_dir_warnings(&server), Vec::<String>::new());
+
+    std::fs::remove_dir_all(&base).unwrap();
+    assert_eq!(
+        base_dir_warnings(&server).len(),
+        1,
+        "the warning is the present state"
+    );
+    let reply = server.post("/shell", r#"{"command": "pwd"}"#);
+    assert_eq!(reply.status, 200, "{}", reply.text());
+    assert_eq!(
+        reply.json()["stdout"].as_str().unwrap().trim(),
+        base.to_str().unwrap()
+    );
+    assert_eq!(base_dir_warnings(&server), Vec::<String>::new());
+    std::fs::remove_dir_all(&base).unwrap();
+    let reply = server.post("/process/start", r#"{"command": "true"}"#);
+    assert_eq!(reply.status, 200, "{}", reply.text());
+    std::fs::remove_dir_all(&base).unwrap();
+    let reply = server.post("/shell/stream", r#"{"command": "pwd"}"#);
+    assert_eq!(reply.status, 200, "{}", reply.text());
+    assert!(
+        reply.text().contains(base.to_str().unwrap()),
+        "{}",
+        reply.text()
+    );
+    // A cwd the caller names must still exist.
+    let reply = server.post("/shell", r#"{"command": "pwd", "cwd": "nope"}"#);
+    assert_eq!(reply.status, 403, "{}", reply.text());
 }
 
 fn sigterm_finishes_in_flight_requests(driver: &'static str) {
@@ -920,7 +1017,9 @@ on_both_drivers!(
     sse_events_are_framed_and_flushed_one_by_one,
     policy_file_sets_revision_and_switches,
     bad_configuration_exits_2_with_one_line,
-    missing_base_dir_is_a_warning,
+    uncreatable_base_dir_is_a_warning,
+    second_server_on_a_held_port_exits_2,
+    missing_base_dir_is_created_and_commands_run_there,
     sigterm_finishes_in_flight_requests,
     workers_share_one_port,
 );

@@ -50,11 +50,13 @@ fn unusable_base_dirs_refuse_to_start(driver: &'static str) {
 }
 
 /// As the Python reference: listing a missing base is 404, stat says nothing is there,
-/// and an upload or mkdir creates it.
+/// and an upload or mkdir creates it. (The server creates a missing base directory at
+/// startup; this one disappears afterwards.)
 fn missing_base_dir_behaves_like_the_reference(driver: &'static str) {
     let dir = TempDir::new("missing");
     let base = dir.path().join("home/user");
     let server = Launch::new(driver).base_dir(&base).start();
+    std::fs::remove_dir_all(&base).unwrap();
     let reply = server.get("/files/list?path=.");
     assert_eq!(reply.status, 404, "{}", reply.text());
     assert_eq!(reply.json()["type"], "FileNotFoundError");

@@ -310,6 +310,11 @@ pub(crate) async fn working_dir(call: &Call, cwd: Option<&str>) -> Result<OwnedF
     }
     match crate::fs::tree::open_dir(base, &caller).await {
         Ok(fd) => Ok(fd),
+        // The base directory, made if missing: a caller who sent no cwd is never refused
+        // for one it did not send.
+        Err(_) if cwd.is_none() => crate::fs::tree::open_base_creating(base)
+            .await
+            .map_err(super::files::fs_error),
         Err(FsError::Io { error, .. }) if matches!(error.raw_os_error(), Some(23 | 24)) => {
             Err(super::files::fs_error(FsError::Io {
                 error,

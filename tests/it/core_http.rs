@@ -777,6 +777,23 @@ fn bad_configuration_exits_2_with_one_line(driver: &'static str) {
         .env("ABX_MAX_UPLOAD_SIZE", "lots")
         .fail();
     assert_eq!(code, 2);
+    // An unknown flag alone is named as unknown, not as one missing its value.
+    let (code, stderr) = Launch::new(driver).arg("--bogus").fail();
+    assert_eq!(code, 2);
+    assert_eq!(stderr.trim(), "agent-sandbox: unknown flag --bogus (see --help)");
+    let (code, stderr) = Launch::new(driver)
+        .arg("--host")
+        .arg("no-such-host.invalid")
+        .fail();
+    assert_eq!(code, 2);
+    assert!(stderr.contains("nor a host name that resolves"), "{stderr}");
+}
+
+/// `--host localhost` is a host name that resolves: the server listens on loopback.
+fn host_names_resolve(driver: &'static str) {
+    let server = Launch::new(driver).arg("--host").arg("localhost").start();
+    assert!(server.addr.ip().is_loopback(), "{}", server.addr);
+    assert_eq!(server.get("/health").status, 200);
 }
 
 /// `SO_REUSEPORT` would let a second server join a port a running one holds, and the
@@ -1019,6 +1036,7 @@ on_both_drivers!(
     bad_configuration_exits_2_with_one_line,
     uncreatable_base_dir_is_a_warning,
     second_server_on_a_held_port_exits_2,
+    host_names_resolve,
     missing_base_dir_is_created_and_commands_run_there,
     sigterm_finishes_in_flight_requests,
     workers_share_one_port,

@@ -3,6 +3,8 @@
 //! arrive exactly as they are, never C-quoted. Running git is the caller's job (it
 //! goes through the one spawn path); this module has no I/O.
 
+pub mod repo;
+
 use serde::Serialize;
 
 /// One changed path, as `GET /git/status` lists it.

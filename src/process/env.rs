@@ -6,6 +6,47 @@
 use std::ffi::OsString;
 use std::sync::{Arc, RwLock};
 
+/// Variables that make a child run code it was not asked to: the dynamic loader's
+/// (`LD_PRELOAD` with an uploaded `.so` runs it inside a command that `commands.allow`
+/// permits), shells' start-up and function hooks, and the interpreters' and libraries'
+/// "load this too" options. A request's `env` naming one is 400 and `POST /env` 403
+/// (`docs/api.md` lists them); the terminal strips the contract's three instead.
+pub const CODE_LOADING_PREFIXES: [&str; 3] = ["LD_", "DYLD_", "BASH_FUNC_"];
+pub const CODE_LOADING_VARS: [&str; 22] = [
+    "BASH_ENV",
+    "ENV",
+    "SHELLOPTS",
+    "BASHOPTS",
+    "PS4",
+    "PROMPT_COMMAND",
+    "ZDOTDIR",
+    "NODE_OPTIONS",
+    "NODE_PATH",
+    "PYTHONPATH",
+    "PYTHONHOME",
+    "PYTHONSTARTUP",
+    "PYTHONINSPECT",
+    "PERL5OPT",
+    "PERL5LIB",
+    "PERLLIB",
+    "RUBYOPT",
+    "RUBYLIB",
+    "JAVA_TOOL_OPTIONS",
+    "_JAVA_OPTIONS",
+    "GCONV_PATH",
+    "OPENSSL_CONF",
+];
+
+/// Whether `name` is one of [`CODE_LOADING_VARS`] or starts with one of
+/// [`CODE_LOADING_PREFIXES`] (case-insensitively: a shell variable's case matters, but a
+/// refusal that a change of case slips past would protect nothing on other systems).
+pub fn loads_code(name: &str) -> bool {
+    let upper = name.to_ascii_uppercase();
+    CODE_LOADING_PREFIXES.iter().any(|p| upper.starts_with(p))
+        || CODE_LOADING_VARS.contains(&upper.as_str())
+        || upper.starts_with("BASH_FUNC")
+}
+
 /// The shared environment view.
 pub struct Environment {
     vars: RwLock<Arc<Vec<(OsString, OsString)>>>,
@@ -85,6 +126,25 @@ impl Environment {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn code_loading_names_are_recognised() {
+        for name in [
+            "LD_PRELOAD",
+            "ld_audit",
+            "DYLD_INSERT_LIBRARIES",
+            "BASH_ENV",
+            "ENV",
+            "BASH_FUNC_ls%%",
+            "NODE_OPTIONS",
+            "PYTHONPATH",
+        ] {
+            assert!(loads_code(name), "{name}");
+        }
+        for name in ["LANG", "MY_LD", "ENVIRONMENT", "PATH", "TERM"] {
+            assert!(!loads_code(name), "{name}");
+        }
+    }
 
     #[test]
     fn overrides_replace_and_add() {

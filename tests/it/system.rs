@@ -571,7 +571,187 @@ fn git_diff_with_stats_staged_and_cut(driver: &'static str) {
     );
 }
 
+/// git answers only for repositories inside the base directory, and runs no program a
+/// repository's configuration, its attributes, an uploaded `~/.gitconfig` or the
+/// environment names.
+fn git_stays_inside_the_base_and_runs_nothing(driver: &'static str) {
+    let top = TempDir::new("gitconfine");
+    // A repository above the base directory is not the base's repository.
+    let above = top.path().join("above");
+    let base = above.join("base");
+    std::fs::create_dir_all(&base).unwrap();
+    git(&above, &["init", "-q"]);
+    std::fs::write(above.join("secret.txt"), "outside\n").unwrap();
+    std::fs::write(base.join("mine.txt"), "inside\n").unwrap();
+    let markers = top.path().join("markers");
+    std::fs::create_dir(&markers).unwrap();
+    let marker = |name: &str| markers.join(name).to_str().unwrap().to_string();
+    let server = dev_tools(driver)
+        .base_dir(&base)
+        .env("HOME", base.to_str().unwrap())
+        // Variables the server itself was started with never reach git either.
+        .env("GIT_CONFIG_COUNT", "1")
+        .env("GIT_CONFIG_KEY_0", "core.fsmonitor")
+        .env(
+            "GIT_CONFIG_VALUE_0",
+            &format!("touch {}", marker("from-env")),
+        )
+        .env("GIT_DIR", above.join(".git").to_str().unwrap())
+        .start();
+    let (status, body) = get(&server, "/git/status?path=.");
+    assert_eq!(
+        (status, body["type"].as_str()),
+        (400, Some("GitError")),
+        "{body}"
+    );
+    assert!(!body.to_string().contains("secret.txt"), "{body}");
+
+    // A repository inside, whose configuration names programs everywhere it can.
+    let repo = base.join("repo");
+    std::fs::create_dir(&repo).unwrap();
+    git(&repo, &["init", "-q"]);
+    std::fs::write(repo.join("a.txt"), "one\n").unwrap();
+    git(&repo, &["add", "."]);
+    git(&repo, &["commit", "-qm", "first"]);
+    let outside_tree = top.path().join("tree");
+    std::fs::create_dir(&outside_tree).unwrap();
+    std::fs::write(outside_tree.join("outside.txt"), "x\n").unwrap();
+    let config = format!(
+        "[core]\n\tfsmonitor = touch {fsmonitor}\n\thooksPath = {hooks}\n\tpager = touch {pager}\n\tworktree = {tree}\n\
+         [filter \"evil\"]\n\tclean = tee {clean}\n\tsmudge = tee {smudge}\n\trequired = true\n\
+         [diff]\n\texternal = touch {external}\n[diff \"tc\"]\n\ttextconv = touch {textconv}\n",
+        fsmonitor = marker("fsmonitor"),
+        hooks = markers.display(),
+        pager = marker("pager"),
+        tree = outside_tree.display(),
+        clean = marker("clean"),
+        smudge = marker("smudge"),
+        external = marker("external"),
+        textconv = marker("textconv"),
+    );
+    let mut existing = std::fs::read_to_string(repo.join(".git/config")).unwrap();
+    existing.push_str(&config);
+    std::fs::write(repo.join(".git/config"), existing).unwrap();
+    std::fs::write(repo.join(".gitattributes"), "* filter=evil diff=tc\n").unwrap();
+    std::fs::write(
+        base.join(".gitconfig"),
+        format!("[core]\n\tfsmonitor = touch {}\n", marker("global")),
+    )
+    .unwrap();
+    std::fs::write(repo.join("a.txt"), "one\ntwo\n").unwrap();
+    let (status, body) = get(&server, "/git/status?path=repo");
+    assert_eq!(status, 200, "{body}");
+    let files = body["files"].to_string();
+    assert!(
+        files.contains("a.txt") && !files.contains("outside.txt"),
+        "{body}"
+    );
+    let (status, body) = get(&server, "/git/diff?path=repo");
+    assert_eq!(status, 200, "{body}");
+    assert!(body["diff"].as_str().unwrap().contains("+two"), "{body}");
+    let ran: Vec<String> = std::fs::read_dir(&markers)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    assert_eq!(
+        ran,
+        Vec::<String>::new(),
+        "git ran programs the repository named"
+    );
+
+    // A .git that leads outside: a symlink, a gitdir: file, alternates.
+    let linked = base.join("linked");
+    std::fs::create_dir(&linked).unwrap();
+    std::os::unix::fs::symlink(above.join(".git"), linked.join(".git")).unwrap();
+    let pointer = base.join("pointer");
+    std::fs::create_dir(&pointer).unwrap();
+    std::fs::write(
+        pointer.join(".git"),
+        format!("gitdir: {}\n", above.join(".git").display()),
+    )
+    .unwrap();
+    std::fs::write(
+        repo.join(".git/objects/info/alternates"),
+        format!("{}\n", above.join(".git/objects").display()),
+    )
+    .unwrap();
+    for path in ["linked", "pointer", "repo"] {
+        for route in ["status", "diff"] {
+            let (status, body) = get(&server, &format!("/git/{route}?path={path}"));
+            assert_eq!(
+                (status, body["code"].as_str()),
+                (403, Some("path_not_allowed")),
+                "{route} {path}: {body}"
+            );
+        }
+    }
+
+    // POST /env cannot point git elsewhere either.
+    for name in [
+        "GIT_DIR",
+        "GIT_WORK_TREE",
+        "GIT_CONFIG_COUNT",
+        "git_config_key_0",
+        "GIT_CONFIG_GLOBAL",
+    ] {
+        let (status, body) = post(&server, "/env", json!({"vars": {name: "x"}}));
+        assert_eq!(
+            (status, body["code"].as_str()),
+            (403, Some("variable_not_allowed")),
+            "{name}: {body}"
+        );
+    }
+}
+
+/// Variables that make a child load code it was not asked to run are refused: 400 in a
+/// request's `env`, 403 from `POST /env`; the terminal keeps stripping the contract's
+/// three (tests/it/terminal.rs).
+fn code_loading_variables_are_refused(driver: &'static str) {
+    let server = Server::start(driver);
+    for name in [
+        "LD_PRELOAD",
+        "LD_AUDIT",
+        "DYLD_INSERT_LIBRARIES",
+        "BASH_ENV",
+        "ENV",
+        "BASH_FUNC_ls%%",
+        "NODE_OPTIONS",
+        "PYTHONPATH",
+    ] {
+        for route in ["/shell", "/shell/stream", "/process/start"] {
+            let (status, body) = post(
+                &server,
+                route,
+                json!({"command": "true", "env": {name: "/tmp/x.so"}}),
+            );
+            assert_eq!(
+                (status, body["code"].as_str()),
+                (400, Some("variable_not_allowed")),
+                "{route} {name}: {body}"
+            );
+        }
+        let (status, body) = post(&server, "/env", json!({"vars": {name: "/tmp/x.so"}}));
+        assert_eq!(
+            (status, body["code"].as_str()),
+            (403, Some("variable_not_allowed")),
+            "{name}: {body}"
+        );
+    }
+    let (status, body) = post(
+        &server,
+        "/shell",
+        json!({"command": "printenv MY_VAR", "env": {"MY_VAR": "kept"}}),
+    );
+    assert_eq!(
+        (status, body["stdout"].as_str()),
+        (200, Some("kept\n")),
+        "{body}"
+    );
+}
+
 on_both_drivers!(
+    git_stays_inside_the_base_and_runs_nothing,
+    code_loading_variables_are_refused,
     system_info_and_metrics_read_the_kernel,
     env_hides_secrets_and_sets_for_later_children,
     ports_show_the_servers_own_port_and_pid,

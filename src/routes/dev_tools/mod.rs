@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 
-use super::process::{run_program, working_dir, ProgramRun};
+use super::process::{run_program, run_program_in, working_dir, ProgramRun};
 use super::schema_object;
 use crate::api::{ApiError, Group, Method, Param};
 use crate::app::{handler, Call, Endpoint};
@@ -165,31 +165,98 @@ async fn code_run(call: Call) -> Result<Response, ApiError> {
     }
 }
 
-/// Runs `git <args>` in the confined directory `path` and returns its stdout; git's
-/// own failure is 400 `GitError` with what it said.
+/// The repository holding the confined directory `path`, found without looking above
+/// the base directory (`git::repo`), with the environment and `-c` overrides under which
+/// git runs nothing the repository or the environment names.
+struct GitRun {
+    cwd: std::os::fd::OwnedFd,
+    env: Vec<(std::ffi::OsString, std::ffi::OsString)>,
+    overrides: Vec<String>,
+}
+
+async fn prepare_git(call: &Call, path: Option<&str>) -> Result<GitRun, ApiError> {
+    use git::repo::{self, RepoError};
+    let cwd = working_dir(call, path).await?;
+    let base = call.services().base.clone();
+    let caller = base
+        .confine(path.unwrap_or("."))
+        .map_err(super::files::fs_error)?;
+    let found = crate::runtime::file::blocking(move || {
+        let beneath = base.open()?;
+        Ok::<_, crate::fs::FsError>(repo::discover(&beneath, &caller))
+    })
+    .await
+    .map_err(|e| crate::api::errno::os_error(&e, None))?
+    .map_err(super::files::fs_error)?;
+    let repository = match found {
+        Ok(repository) => repository,
+        Err(RepoError::NotARepository) => {
+            return Err(ApiError::bad_request(
+                "fatal: not a git repository (or any of the parent directories up to the base directory): .git",
+            )
+            .with_kind("GitError"))
+        }
+        Err(RepoError::Outside(what)) => {
+            return Err(ApiError::new(
+                403,
+                "PermissionError",
+                format!("Path not allowed: the repository names {what}, outside the allowed directories"),
+            )
+            .with_code("path_not_allowed"))
+        }
+        Err(RepoError::Io(error, path)) => {
+            return Err(crate::api::errno::os_error(&error, Some(&path)))
+        }
+    };
+    let env = repo::environment(&call.services().environment.snapshot(), Some(&repository));
+    let argv = ["git", "config", "--null", "--list"]
+        .map(String::from)
+        .to_vec();
+    let listed = finish_git(
+        run_program_in(
+            call,
+            argv,
+            dup(&cwd)?,
+            env.clone(),
+            GIT_TIMEOUT,
+            1024 * 1024,
+        )
+        .await?,
+    )?;
+    Ok(GitRun {
+        cwd,
+        env,
+        overrides: repo::config_argv(&listed.0),
+    })
+}
+
+fn dup(fd: &std::os::fd::OwnedFd) -> Result<std::os::fd::OwnedFd, ApiError> {
+    rustix::io::fcntl_dupfd_cloexec(fd, 0)
+        .map_err(|e| crate::api::errno::os_error(&std::io::Error::from(e), None))
+}
+
+/// Runs `git <args>` for a prepared repository and returns its stdout; git's own
+/// failure is 400 `GitError` with what it said.
 async fn run_git(
     call: &Call,
-    path: Option<&str>,
+    prepared: &GitRun,
     args: &[&str],
     limit: usize,
 ) -> Result<(String, bool), ApiError> {
-    let cwd = working_dir(call, path).await?;
-    let mut argv = vec![
-        "git".to_string(),
-        "--no-pager".into(),
-        "-c".into(),
-        "core.quotepath=off".into(),
-        "-c".into(),
-        "color.ui=false".into(),
-    ];
-    argv.extend(args.iter().map(|a| a.to_string()));
-    // Never prompt, and never take the index lock only to refresh stat data.
-    let env = [
-        ("GIT_TERMINAL_PROMPT".to_string(), "0".to_string()),
-        ("GIT_OPTIONAL_LOCKS".to_string(), "0".to_string()),
-        ("LC_ALL".to_string(), "C".to_string()),
-    ];
-    match run_program(call, argv, cwd, &env, GIT_TIMEOUT, limit).await? {
+    let mut argv = vec!["git".to_string(), "--no-pager".into()];
+    argv.extend(prepared.overrides.iter().cloned());
+    argv.extend(
+        ["-c", "core.quotepath=off", "-c", "color.ui=false"]
+            .iter()
+            .chain(args)
+            .map(|a| a.to_string()),
+    );
+    let cwd = dup(&prepared.cwd)?;
+    finish_git(run_program_in(call, argv, cwd, prepared.env.clone(), GIT_TIMEOUT, limit).await?)
+}
+
+fn finish_git(run: ProgramRun) -> Result<(String, bool), ApiError> {
+    match run {
         ProgramRun::Completed(done) if done.exit.0 == 0 => Ok((done.stdout, done.truncated)),
         ProgramRun::Completed(done) => {
             let said = done.stderr.trim();
@@ -215,10 +282,17 @@ async fn run_git(
 /// `GET /git/status?path=.`.
 async fn git_status(call: Call) -> Result<Response, ApiError> {
     let path = call.query("path").map(str::to_string);
+    let prepared = prepare_git(&call, path.as_deref()).await?;
     let (out, _) = run_git(
         &call,
-        path.as_deref(),
-        &["status", "--porcelain=v2", "-z", "--branch"],
+        &prepared,
+        &[
+            "status",
+            "--porcelain=v2",
+            "-z",
+            "--branch",
+            "--ignore-submodules=all",
+        ],
         64 * 1024 * 1024,
     )
     .await?;
@@ -242,7 +316,12 @@ async fn git_diff(call: Call) -> Result<Response, ApiError> {
         .query("staged")
         .is_some_and(|v| matches!(v.to_ascii_lowercase().as_str(), "true" | "yes" | "1"));
     let file = call.query("file").map(str::to_string);
-    let mut args = vec!["diff", "--no-ext-diff", "--no-textconv"];
+    let mut args = vec![
+        "diff",
+        "--no-ext-diff",
+        "--no-textconv",
+        "--ignore-submodules=all",
+    ];
     if staged {
         args.push("--staged");
     }
@@ -254,9 +333,10 @@ async fn git_diff(call: Call) -> Result<Response, ApiError> {
     }
     args.extend(&pathspec);
     numstat.extend(&pathspec);
+    let prepared = prepare_git(&call, path.as_deref()).await?;
     let (patch, stats) = monoio::join!(
-        run_git(&call, path.as_deref(), &args, DIFF_LIMIT),
-        run_git(&call, path.as_deref(), &numstat, 64 * 1024 * 1024)
+        run_git(&call, &prepared, &args, DIFF_LIMIT),
+        run_git(&call, &prepared, &numstat, 64 * 1024 * 1024)
     );
     let (mut diff, truncated) = patch?;
     let stats = git::parse_numstat(&stats?.0);

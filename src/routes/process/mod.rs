@@ -186,6 +186,12 @@ impl RunRequest {
                             "env: '{name}' cannot be set (names must be non-empty without '=', and neither may contain NUL)"
                         )));
                     }
+                    if crate::process::env::loads_code(name) {
+                        return Err(ApiError::bad_request(format!(
+                            "env: '{name}' cannot be set: it makes a program load code it was not asked to run (LD_*, DYLD_*, BASH_ENV, ENV, NODE_OPTIONS, PYTHONPATH, ... : see docs/api.md)"
+                        ))
+                        .with_code("variable_not_allowed"));
+                    }
                     env.push((name.clone(), value.clone()));
                 }
                 env
@@ -409,12 +415,25 @@ pub(crate) async fn run_program(
     timeout: std::time::Duration,
     max_output: usize,
 ) -> Result<ProgramRun, ApiError> {
+    let env = call.services().environment.with(env);
+    run_program_in(call, argv, cwd, env, timeout, max_output).await
+}
+
+/// [`run_program`] with the child's whole environment given.
+pub(crate) async fn run_program_in(
+    call: &Call,
+    argv: Vec<String>,
+    cwd: OwnedFd,
+    env: Vec<(std::ffi::OsString, std::ffi::OsString)>,
+    timeout: std::time::Duration,
+    max_output: usize,
+) -> Result<ProgramRun, ApiError> {
     let services = call.services();
     let program = argv[0].clone();
     let spec = Spawn {
         argv,
         cwd,
-        env: services.environment.with(env),
+        env,
         stdin: false,
         capture: true,
         terminal: None,

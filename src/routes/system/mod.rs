@@ -213,6 +213,34 @@ async fn env_get(call: Call) -> Result<Response, ApiError> {
     Ok(Response::ok(&json!({ "variables": variables })))
 }
 
+/// Variables that point git at another repository, work tree or configuration (which
+/// can name programs to run): refused by `POST /env`, and never passed to the dev tools'
+/// git in any case.
+fn git_steering(upper: &str) -> bool {
+    matches!(
+        upper,
+        "GIT_DIR"
+            | "GIT_WORK_TREE"
+            | "GIT_COMMON_DIR"
+            | "GIT_INDEX_FILE"
+            | "GIT_OBJECT_DIRECTORY"
+            | "GIT_ALTERNATE_OBJECT_DIRECTORIES"
+            | "GIT_CEILING_DIRECTORIES"
+            | "GIT_DISCOVERY_ACROSS_FILESYSTEM"
+    ) || upper.starts_with("GIT_CONFIG")
+        || upper.starts_with("GIT_SSH")
+        || matches!(
+            upper,
+            "GIT_EXTERNAL_DIFF"
+                | "GIT_PAGER"
+                | "GIT_EDITOR"
+                | "GIT_ASKPASS"
+                | "GIT_PROXY_COMMAND"
+                | "GIT_EXEC_PATH"
+                | "GIT_TEMPLATE_DIR"
+        )
+}
+
 /// `POST /env`.
 async fn env_set(call: Call) -> Result<Response, ApiError> {
     let body: Value = call.json()?;
@@ -230,6 +258,14 @@ async fn env_set(call: Call) -> Result<Response, ApiError> {
                 "PermissionError",
                 format!("Cannot set protected variable: {name} (PATH, HOME, USER, SHELL and ABX_* cannot be changed)"),
             ));
+        }
+        if crate::process::env::loads_code(name) || git_steering(&upper) {
+            return Err(ApiError::new(
+                403,
+                "PermissionError",
+                format!("Cannot set protected variable: {name} (it makes programs load code or git read another repository or configuration: see docs/api.md)"),
+            )
+            .with_code("variable_not_allowed"));
         }
         if !var_allowed(&call, name) {
             return Err(ApiError::new(

@@ -1,0 +1,311 @@
+//! Running git for the dev tools without leaving the base directory and without running
+//! any program a repository, its attributes or the environment names.
+//!
+//! Left to itself, git looks for `.git` in the working directory and then in every
+//! parent, so a repository *above* the base directory answers `/git/status` with files a
+//! `/download` refuses; it honours `core.worktree`, a `gitdir:` file and
+//! `objects/info/alternates`, each of which may point anywhere; and it runs programs its
+//! configuration names (`core.fsmonitor`, `filter.<driver>.clean`/`smudge`/`process`,
+//! `diff.external`, `diff.<driver>.textconv`/`command`, pagers, hooks), configuration an
+//! uploaded `.git/config`, an uploaded `~/.gitconfig` (the home directory is often the
+//! base directory) or `GIT_CONFIG_*` variables can write.
+//!
+//! So, in order:
+//! 1. [`discover`] walks from the caller's directory up to the base directory itself,
+//!    never further, each step an `openat2(RESOLVE_BENEATH)` lookup: a `.git` that is a
+//!    symlink out, a `gitdir:` file, a `commondir` file or an alternates entry that
+//!    resolves outside is [`RepoError::Outside`]. The repository found is handed to git
+//!    as `GIT_DIR` and `GIT_WORK_TREE`, so git discovers nothing and `core.worktree` is
+//!    overridden.
+//! 2. [`environment`] drops every `GIT_*` variable and every code-loading variable of
+//!    the shared environment, ignores the global and system configuration, and forbids
+//!    prompts and optional locks.
+//! 3. [`config_argv`] reads the repository's configuration with `git config --list`
+//!    (which runs nothing) and answers `-c` overrides that blank every program-naming
+//!    key it holds, plus fixed ones for the keys git would consult by default; command
+//!    line `-c` outranks every configuration file. The dev tools also pass
+//!    `--no-ext-diff`, `--no-textconv`, `--no-pager` and `--ignore-submodules=all` (a
+//!    submodule has a configuration of its own).
+//!
+//! Left: a directory renamed between [`discover`] and git's own lookups is read where it
+//! then is (git opens paths by name); the caller can already write inside the base
+//! directory, so this moves nothing outside it into reach except by that race.
+
+use std::ffi::OsString;
+use std::path::{Path, PathBuf};
+
+use rustix::fs::{Mode, OFlags};
+
+use crate::fs::base::{Beneath, CallerPath};
+use crate::fs::resolve::OpenError;
+
+/// A repository inside the base directory, as git will be told of it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Repository {
+    pub git_dir: PathBuf,
+    pub work_tree: PathBuf,
+}
+
+#[derive(Debug)]
+pub enum RepoError {
+    /// No `.git` between the caller's directory and the base directory.
+    NotARepository,
+    /// Something the repository names lies outside the base directory (what, shown).
+    Outside(String),
+    Io(std::io::Error, String),
+}
+
+/// Finds the repository holding `start` without looking above the base directory.
+/// Blocking (a few `openat2` calls and small reads).
+pub fn discover(beneath: &Beneath<'_>, start: &CallerPath) -> Result<Repository, RepoError> {
+    let mut rel = start.rel.clone();
+    loop {
+        let dot_git = rel.join(".git");
+        match beneath.open(&dot_git, OFlags::PATH, Mode::empty()) {
+            Ok(fd) => {
+                let stat = rustix::fs::fstat(&fd)
+                    .map_err(|e| RepoError::Io(e.into(), beneath.display(&dot_git)))?;
+                let git_dir = if rustix::fs::FileType::from_raw_mode(stat.st_mode).is_dir() {
+                    dot_git
+                } else {
+                    gitdir_file(beneath, &dot_git)?
+                };
+                check_common_dir(beneath, &git_dir)?;
+                return Ok(Repository {
+                    git_dir: beneath.base().path().join(&git_dir),
+                    work_tree: beneath.base().path().join(&rel),
+                });
+            }
+            Err(OpenError::Escape) => {
+                return Err(RepoError::Outside(beneath.display(&dot_git)));
+            }
+            Err(e) if e.is_missing() => {}
+            Err(OpenError::Io(e)) => return Err(RepoError::Io(e, beneath.display(&dot_git))),
+        }
+        if !rel.pop() {
+            return Err(RepoError::NotARepository);
+        }
+    }
+}
+
+/// A `.git` file (`gitdir: <path>`, as worktrees and submodules have): the directory it
+/// names, relative to the base, if it lies beneath it.
+fn gitdir_file(beneath: &Beneath<'_>, dot_git: &Path) -> Result<PathBuf, RepoError> {
+    let text = read_small(beneath, dot_git)?;
+    let named = text
+        .lines()
+        .find_map(|l| l.strip_prefix("gitdir:"))
+        .map(str::trim)
+        .ok_or_else(|| {
+            RepoError::Io(
+                std::io::Error::other("a .git file without a gitdir: line"),
+                beneath.display(dot_git),
+            )
+        })?;
+    let holder = dot_git.parent().unwrap_or(Path::new(""));
+    resolve_named(beneath, holder, named)
+}
+
+/// A worktree's git directory names its common directory in `commondir`, and any object
+/// directory may name others in `objects/info/alternates`: each must lie beneath.
+fn check_common_dir(beneath: &Beneath<'_>, git_dir: &Path) -> Result<(), RepoError> {
+    let mut common = git_dir.to_path_buf();
+    let commondir = git_dir.join("commondir");
+    if exists(beneath, &commondir)? {
+        let text = read_small(beneath, &commondir)?;
+        common = resolve_named(beneath, git_dir, text.trim())?;
+    }
+    for dir in [git_dir.to_path_buf(), common] {
+        let objects = dir.join("objects");
+        let alternates = objects.join("info/alternates");
+        if exists(beneath, &alternates)? {
+            for line in read_small(beneath, &alternates)?.lines() {
+                let line = line.trim();
+                if !line.is_empty() && !line.starts_with('#') {
+                    resolve_named(beneath, &objects, line)?;
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+/// `named` (absolute, or relative to the directory `holder`), as a path relative to the
+/// base, once it is shown to resolve beneath it.
+fn resolve_named(beneath: &Beneath<'_>, holder: &Path, named: &str) -> Result<PathBuf, RepoError> {
+    let base = beneath.base().path();
+    let absolute = if named.starts_with('/') {
+        PathBuf::from(named)
+    } else {
+        base.join(holder).join(named)
+    };
+    let outside = || RepoError::Outside(absolute.display().to_string());
+    let confined = beneath
+        .base()
+        .confine(&absolute.to_string_lossy())
+        .map_err(|_| outside())?;
+    match beneath.open(&confined.rel, OFlags::PATH, Mode::empty()) {
+        Ok(_) => Ok(confined.rel),
+        Err(OpenError::Escape) => Err(outside()),
+        Err(OpenError::Io(e)) => Err(RepoError::Io(e, absolute.display().to_string())),
+    }
+}
+
+fn exists(beneath: &Beneath<'_>, rel: &Path) -> Result<bool, RepoError> {
+    match beneath.open(rel, OFlags::PATH, Mode::empty()) {
+        Ok(_) => Ok(true),
+        Err(e) if e.is_missing() => Ok(false),
+        Err(OpenError::Escape) => Err(RepoError::Outside(beneath.display(rel))),
+        Err(OpenError::Io(e)) => Err(RepoError::Io(e, beneath.display(rel))),
+    }
+}
+
+/// A small text file beneath the base (at most 64 KiB are read).
+fn read_small(beneath: &Beneath<'_>, rel: &Path) -> Result<String, RepoError> {
+    let shown = || beneath.display(rel);
+    let fd = beneath
+        .open(rel, OFlags::RDONLY | OFlags::NOFOLLOW, Mode::empty())
+        .map_err(|e| match e {
+            OpenError::Escape => RepoError::Outside(shown()),
+            OpenError::Io(e) => RepoError::Io(e, shown()),
+        })?;
+    let mut buf = vec![0u8; 64 * 1024];
+    let n = rustix::io::read(&fd, &mut buf).map_err(|e| RepoError::Io(e.into(), shown()))?;
+    buf.truncate(n);
+    Ok(String::from_utf8_lossy(&buf).into_owned())
+}
+
+/// The environment git runs with: the shared one without any `GIT_*` or code-loading
+/// variable, the repository named explicitly, no global or system configuration.
+pub fn environment(
+    shared: &[(OsString, OsString)],
+    repo: Option<&Repository>,
+) -> Vec<(OsString, OsString)> {
+    let mut env: Vec<(OsString, OsString)> = shared
+        .iter()
+        .filter(|(name, _)| {
+            let name = name.to_string_lossy();
+            !name.to_ascii_uppercase().starts_with("GIT_")
+                && !crate::process::env::loads_code(&name)
+        })
+        .cloned()
+        .collect();
+    let mut set = |name: &str, value: &std::ffi::OsStr| env.push((name.into(), value.into()));
+    set("GIT_CONFIG_NOSYSTEM", "1".as_ref());
+    set("GIT_CONFIG_GLOBAL", "/dev/null".as_ref());
+    set("GIT_TERMINAL_PROMPT", "0".as_ref());
+    set("GIT_OPTIONAL_LOCKS", "0".as_ref());
+    set("LC_ALL", "C".as_ref());
+    if let Some(repo) = repo {
+        set("GIT_DIR", repo.git_dir.as_os_str());
+        set("GIT_WORK_TREE", repo.work_tree.as_os_str());
+    }
+    env
+}
+
+/// Overrides every dev-tools git run carries, whatever the configuration says.
+pub const FIXED_OVERRIDES: [&str; 12] = [
+    "core.fsmonitor=false",
+    "core.hooksPath=/dev/null",
+    "core.pager=cat",
+    "core.editor=false",
+    "core.sshCommand=false",
+    "core.gitProxy=",
+    "core.askPass=",
+    "core.attributesFile=/dev/null",
+    "diff.external=",
+    "credential.helper=",
+    "submodule.recurse=false",
+    "status.submoduleSummary=false",
+];
+
+/// `-c` arguments for `git`: [`FIXED_OVERRIDES`], then a blank for every key of
+/// `config_list` (the NUL-separated output of `git config --null --list`) that names a
+/// program to run. A blank command is one git skips (`filter.<d>.required` is lifted
+/// too, or a blanked filter would fail the operation).
+pub fn config_argv(config_list: &str) -> Vec<String> {
+    let mut argv = Vec::new();
+    for fixed in FIXED_OVERRIDES {
+        argv.push("-c".to_string());
+        argv.push(fixed.to_string());
+    }
+    for entry in config_list.split('\0') {
+        let key = entry.split('\n').next().unwrap_or_default();
+        let lower = key.to_ascii_lowercase();
+        let Some((section, name)) = lower.split_once('.') else {
+            continue;
+        };
+        let variable = name.rsplit('.').next().unwrap_or_default();
+        let blank = match section {
+            "filter" => matches!(variable, "clean" | "smudge" | "process"),
+            "diff" => matches!(variable, "textconv" | "command"),
+            "merge" => variable == "driver",
+            "pager" | "alias" => true,
+            "gpg" => variable == "program",
+            _ => false,
+        };
+        if blank {
+            argv.push("-c".to_string());
+            argv.push(format!("{key}="));
+        }
+        if section == "filter" && variable == "required" {
+            argv.push("-c".to_string());
+            argv.push(format!("{key}=false"));
+        }
+    }
+    argv
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_program_naming_key_is_blanked() {
+        let list = "core.bare\nfalse\0filter.Evil.clean\ntouch /tmp/x\0filter.Evil.required\ntrue\0diff.pdf.textconv\npdftotext\0diff.x.command\nrun\0user.name\nme\0pager.status\nless\0";
+        let argv = config_argv(list);
+        for expected in [
+            "filter.Evil.clean=",
+            "filter.Evil.required=false",
+            "diff.pdf.textconv=",
+            "diff.x.command=",
+            "pager.status=",
+            "core.fsmonitor=false",
+        ] {
+            assert!(argv.iter().any(|a| a == expected), "{expected}: {argv:?}");
+        }
+        assert!(!argv.iter().any(|a| a.starts_with("user.name")), "{argv:?}");
+        assert!(argv.chunks(2).all(|pair| pair[0] == "-c"));
+    }
+
+    #[test]
+    fn the_environment_keeps_no_git_or_loader_variable() {
+        let shared: Vec<(OsString, OsString)> = [
+            ("PATH", "/bin"),
+            ("GIT_DIR", "/elsewhere"),
+            ("GIT_CONFIG_COUNT", "1"),
+            ("git_config_key_0", "core.fsmonitor"),
+            ("LD_PRELOAD", "/x.so"),
+        ]
+        .iter()
+        .map(|(k, v)| (k.into(), v.into()))
+        .collect();
+        let env = environment(&shared, None);
+        let names: Vec<String> = env
+            .iter()
+            .map(|(k, _)| k.to_string_lossy().into())
+            .collect();
+        assert!(names.contains(&"PATH".to_string()));
+        for gone in [
+            "GIT_DIR",
+            "GIT_CONFIG_COUNT",
+            "git_config_key_0",
+            "LD_PRELOAD",
+        ] {
+            assert!(!names.contains(&gone.to_string()), "{gone}: {names:?}");
+        }
+        assert!(env
+            .iter()
+            .any(|(k, v)| k == "GIT_CONFIG_GLOBAL" && v == "/dev/null"));
+    }
+}

@@ -273,6 +273,45 @@ pub fn pattern_matches(pattern: &str, target: &Target) -> bool {
     let Some(host) = target.host.as_deref() else {
         return false;
     };
+    host_spellings(host)
+        .iter()
+        .any(|spelling| pattern_matches_host(pattern, target, spelling))
+}
+
+/// Every spelling a glob may name the host by, so one address cannot slip past a list
+/// in another form: the host itself; for an IPv6 address that carries an IPv4 one
+/// (mapped `::ffff:a.b.c.d`, compatible `::a.b.c.d`), that IPv4 address and the IPv6
+/// address in its usual text form; for loopback in any spelling (`localhost`,
+/// `*.localhost`, 127.0.0.0/8, `::1`, their mapped forms), `localhost`, `127.0.0.1`
+/// and `::1` as well.
+fn host_spellings(host: &str) -> Vec<String> {
+    let mut spellings = vec![host.to_string()];
+    let mut ip: Option<IpAddr> = None;
+    if let Ok(v6) = host.parse::<Ipv6Addr>() {
+        spellings.push(v6.to_string());
+        let [a, b, c, d, e, f, hi, lo] = v6.segments();
+        let embeds_v4 = [a, b, c, d, e] == [0; 5] && (f == 0xffff || (f == 0 && hi != 0));
+        ip = Some(if embeds_v4 {
+            let v4 = Ipv4Addr::new((hi >> 8) as u8, hi as u8, (lo >> 8) as u8, lo as u8);
+            spellings.push(v4.to_string());
+            IpAddr::V4(v4)
+        } else {
+            IpAddr::V6(v6)
+        });
+    } else if let Ok(v4) = host.parse::<Ipv4Addr>() {
+        ip = Some(IpAddr::V4(v4));
+    }
+    let loopback = ip.is_some_and(|ip| ip.is_loopback())
+        || host == "localhost"
+        || host.ends_with(".localhost");
+    if loopback {
+        spellings.extend(["localhost", "127.0.0.1", "::1"].map(String::from));
+    }
+    spellings.dedup();
+    spellings
+}
+
+fn pattern_matches_host(pattern: &str, target: &Target, host: &str) -> bool {
     let glob = |p: &str, text: &str| fnmatch(p.to_ascii_lowercase().as_bytes(), text.as_bytes());
     let Some((scheme, rest)) = pattern.split_once("://") else {
         return glob(pattern.trim_end_matches('.'), host);
@@ -638,6 +677,42 @@ mod tests {
             "{refused:?}"
         );
         assert!(check("http://A.Example.COM/", Some(&allow), Some(&deny), false).is_ok());
+    }
+
+    #[test]
+    fn ipv4_in_ipv6_and_localhost_names_match_as_their_ipv4() {
+        let deny = ["127.0.0.1"];
+        for url in [
+            "http://[::ffff:127.0.0.1]/",
+            "http://[::ffff:7f00:1]/",
+            "http://[::127.0.0.1]/",
+            "http://[::1]/",
+            "http://localhost/",
+            "http://app.localhost:8080/",
+            "http://127.1/",
+        ] {
+            assert!(
+                matches!(
+                    check(url, None, Some(&deny), false),
+                    Err(Refusal::Denied(_))
+                ),
+                "{url} passed url_deny 127.0.0.1"
+            );
+        }
+        let deny = ["10.0.0.*"];
+        assert!(check("http://[::ffff:10.0.0.5]/", None, Some(&deny), false).is_err());
+        assert!(check("http://[::ffff:10.0.1.5]/", None, Some(&deny), false).is_ok());
+        let deny = ["localhost"];
+        assert!(check("http://[::ffff:127.0.0.1]/", None, Some(&deny), false).is_err());
+        assert!(check("http://example.com/", None, Some(&deny), false).is_ok());
+        // Private-network checks already read mapped and localhost forms as loopback.
+        for url in [
+            "http://[::ffff:127.0.0.1]/",
+            "http://[::127.0.0.1]/",
+            "http://x.localhost/",
+        ] {
+            assert!(check(url, None, None, true).is_err(), "{url}");
+        }
     }
 
     #[test]

@@ -188,7 +188,7 @@ impl Server {
             state.services.base.path().display(),
         ));
         let shutdown = Arc::new(Shutdown::default());
-        let pool = BlockingPool::new(config.blocking_threads);
+        let pool = BlockingPool::new(config.blocking_threads, config.blocking_idle_timeout);
         // Slot 0 of every worker is the API port; the PTY WebSocket's port is slot 1,
         // listening only while the terminal group is on.
         let mut slots = vec![Listener::Api];

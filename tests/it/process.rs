@@ -500,9 +500,12 @@ fn background_processes_report_and_take_signals(driver: &'static str) {
         .status,
         200
     );
-    // The list drops exited rows.
+    // The list leaves exited rows out; they stay answerable by pid.
     assert_eq!(server.get("/process/list").json(), json!({"processes": []}));
-    assert_eq!(server.get(&format!("/process/{pid}")).status, 404);
+    assert_eq!(
+        server.get(&format!("/process/{pid}")).json()["exit_code"],
+        -15
+    );
     assert_eq!(zombies_of(server.child.id()), Vec::<String>::new());
 
     // Output that was not captured is 409; bad bodies are 400.
@@ -536,6 +539,51 @@ fn background_processes_report_and_take_signals(driver: &'static str) {
         &format!("/process/{quiet}/signal"),
         json!({"signal": 9}),
     );
+}
+
+/// A client polling one pid sees its exit code and the rest of its output even when
+/// another client's `/process/list` ran after the exit (the list leaves exited rows out,
+/// and used to drop them from the table too).
+fn exited_records_outlive_another_clients_list(driver: &'static str) {
+    let server = Server::start(driver);
+    let captured = start(
+        &server,
+        json!({"command": "sh -c 'echo out; exit 3'", "capture_output": true}),
+    );
+    let quiet = start(&server, json!({"command": "sh -c 'exit 4'"}));
+    let unseen = start(
+        &server,
+        json!({"command": "sh -c 'sleep 0.3; echo late; exit 5'", "capture_output": true}),
+    );
+    // The poller reads the first one to the end, so it has no unread output left.
+    wait_exited(&server, captured);
+    let out = server.get(&format!("/process/{captured}/output")).json();
+    assert_eq!(out["events"][0]["data"], "out\n", "{out}");
+    wait_exited(&server, quiet);
+    // The third exits with nobody looking; then another client lists.
+    std::thread::sleep(Duration::from_millis(800));
+    assert_eq!(server.get("/process/list").json(), json!({"processes": []}));
+    assert_eq!(server.get("/process/list").json(), json!({"processes": []}));
+    for (pid, code) in [(captured, 3), (quiet, 4), (unseen, 5)] {
+        let reply = server.get(&format!("/process/{pid}"));
+        assert_eq!(reply.status, 200, "{pid}: {}", reply.text());
+        let row = reply.json();
+        assert_eq!(
+            (row["state"].clone(), row["exit_code"].clone()),
+            (json!("exited"), json!(code)),
+            "{row}"
+        );
+    }
+    for (pid, text) in [(captured, "out\n"), (unseen, "late\n")] {
+        let reply = server.get(&format!("/process/{pid}/output"));
+        assert_eq!(reply.status, 200, "{pid}: {}", reply.text());
+        let out = reply.json();
+        assert_eq!(out["events"][0]["data"], text, "{out}");
+        assert_eq!(out["state"], "exited");
+    }
+    // Read to the end and listed again: still there.
+    server.get("/process/list");
+    assert_eq!(server.get(&format!("/process/{unseen}")).status, 200);
 }
 
 fn at_most_a_hundred_processes(driver: &'static str) {
@@ -868,6 +916,7 @@ on_both_drivers!(
     a_vanished_stream_client_leaves_no_process,
     background_processes_report_and_take_signals,
     at_most_a_hundred_processes,
+    exited_records_outlive_another_clients_list,
     stdin_round_trips_through_cat,
     output_is_never_lost_between_polls,
     long_polls_return_early_and_never_block_others,

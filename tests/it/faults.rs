@@ -5,7 +5,7 @@
 use std::time::{Duration, Instant};
 
 use crate::on_both_drivers;
-use crate::support::{request_at, Launch};
+use crate::support::{request_at, Launch, Reply, TempDir};
 
 /// Threads of `pid` named `name` (`/proc/<pid>/task/*/comm`).
 fn threads_named(pid: u32, name: &str) -> usize {
@@ -75,4 +75,109 @@ fn idle_pool_threads_retire_under_a_trickle(driver: &'static str) {
     );
 }
 
-on_both_drivers!(idle_pool_threads_retire_under_a_trickle);
+/// A small tmpfs mounted on a fresh directory, unmounted on drop.
+struct SmallFs(TempDir);
+
+impl SmallFs {
+    /// `None` (with a note) when this process may not mount.
+    fn mount(size: &str) -> Option<SmallFs> {
+        if !rustix::process::geteuid().is_root() {
+            println!("skipped: mounting a tmpfs needs root");
+            return None;
+        }
+        let dir = TempDir::new("fullfs");
+        let status = std::process::Command::new("mount")
+            .args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs"])
+            .arg(dir.path())
+            .status()
+            .expect("run mount");
+        if !status.success() {
+            println!("skipped: mount -t tmpfs failed ({status})");
+            return None;
+        }
+        Some(SmallFs(dir))
+    }
+}
+
+impl Drop for SmallFs {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("umount")
+            .arg("-l")
+            .arg(self.0.path())
+            .status();
+    }
+}
+
+/// The answer to a write into a full disk: 500 `OSError`, `code: "no_space"`, and the
+/// message names the path the caller wrote.
+fn assert_no_space(reply: &Reply, path: &str, what: &str) {
+    assert_eq!(reply.status, 500, "{what}: {}", reply.text());
+    let body = reply.json();
+    assert_eq!(body["code"], "no_space", "{what}: {body}");
+    assert_eq!(body["type"], "OSError", "{what}: {body}");
+    let message = body["error"].as_str().unwrap();
+    assert!(
+        message.starts_with("No space left on device (os error 28): '")
+            && message.ends_with(&format!("/{path}'")),
+        "{what}: {message}"
+    );
+}
+
+/// The base directory is a 1 MiB tmpfs, filled up: every upload form answers
+/// `no_space` naming its path (a JSON upload over 64 KiB used to name `''`), nothing is
+/// left behind, the old file is intact, and uploads work again once space is freed.
+fn a_full_disk_names_the_path_and_says_no_space(driver: &'static str) {
+    let Some(fs) = SmallFs::mount("1m") else {
+        return;
+    };
+    let base = fs.0.path().to_path_buf();
+    std::fs::write(base.join("old.txt"), b"keep me").unwrap();
+    let filled = std::fs::write(base.join("filler"), vec![7u8; 2 * 1024 * 1024]);
+    assert_eq!(
+        filled.unwrap_err().raw_os_error(),
+        Some(libc::ENOSPC),
+        "the filler should fill the file system"
+    );
+    let server = Launch::new(driver).base_dir(&base).start();
+    let encoded = |len: usize| base64_simd::STANDARD.encode_to_string(vec![b'x'; len]);
+    for (path, len) in [("big.bin", 200 * 1024), ("small.bin", 1024)] {
+        let body = format!(
+            r#"{{"path": "{path}", "content_base64": "{}"}}"#,
+            encoded(len)
+        );
+        assert_no_space(&server.post("/upload", &body), path, path);
+        // The path may come after the content.
+        let body = format!(
+            r#"{{"content_base64": "{}", "path": "{path}"}}"#,
+            encoded(len)
+        );
+        assert_no_space(&server.post("/upload", &body), path, "path last");
+    }
+    let raw = server.request(
+        "POST",
+        "/files/upload-stream?path=raw.bin",
+        &[("Content-Type", "application/octet-stream")],
+        Some(&vec![b'r'; 200 * 1024]),
+    );
+    assert_no_space(&raw, "raw.bin", "raw upload");
+    let mut names: Vec<String> = std::fs::read_dir(&base)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    names.sort();
+    assert_eq!(names, ["filler", "old.txt"], "nothing partial is left");
+    assert_eq!(std::fs::read(base.join("old.txt")).unwrap(), b"keep me");
+    std::fs::remove_file(base.join("filler")).unwrap();
+    let body = format!(
+        r#"{{"path": "big.bin", "content_base64": "{}"}}"#,
+        encoded(200 * 1024)
+    );
+    let reply = server.post("/upload", &body);
+    assert_eq!(reply.status, 200, "after freeing space: {}", reply.text());
+    drop(server);
+}
+
+on_both_drivers!(
+    idle_pool_threads_retire_under_a_trickle,
+    a_full_disk_names_the_path_and_says_no_space,
+);

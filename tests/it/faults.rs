@@ -2,10 +2,12 @@
 //! blocking pool that never shrank. Process groups and exited records are in
 //! `process.rs`.
 
+use std::io::{BufReader, Read, Write};
+use std::net::TcpStream;
 use std::time::{Duration, Instant};
 
 use crate::on_both_drivers;
-use crate::support::{request_at, Launch, Reply, TempDir};
+use crate::support::{answered_connection, read_reply, request_at, Launch, Reply, TempDir};
 
 /// Threads of `pid` named `name` (`/proc/<pid>/task/*/comm`).
 fn threads_named(pid: u32, name: &str) -> usize {
@@ -73,6 +75,82 @@ fn idle_pool_threads_retire_under_a_trickle(driver: &'static str) {
         left <= 2,
         "{left} pool threads still alive after 4 s of a trickle (peak {peak}, idle timeout 1 s)"
     );
+}
+
+/// Opens keep-alive connections, each answered, until the server holds `limit`
+/// descriptors.
+fn hold_every_descriptor(
+    pid: u32,
+    server: &crate::support::Server,
+    limit: usize,
+) -> Vec<(TcpStream, BufReader<TcpStream>)> {
+    let open_fds = || {
+        std::fs::read_dir(format!("/proc/{pid}/fd"))
+            .unwrap()
+            .count()
+    };
+    let mut held = Vec::new();
+    while open_fds() < limit {
+        assert!(held.len() < limit, "the descriptor limit was not reached");
+        held.push(answered_connection(server));
+    }
+    held
+}
+
+/// Under `ulimit -n 256`, with every descriptor in use, a new connection is answered at
+/// once (503 `resource_exhausted`, `Retry-After: 1`, then closed) instead of waiting in
+/// the listen backlog; again and again, and the server serves normally once
+/// descriptors are free.
+fn connections_past_the_descriptor_limit_are_answered_at_once(driver: &'static str) {
+    const LIMIT: usize = 256;
+    let mut launch = Launch::new(driver);
+    launch.nofile = Some(LIMIT as u64);
+    let server = launch.start();
+    let pid = server.child.id();
+    let mut held = hold_every_descriptor(pid, &server, LIMIT);
+    let mut slowest = Duration::ZERO;
+    for round in 0..20 {
+        let started = Instant::now();
+        let mut stream = TcpStream::connect(server.addr).unwrap();
+        // Far longer than an answer takes; without the reserve no answer ever came.
+        stream
+            .set_read_timeout(Some(Duration::from_secs(10)))
+            .unwrap();
+        stream
+            .write_all(b"GET /health HTTP/1.1\r\nHost: t\r\n\r\n")
+            .unwrap();
+        let mut raw = Vec::new();
+        let read = stream.read_to_end(&mut raw);
+        assert!(
+            read.is_ok() || !raw.is_empty(),
+            "round {round}: no answer within 10 s ({read:?})"
+        );
+        slowest = slowest.max(started.elapsed());
+        let reply = read_reply(&mut BufReader::new(&raw[..]))
+            .unwrap_or_else(|| panic!("round {round}: {:?}", String::from_utf8_lossy(&raw)));
+        assert_eq!(reply.status, 503, "round {round}: {}", reply.text());
+        assert_eq!(reply.json()["code"], "resource_exhausted");
+        assert_eq!(reply.json()["type"], "OSError");
+        assert_eq!(reply.header("retry-after"), Some("1"));
+        assert_eq!(reply.header("connection"), Some("close"));
+    }
+    println!("slowest 503 over 20 connections past the limit: {slowest:?}");
+    // The held connections still work, and freeing some lets new ones in.
+    let (stream, reader) = held.last_mut().unwrap();
+    stream
+        .write_all(b"GET /health HTTP/1.1\r\nHost: t\r\n\r\n")
+        .unwrap();
+    assert_eq!(read_reply(reader).unwrap().status, 200);
+    held.truncate(held.len() - 8);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let reply = server.get("/health");
+        if reply.status == 200 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "{}", reply.text());
+        std::thread::sleep(Duration::from_millis(20));
+    }
 }
 
 /// A small tmpfs mounted on a fresh directory, unmounted on drop.
@@ -180,4 +258,5 @@ fn a_full_disk_names_the_path_and_says_no_space(driver: &'static str) {
 on_both_drivers!(
     idle_pool_threads_retire_under_a_trickle,
     a_full_disk_names_the_path_and_says_no_space,
+    connections_past_the_descriptor_limit_are_answered_at_once,
 );

@@ -320,12 +320,13 @@ impl Managed {
         }
     }
 
-    /// Sends `signal` to the process's group while it runs. An exited process is left
-    /// alone, as Python's `Popen.send_signal` does.
+    /// Sends `signal` to the process's group. After the process itself has exited, the
+    /// signal goes to what is left of its group (members it started that still run);
+    /// with nothing left it does nothing, as Python's `Popen.send_signal` does.
     pub fn signal(&self, signal: rustix::process::Signal) -> io::Result<()> {
         let state = self.lock();
         if state.exit.is_some() {
-            return Ok(());
+            return super::group::signal_leaderless(self.pid, signal).map(drop);
         }
         // The supervisor records the exit right after reaping, so at worst this signal
         // goes to an id freed microseconds ago; the kernel hands a freed id out again
@@ -382,7 +383,8 @@ impl Drop for StdinLease<'_> {
 }
 
 /// Keeps a row current: captures output, records the exit after the output written
-/// before it, and enforces the optional timeout by killing the process group.
+/// before it, and enforces the optional timeout by killing the process group, also
+/// when the process itself has exited and members of its group still run.
 async fn supervise(
     mut child: Child,
     mut outputs: Outputs,
@@ -392,10 +394,19 @@ async fn supervise(
     let mut deadline = timeout.map(|t| Instant::now() + t);
     let mut exited = false;
     loop {
-        if exited && outputs.is_done() {
+        if exited && outputs.is_done() && deadline.is_none() {
             return;
         }
-        let until_deadline = deadline.map(|d| d.saturating_duration_since(Instant::now()));
+        // After the exit, members left in the group are looked for every second, so the
+        // task ends soon after they do rather than at a distant deadline.
+        let until_deadline = deadline.map(|d| {
+            let left = d.saturating_duration_since(Instant::now());
+            if exited {
+                left.min(Duration::from_secs(1))
+            } else {
+                left
+            }
+        });
         monoio::select! {
             piece = outputs.next(), if !outputs.is_done() => {
                 // A pipe that failed is given up by `Outputs`; the other is still read,
@@ -409,16 +420,23 @@ async fn supervise(
                     let rest = outputs.take_ready().unwrap_or_default();
                     exited = true;
                     managed.record(rest, Some(code));
+                    if !child.group_outlives_leader() {
+                        deadline = None;
+                    }
                 }
                 // The exit could not be awaited (no descriptor for the readiness wait):
                 // the process still runs; look again shortly rather than invent an exit.
                 Err(_) => monoio::time::sleep(Duration::from_millis(100)).await,
             },
-            _ = sleep_or_never(until_deadline), if !exited => {
-                let _ = child.signal_group(rustix::process::Signal::KILL);
-                // Killed once; the exit follows (a process in uninterruptible sleep
-                // takes its time, and is not signalled again in a loop meanwhile).
-                deadline = None;
+            _ = sleep_or_never(until_deadline), if deadline.is_some() => {
+                if deadline.is_some_and(|d| Instant::now() >= d) {
+                    let _ = child.signal_group(rustix::process::Signal::KILL);
+                    // Killed once; the exit follows (a process in uninterruptible sleep
+                    // takes its time, and is not signalled again in a loop meanwhile).
+                    deadline = None;
+                } else if exited && !child.group_outlives_leader() {
+                    deadline = None;
+                }
             },
         }
     }

@@ -586,6 +586,106 @@ fn exited_records_outlive_another_clients_list(driver: &'static str) {
     assert_eq!(server.get(&format!("/process/{unseen}")).status, 200);
 }
 
+/// Starts `bash -c` that puts three `sleep 300` in the background in its own group,
+/// prints their pids and exits at once; returns (leader pid, member pids) once the
+/// leader has exited.
+fn start_group_without_leader(server: &Server, extra: Value) -> (i64, Vec<i64>) {
+    let mut body = json!({
+        "command": "bash -c 'for i in 1 2 3; do sleep 300 & echo $!; done; exit 0'",
+        "capture_output": true,
+    });
+    for (key, value) in extra.as_object().unwrap() {
+        body[key] = value.clone();
+    }
+    let leader = start(server, body);
+    let row = wait_exited(server, leader);
+    assert_eq!(row["exit_code"], 0, "{row}");
+    let out = server.get(&format!("/process/{leader}/output")).json();
+    let text: String = out["events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["data"].as_str().unwrap())
+        .collect();
+    let members: Vec<i64> = text
+        .split_whitespace()
+        .map(|p| p.parse().unwrap())
+        .collect();
+    assert_eq!(members.len(), 3, "{text}");
+    for member in &members {
+        assert!(
+            proc_state(*member).is_some_and(|s| s != 'Z'),
+            "member {member} should run"
+        );
+    }
+    (leader, members)
+}
+
+fn assert_all_end(members: &[i64], why: &str) {
+    for member in members {
+        assert!(
+            wait_until_dead(*member, Duration::from_secs(10)),
+            "{why}: member {member} still runs"
+        );
+    }
+}
+
+/// The repro: the leader exits at once and leaves its group running. The
+/// timeout, a signal to the pid and shutdown still end every member.
+fn groups_are_ended_after_their_leader_exited(driver: &'static str) {
+    let mut server = Server::start(driver);
+    let (_, timed) = start_group_without_leader(&server, json!({"timeout": 2}));
+    assert_all_end(&timed, "timeout 2");
+
+    let (leader, signalled) = start_group_without_leader(&server, json!({}));
+    std::thread::sleep(Duration::from_millis(300));
+    assert!(signalled
+        .iter()
+        .all(|m| proc_state(*m).is_some_and(|s| s != 'Z')));
+    let reply = post(
+        &server,
+        &format!("/process/{leader}/signal"),
+        json!({"signal": 15}),
+    );
+    assert_eq!(reply.status, 200, "{}", reply.text());
+    assert_all_end(&signalled, "signal 15 to the exited leader's pid");
+    // The group is gone: signalling again is still accepted and does nothing.
+    let reply = post(
+        &server,
+        &format!("/process/{leader}/signal"),
+        json!({"signal": 9}),
+    );
+    assert_eq!(reply.status, 200, "{}", reply.text());
+
+    let (_, left) = start_group_without_leader(&server, json!({}));
+    rustix::process::kill_process(
+        rustix::process::Pid::from_raw(server.child.id() as i32).unwrap(),
+        rustix::process::Signal::TERM,
+    )
+    .unwrap();
+    assert!(server.child.wait().unwrap().success());
+    assert_all_end(&left, "SIGTERM shutdown");
+}
+
+/// A server killed with SIGKILL cannot end its children itself: its guardian does,
+/// for groups with a live leader and for groups whose leader exited.
+fn children_do_not_outlive_a_killed_server(driver: &'static str) {
+    let mut server = Server::start(driver);
+    let (_, orphaned) = start_group_without_leader(&server, json!({}));
+    let leader = start(&server, json!({"command": "sleep 300"}));
+    let mut stream = open_stream(
+        &server,
+        json!({"command": "sh -c 'echo $$; exec sleep 300'"}),
+    );
+    let (_, first) = read_event(&mut stream);
+    let streamed: i64 = first["line"].as_str().unwrap().parse().unwrap();
+    server.child.kill().unwrap();
+    server.child.wait().unwrap();
+    let mut all = orphaned.clone();
+    all.extend([leader, streamed]);
+    assert_all_end(&all, "server killed");
+}
+
 fn at_most_a_hundred_processes(driver: &'static str) {
     let server = Server::start(driver);
     let pids: Vec<i64> = (0..100)
@@ -917,6 +1017,8 @@ on_both_drivers!(
     background_processes_report_and_take_signals,
     at_most_a_hundred_processes,
     exited_records_outlive_another_clients_list,
+    groups_are_ended_after_their_leader_exited,
+    children_do_not_outlive_a_killed_server,
     stdin_round_trips_through_cat,
     output_is_never_lost_between_polls,
     long_polls_return_early_and_never_block_others,

@@ -657,6 +657,17 @@ fn groups_are_ended_after_their_leader_exited(driver: &'static str) {
     );
     assert_eq!(reply.status, 200, "{}", reply.text());
 
+    // A stream client that leaves after the leader exited (a member holds the pipe).
+    let mut stream = open_stream(
+        &server,
+        json!({"command": "sh -c 'sleep 300 & echo $!; exit 0'"}),
+    );
+    let (_, first) = read_event(&mut stream);
+    let member: i64 = first["line"].as_str().unwrap().parse().unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    drop(stream);
+    assert_all_end(&[member], "stream client gone");
+
     let (_, left) = start_group_without_leader(&server, json!({}));
     rustix::process::kill_process(
         rustix::process::Pid::from_raw(server.child.id() as i32).unwrap(),

@@ -51,6 +51,8 @@ pub struct Config {
     pub read_timeout: Duration,
     /// Upper bound on threads in the blocking pool.
     pub blocking_threads: usize,
+    /// How long a blocking-pool thread may sit idle before it exits.
+    pub blocking_idle_timeout: Duration,
     /// How long shutdown waits for in-flight requests.
     pub shutdown_grace: Duration,
     /// `ABX_PYTHON_APP`: the Python program whose commands and routes this server
@@ -86,6 +88,7 @@ impl Default for Config {
             idle_timeout: Duration::from_secs(75),
             read_timeout: Duration::from_secs(30),
             blocking_threads: 64,
+            blocking_idle_timeout: Duration::from_secs(10),
             shutdown_grace: Duration::from_secs(10),
             python_app: None,
             bridge_hang_timeout: Duration::from_secs(10),
@@ -305,6 +308,15 @@ const SETTINGS: &[Setting] = &[
                 Ok(n) if (1..=4096).contains(&n) => n,
                 _ => return Err(format!("{src}: '{v}' is not a thread count from 1 to 4096")),
             };
+            Ok(())
+        },
+    },
+    Setting {
+        flag: None,
+        var: "ABX_BLOCKING_IDLE_TIMEOUT",
+        default: "`10` seconds",
+        apply: |c, src, v| {
+            c.blocking_idle_timeout = parse_seconds(src, v)?;
             Ok(())
         },
     },

@@ -143,6 +143,13 @@ impl Server {
         // Before any thread exists, so every thread inherits the blocked mask and only the
         // signal thread sees SIGTERM/SIGINT.
         shutdown::block_termination_signals();
+        // Also before any thread: the guardian is forked. As a container's PID 1 the
+        // kernel ends every process of the namespace when the server dies.
+        if std::process::id() != 1 {
+            if let Err(e) = crate::process::guardian::start() {
+                crate::log!("warning: cannot start the guardian ({e}); children will outlive a server that is killed");
+            }
+        }
         raise_open_file_limit();
         mark_inherited_descriptors_cloexec();
         let choice = match self.config.io_driver {
@@ -189,7 +196,7 @@ impl Server {
             state.services.base.path().display(),
         ));
         let shutdown = Arc::new(Shutdown::default());
-        let pool = BlockingPool::new(config.blocking_threads);
+        let pool = BlockingPool::new(config.blocking_threads, config.blocking_idle_timeout);
         // Slot 0 of every worker is the API port; the PTY WebSocket's port is slot 1,
         // listening only while the terminal group is on.
         let mut slots = vec![Listener::Api];

@@ -24,14 +24,26 @@ pub fn python_exception(errno: Option<i32>) -> &'static str {
     }
 }
 
+/// The machine-readable `code` of an operating-system error that clients act on
+/// without parsing the message: a full disk (ENOSPC) or a spent quota (EDQUOT) is
+/// `no_space`, which freeing space cures.
+pub fn os_error_code(errno: Option<i32>) -> Option<&'static str> {
+    match errno {
+        Some(libc::ENOSPC | libc::EDQUOT) => Some("no_space"),
+        _ => None,
+    }
+}
+
 /// A 500 named like the Python exception, with the path it concerned when there is one
 /// (`[Errno 2] No such file or directory: '/home/user/x'` reads the same way).
 pub fn os_error(error: &std::io::Error, path: Option<&str>) -> ApiError {
     let kind = python_exception(error.raw_os_error());
-    match path {
+    let mut api = match path {
         Some(path) => ApiError::internal(kind, format!("{error}: '{path}'")),
         None => ApiError::internal(kind, error.to_string()),
-    }
+    };
+    api.code = os_error_code(error.raw_os_error());
+    api
 }
 
 #[cfg(test)]
@@ -50,5 +62,11 @@ mod tests {
             (500, "NotADirectoryError")
         );
         assert!(error.message.ends_with(": '/a'"));
+        assert_eq!(error.code, None);
+        for errno in [libc::ENOSPC, libc::EDQUOT] {
+            let full = os_error(&std::io::Error::from_raw_os_error(errno), Some("/a"));
+            assert_eq!((full.status, full.code), (500, Some("no_space")));
+            assert_eq!(full.kind.as_ref(), "OSError");
+        }
     }
 }

@@ -388,6 +388,17 @@ impl Service for ApiService {
         api.code = error.code;
         render(api, ErrorStyle::Contract)
     }
+
+    fn unavailable(&self) -> Response {
+        let api = ApiError::new(
+            503,
+            "OSError",
+            "The server has no file descriptors left for this connection; retry shortly",
+        )
+        .with_code("resource_exhausted")
+        .with_header("Retry-After", "1");
+        render(api, ErrorStyle::Contract).closing()
+    }
 }
 
 /// A token bucket per (endpoint, identity) for the policy's `rate_limit`. Each worker

@@ -794,6 +794,29 @@ async fn peer_hung_up(stream: &TcpStream) -> bool {
     }
 }
 
+/// The bytes of a whole answer with a full body, for a connection that is closed right
+/// after it (HTTP/1.1, `Connection: close`). A streamed body is sent as empty.
+pub fn encode_closing(response: Response) -> Vec<u8> {
+    let (head_only, body) = split_body(response);
+    let body = match body {
+        Body::Full(bytes) => bytes,
+        Body::Stream(_) => Vec::new(),
+    };
+    let mut out = Vec::with_capacity(256 + body.len());
+    with_http_date(|date| {
+        write_head(
+            &mut out,
+            &head_only,
+            Framing::Length(body.len() as u64),
+            false,
+            false,
+            date,
+        )
+    });
+    out.extend_from_slice(&body);
+    out
+}
+
 /// Separates a response's body from the rest, which `write_head` needs.
 fn split_body(mut response: Response) -> (Response, Body) {
     let body = std::mem::replace(&mut response.body, Body::Full(Vec::new()));

@@ -90,4 +90,7 @@ pub trait Service: 'static {
     ) -> impl Future<Output = Response>;
     /// Words a refusal of the engine's own in the service's error envelope.
     fn refuse(&self, error: ProtocolError) -> Response;
+    /// The answer for a connection accepted only to be turned away because the process
+    /// has no descriptor left to serve it (a full body; the connection closes after it).
+    fn unavailable(&self) -> Response;
 }

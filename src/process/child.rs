@@ -219,11 +219,11 @@ impl Child {
         }
     }
 
-    /// Sends `signal` to the child's whole process group, unless it has been reaped
-    /// (then the id may already belong to someone else).
+    /// Sends `signal` to the child's whole process group. Once the leader has been
+    /// reaped, only to members still running in its group (see [`super::group`]).
     pub fn signal_group(&self, signal: rustix::process::Signal) -> io::Result<()> {
         if self.exit.is_some() {
-            return Ok(());
+            return super::group::signal_leaderless(self.pid, signal).map(drop);
         }
         let pid = Pid::from_raw(self.pid).expect("a child's pid is positive");
         match rustix::process::kill_process_group(pid, signal) {
@@ -270,6 +270,11 @@ fn reap_off_the_loop(pid: i32, pidfd: Option<OwnedFd>, registry: Arc<ChildRegist
 }
 
 impl Child {
+    /// Whether members of the group still run after the leader was reaped.
+    pub fn group_outlives_leader(&self) -> bool {
+        self.exit.is_some() && super::group::outlives_leader(self.pid)
+    }
+
     /// Nothing more can be done for this child: its drop must not signal again.
     fn give_up(&mut self) {
         self.exit = Some(ExitCode(-9));

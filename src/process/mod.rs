@@ -9,11 +9,15 @@
 //! - [`pipe`] and [`run`]: pipes read and written on the worker's driver, as text.
 //! - [`table`] and [`output`]: background processes and their captured output.
 //! - [`env`]: the shared environment view children start with.
-//! - [`ChildRegistry`]: every live group, so shutdown can end them all, and the reaper
-//!   of orphans re-parented to a PID-1 server.
+//! - [`ChildRegistry`]: every live group, including groups whose leader has exited
+//!   ([`group`]), so shutdown can end them all; the reaper of orphans re-parented to a
+//!   PID-1 server.
+//! - [`guardian`]: the process that ends every recorded group if the server dies.
 
 pub mod child;
 pub mod env;
+pub mod group;
+pub mod guardian;
 pub mod output;
 pub mod pipe;
 pub mod run;
@@ -39,8 +43,24 @@ pub struct ChildRegistry {
 #[derive(Default)]
 struct Registry {
     groups: HashSet<i32>,
+    /// Groups whose leader has been reaped while members still ran, until they are
+    /// found empty.
+    leaderless: HashSet<i32>,
     /// Spawns under way: their pids are not registered yet.
     spawning: usize,
+}
+
+impl Registry {
+    /// Drops leaderless groups that have ended (cheap: two `kill(…, 0)` per group).
+    fn prune(&mut self) {
+        self.leaderless.retain(|pgid| {
+            let alive = group::outlives_leader(*pgid);
+            if !alive {
+                guardian::forget(*pgid);
+            }
+            alive
+        });
+    }
 }
 
 impl ChildRegistry {
@@ -54,6 +74,11 @@ impl ChildRegistry {
         state.spawning -= 1;
         if let Ok(pid) = spawned {
             state.groups.insert(pid);
+            // A number in the leaderless set cannot be handed out while that group
+            // lives; here it was, so that group is gone.
+            state.leaderless.remove(&pid);
+            guardian::watch(pid);
+            state.prune();
         }
         spawned
     }
@@ -61,25 +86,54 @@ impl ChildRegistry {
     /// Records a child started by other means (tests).
     pub fn register(&self, pgid: i32) {
         self.lock().groups.insert(pgid);
+        guardian::watch(pgid);
     }
 
-    /// Forgets a group once its leader has been reaped.
+    /// Called once a group's leader has been reaped: the group is kept, as leaderless,
+    /// while members still run in it, so a signal to its pid, a timeout and shutdown
+    /// can still end them.
     pub fn unregister(&self, pgid: i32) {
-        self.lock().groups.remove(&pgid);
+        let mut state = self.lock();
+        if state.groups.remove(&pgid) {
+            if group::outlives_leader(pgid) {
+                state.leaderless.insert(pgid);
+            } else {
+                guardian::forget(pgid);
+            }
+        }
     }
 
-    /// Sends `signal` to every registered group and returns how many there were.
+    /// Sends `signal` to every registered group (leaderless ones included, checked as
+    /// [`group`] describes) and returns how many were signalled.
     pub fn signal_all(&self, signal: nix::sys::signal::Signal) -> usize {
-        let groups: Vec<i32> = self.lock().groups.iter().copied().collect();
+        let (groups, leaderless): (Vec<i32>, Vec<i32>) = {
+            let state = self.lock();
+            (
+                state.groups.iter().copied().collect(),
+                state.leaderless.iter().copied().collect(),
+            )
+        };
         for pgid in &groups {
             // The group may have exited since; ESRCH is expected and harmless.
             let _ = nix::sys::signal::killpg(nix::unistd::Pid::from_raw(*pgid), signal);
         }
-        groups.len()
+        let signal = rustix::process::Signal::from_named_raw(signal as i32);
+        let mut signalled = groups.len();
+        for pgid in leaderless {
+            if let Some(signal) = signal {
+                if let Ok(true) = group::signal_leaderless(pgid, signal) {
+                    signalled += 1;
+                }
+            }
+        }
+        self.lock().prune();
+        signalled
     }
 
+    /// Registered groups, leaderless ones included.
     pub fn len(&self) -> usize {
-        self.lock().groups.len()
+        let state = self.lock();
+        state.groups.len() + state.leaderless.len()
     }
 
     pub fn is_empty(&self) -> bool {

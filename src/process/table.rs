@@ -19,6 +19,12 @@ use super::run::Outputs;
 
 /// Most processes held at once (running ones, and exited ones not yet dropped).
 pub const MAX_PROCESSES: usize = 100;
+/// How long an exited process stays answerable by pid (`GET /process/{pid}`, its
+/// output) after it exited, whoever lists the table meanwhile: a client polling one pid
+/// must see the exit code even when another client's `/process/list` ran first. Rows
+/// whose captured output has not been read to the end stay beyond this, until read;
+/// any exited row goes earlier when its slot is needed for a new process.
+pub const KEEP_EXITED: Duration = Duration::from_secs(600);
 /// Captured output kept per process.
 pub const OUTPUT_CAP_BYTES: usize = 1024 * 1024;
 /// The longest an output read may wait for news.
@@ -64,17 +70,19 @@ impl ProcessTable {
     /// table is full.
     pub fn reserve(&self) -> Result<Slot<'_>, TableFull> {
         let mut rows = self.lock();
+        let now = Instant::now();
+        rows.by_pid.retain(|_, m| !m.expired(now));
         if rows.by_pid.len() + rows.reserved >= MAX_PROCESSES {
-            // Exited rows whose output was read go first, then any exited row.
-            let mut exited: Vec<(bool, i32)> = rows
+            // Exited rows whose output was read go first, then any exited row; the
+            // longest exited first within each.
+            let mut exited: Vec<(bool, Instant, i32)> = rows
                 .by_pid
                 .values()
-                .filter(|m| m.exit_code().is_some())
-                .map(|m| (!m.fully_read(), m.pid))
+                .filter_map(|m| Some((!m.fully_read(), m.exited_at()?, m.pid)))
                 .collect();
             exited.sort();
             let excess = rows.by_pid.len() + rows.reserved + 1 - MAX_PROCESSES;
-            for (_, pid) in exited.into_iter().take(excess) {
+            for (_, _, pid) in exited.into_iter().take(excess) {
                 rows.by_pid.remove(&pid);
             }
         }
@@ -104,6 +112,7 @@ impl ProcessTable {
             started_at: unix_now(),
             state: Mutex::new(Shared {
                 exit: None,
+                exited_at: None,
                 output: capture.then(|| OutputLog::new(OUTPUT_CAP_BYTES)),
                 read_through: 0,
                 stdin: match child.stdin.take() {
@@ -123,18 +132,25 @@ impl ProcessTable {
         Ok(managed)
     }
 
-    /// The row of `pid`, if this server started it and still holds it.
+    /// The row of `pid`, if this server started it and still holds it (an exited row
+    /// for [`KEEP_EXITED`], or until its unread output is read).
     pub fn get(&self, pid: i32) -> Option<Arc<Managed>> {
-        self.lock().by_pid.get(&pid).cloned()
+        let mut rows = self.lock();
+        let managed = rows.by_pid.get(&pid)?.clone();
+        if managed.expired(Instant::now()) {
+            rows.by_pid.remove(&pid);
+            return None;
+        }
+        Some(managed)
     }
 
-    /// Running processes, oldest first. Exited rows are dropped, except those whose
-    /// captured output has not been read to the end: those stay reachable by pid (not
-    /// listed) until read or until their slot is needed.
+    /// Running processes, oldest first. Exited rows are left out (the contract's list
+    /// drops them) but stay answerable by pid as [`KEEP_EXITED`] says; rows past that
+    /// are dropped here.
     pub fn list_running(&self) -> Vec<Arc<Managed>> {
         let mut rows = self.lock();
-        rows.by_pid
-            .retain(|_, m| m.exit_code().is_none() || !m.fully_read());
+        let now = Instant::now();
+        rows.by_pid.retain(|_, m| !m.expired(now));
         let mut running: Vec<Arc<Managed>> = rows
             .by_pid
             .values()
@@ -164,6 +180,8 @@ pub struct Managed {
 
 struct Shared {
     exit: Option<ExitCode>,
+    /// When the exit was recorded.
+    exited_at: Option<Instant>,
     output: Option<OutputLog>,
     /// The cursor of the latest output read, to tell whether output was read to the end.
     read_through: u64,
@@ -208,6 +226,16 @@ impl Managed {
 
     pub fn exit_code(&self) -> Option<ExitCode> {
         self.lock().exit
+    }
+
+    fn exited_at(&self) -> Option<Instant> {
+        self.lock().exited_at
+    }
+
+    /// Whether an exited row has been kept long enough and may be dropped.
+    fn expired(&self, now: Instant) -> bool {
+        let exited_for = self.exited_at().map(|at| now.saturating_duration_since(at));
+        !keep_row(exited_for, self.fully_read())
     }
 
     fn fully_read(&self) -> bool {
@@ -292,12 +320,13 @@ impl Managed {
         }
     }
 
-    /// Sends `signal` to the process's group while it runs. An exited process is left
-    /// alone, as Python's `Popen.send_signal` does.
+    /// Sends `signal` to the process's group. After the process itself has exited, the
+    /// signal goes to what is left of its group (members it started that still run);
+    /// with nothing left it does nothing, as Python's `Popen.send_signal` does.
     pub fn signal(&self, signal: rustix::process::Signal) -> io::Result<()> {
         let state = self.lock();
         if state.exit.is_some() {
-            return Ok(());
+            return super::group::signal_leaderless(self.pid, signal).map(drop);
         }
         // The supervisor records the exit right after reaping, so at worst this signal
         // goes to an id freed microseconds ago; the kernel hands a freed id out again
@@ -320,6 +349,7 @@ impl Managed {
             }
             if exit.is_some() {
                 state.exit = exit;
+                state.exited_at = Some(Instant::now());
             }
         }
         self.changed.notify();
@@ -353,7 +383,8 @@ impl Drop for StdinLease<'_> {
 }
 
 /// Keeps a row current: captures output, records the exit after the output written
-/// before it, and enforces the optional timeout by killing the process group.
+/// before it, and enforces the optional timeout by killing the process group, also
+/// when the process itself has exited and members of its group still run.
 async fn supervise(
     mut child: Child,
     mut outputs: Outputs,
@@ -363,10 +394,19 @@ async fn supervise(
     let mut deadline = timeout.map(|t| Instant::now() + t);
     let mut exited = false;
     loop {
-        if exited && outputs.is_done() {
+        if exited && outputs.is_done() && deadline.is_none() {
             return;
         }
-        let until_deadline = deadline.map(|d| d.saturating_duration_since(Instant::now()));
+        // After the exit, members left in the group are looked for every second, so the
+        // task ends soon after they do rather than at a distant deadline.
+        let until_deadline = deadline.map(|d| {
+            let left = d.saturating_duration_since(Instant::now());
+            if exited {
+                left.min(Duration::from_secs(1))
+            } else {
+                left
+            }
+        });
         monoio::select! {
             piece = outputs.next(), if !outputs.is_done() => {
                 // A pipe that failed is given up by `Outputs`; the other is still read,
@@ -380,18 +420,34 @@ async fn supervise(
                     let rest = outputs.take_ready().unwrap_or_default();
                     exited = true;
                     managed.record(rest, Some(code));
+                    if !child.group_outlives_leader() {
+                        deadline = None;
+                    }
                 }
                 // The exit could not be awaited (no descriptor for the readiness wait):
                 // the process still runs; look again shortly rather than invent an exit.
                 Err(_) => monoio::time::sleep(Duration::from_millis(100)).await,
             },
-            _ = sleep_or_never(until_deadline), if !exited => {
-                let _ = child.signal_group(rustix::process::Signal::KILL);
-                // Killed once; the exit follows (a process in uninterruptible sleep
-                // takes its time, and is not signalled again in a loop meanwhile).
-                deadline = None;
+            _ = sleep_or_never(until_deadline), if deadline.is_some() => {
+                if deadline.is_some_and(|d| Instant::now() >= d) {
+                    let _ = child.signal_group(rustix::process::Signal::KILL);
+                    // Killed once; the exit follows (a process in uninterruptible sleep
+                    // takes its time, and is not signalled again in a loop meanwhile).
+                    deadline = None;
+                } else if exited && !child.group_outlives_leader() {
+                    deadline = None;
+                }
             },
         }
+    }
+}
+
+/// Whether a row stays in the table: running (`exited_for` is `None`), exited less than
+/// [`KEEP_EXITED`] ago, or holding output nobody has read to the end.
+fn keep_row(exited_for: Option<Duration>, fully_read: bool) -> bool {
+    match exited_for {
+        None => true,
+        Some(age) => age < KEEP_EXITED || !fully_read,
     }
 }
 
@@ -399,5 +455,19 @@ async fn sleep_or_never(duration: Option<Duration>) {
     match duration {
         Some(d) => monoio::time::sleep(d).await,
         None => std::future::pending().await,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn exited_rows_are_kept_for_a_while_and_unread_ones_until_read() {
+        assert!(keep_row(None, true), "running");
+        assert!(keep_row(Some(Duration::ZERO), true));
+        assert!(keep_row(Some(KEEP_EXITED - Duration::from_secs(1)), true));
+        assert!(!keep_row(Some(KEEP_EXITED), true));
+        assert!(keep_row(Some(KEEP_EXITED * 10), false), "unread output");
     }
 }

@@ -261,6 +261,90 @@ fn ring_setup() -> io_uring::Builder {
     ring
 }
 
+/// A descriptor held in reserve (`/dev/null`) so that an accept failing with EMFILE or
+/// ENFILE can still take the connection and answer it: without it, connections past the
+/// descriptor limit sat in the listen backlog unanswered, and a client without a
+/// timeout waited forever. Each accept loop holds one.
+struct Reserve(Option<std::os::fd::OwnedFd>);
+
+/// What shedding one connection did.
+enum Shed {
+    /// A connection was taken, answered 503 and closed; there may be more.
+    Answered,
+    /// No connection was waiting (the accept failed only for want of a descriptor).
+    Empty,
+    /// No reserve to free (not yet taken back, because descriptors are still short).
+    NoReserve,
+}
+
+impl Reserve {
+    fn take() -> Reserve {
+        let fd = rustix::fs::open(
+            "/dev/null",
+            rustix::fs::OFlags::RDONLY | rustix::fs::OFlags::CLOEXEC,
+            rustix::fs::Mode::empty(),
+        );
+        Reserve(fd.ok())
+    }
+
+    /// Frees the reserve, accepts one connection with it, answers `unavailable` and
+    /// closes it, then takes the reserve back. Every call is non-blocking: the socket's
+    /// pending bytes are read and dropped first, so that closing sends a FIN rather than
+    /// a reset that could destroy the answer.
+    fn shed<S: Service>(&mut self, listener: std::os::fd::BorrowedFd<'_>, service: &S) -> Shed {
+        use rustix::net::{RecvFlags, SendFlags, SocketFlags};
+        if self.0.is_none() {
+            *self = Reserve::take();
+            return Shed::NoReserve;
+        }
+        self.0 = None;
+        let accepted =
+            rustix::net::accept_with(listener, SocketFlags::CLOEXEC | SocketFlags::NONBLOCK);
+        let outcome = match accepted {
+            Ok(socket) => {
+                let mut sink = [0u8; 4096];
+                for _ in 0..16 {
+                    match rustix::net::recv(&socket, &mut sink, RecvFlags::DONTWAIT) {
+                        Ok((n, _)) if n > 0 => {}
+                        _ => break,
+                    }
+                }
+                let answer = crate::http::conn::encode_closing(service.unavailable());
+                let _ =
+                    rustix::net::send(&socket, &answer, SendFlags::DONTWAIT | SendFlags::NOSIGNAL);
+                let _ = rustix::net::shutdown(&socket, rustix::net::Shutdown::Write);
+                Shed::Answered
+            }
+            Err(_) => Shed::Empty,
+        };
+        *self = Reserve::take();
+        if matches!(outcome, Shed::Answered) {
+            note_shed();
+        }
+        outcome
+    }
+}
+
+/// Logs turned-away connections at most once every ten seconds (a flood of them must not
+/// become a flood of log lines).
+fn note_shed() {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static SHED: AtomicU64 = AtomicU64::new(0);
+    static LOGGED_AT: AtomicU64 = AtomicU64::new(0);
+    let count = SHED.fetch_add(1, Ordering::Relaxed) + 1;
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    let last = LOGGED_AT.load(Ordering::Relaxed);
+    if now >= last + 10
+        && LOGGED_AT
+            .compare_exchange(last, now, Ordering::Relaxed, Ordering::Relaxed)
+            .is_ok()
+    {
+        crate::log!("warning: out of file descriptors: {count} connections answered 503 so far (raise ulimit -n)");
+    }
+}
+
 /// Accepts connections with `accept4(SOCK_CLOEXEC)` after the driver reports the
 /// listener readable. (monoio's io_uring accept passes no flags, so each connection
 /// socket would be inheritable until a later `fcntl`, and a child spawned in between
@@ -289,6 +373,7 @@ async fn accept_loop<S: Service>(
     };
     // SAFETY: the listener outlives this loop, which is the only user of the borrow.
     let listener_fd = unsafe { std::os::fd::BorrowedFd::borrow_raw(listener.as_raw_fd()) };
+    let mut reserve = Reserve::take();
     loop {
         match rustix::net::accept_with(listener_fd, flags) {
             Ok(fd) => {
@@ -317,14 +402,20 @@ async fn accept_loop<S: Service>(
                     shutdown::raise_local_drain();
                     break;
                 }
-                // Never spin on a failing accept: EMFILE/ENFILE wait for descriptors to
-                // free up; anything else (ENOBUFS, ENOMEM) gets a short pause.
-                let pause = if matches!(e, rustix::io::Errno::MFILE | rustix::io::Errno::NFILE) {
-                    50
-                } else {
-                    5
-                };
-                monoio::time::sleep(Duration::from_millis(pause)).await;
+                if matches!(e, rustix::io::Errno::MFILE | rustix::io::Errno::NFILE) {
+                    match reserve.shed(listener_fd, &*service) {
+                        Shed::Answered => continue,
+                        Shed::Empty => {
+                            let _ = listener.readable(false).await;
+                            continue;
+                        }
+                        Shed::NoReserve => {}
+                    }
+                }
+                // Never spin on a failing accept: without a reserve, EMFILE/ENFILE wait
+                // for descriptors to free up; anything else (ENOBUFS, ENOMEM) gets a short
+                // pause.
+                monoio::time::sleep(Duration::from_millis(5)).await;
             }
         }
     }

@@ -7,6 +7,7 @@ mod agents;
 mod browser;
 mod commands;
 mod core_http;
+mod faults;
 mod files;
 mod operations;
 mod policy;

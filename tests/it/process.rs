@@ -500,9 +500,12 @@ fn background_processes_report_and_take_signals(driver: &'static str) {
         .status,
         200
     );
-    // The list drops exited rows.
+    // The list leaves exited rows out; they stay answerable by pid.
     assert_eq!(server.get("/process/list").json(), json!({"processes": []}));
-    assert_eq!(server.get(&format!("/process/{pid}")).status, 404);
+    assert_eq!(
+        server.get(&format!("/process/{pid}")).json()["exit_code"],
+        -15
+    );
     assert_eq!(zombies_of(server.child.id()), Vec::<String>::new());
 
     // Output that was not captured is 409; bad bodies are 400.
@@ -536,6 +539,162 @@ fn background_processes_report_and_take_signals(driver: &'static str) {
         &format!("/process/{quiet}/signal"),
         json!({"signal": 9}),
     );
+}
+
+/// A client polling one pid sees its exit code and the rest of its output even when
+/// another client's `/process/list` ran after the exit (the list leaves exited rows out,
+/// and used to drop them from the table too).
+fn exited_records_outlive_another_clients_list(driver: &'static str) {
+    let server = Server::start(driver);
+    let captured = start(
+        &server,
+        json!({"command": "sh -c 'echo out; exit 3'", "capture_output": true}),
+    );
+    let quiet = start(&server, json!({"command": "sh -c 'exit 4'"}));
+    let unseen = start(
+        &server,
+        json!({"command": "sh -c 'sleep 0.3; echo late; exit 5'", "capture_output": true}),
+    );
+    // The poller reads the first one to the end, so it has no unread output left.
+    wait_exited(&server, captured);
+    let out = server.get(&format!("/process/{captured}/output")).json();
+    assert_eq!(out["events"][0]["data"], "out\n", "{out}");
+    wait_exited(&server, quiet);
+    // The third exits with nobody looking; then another client lists.
+    std::thread::sleep(Duration::from_millis(800));
+    assert_eq!(server.get("/process/list").json(), json!({"processes": []}));
+    assert_eq!(server.get("/process/list").json(), json!({"processes": []}));
+    for (pid, code) in [(captured, 3), (quiet, 4), (unseen, 5)] {
+        let reply = server.get(&format!("/process/{pid}"));
+        assert_eq!(reply.status, 200, "{pid}: {}", reply.text());
+        let row = reply.json();
+        assert_eq!(
+            (row["state"].clone(), row["exit_code"].clone()),
+            (json!("exited"), json!(code)),
+            "{row}"
+        );
+    }
+    for (pid, text) in [(captured, "out\n"), (unseen, "late\n")] {
+        let reply = server.get(&format!("/process/{pid}/output"));
+        assert_eq!(reply.status, 200, "{pid}: {}", reply.text());
+        let out = reply.json();
+        assert_eq!(out["events"][0]["data"], text, "{out}");
+        assert_eq!(out["state"], "exited");
+    }
+    // Read to the end and listed again: still there.
+    server.get("/process/list");
+    assert_eq!(server.get(&format!("/process/{unseen}")).status, 200);
+}
+
+/// Starts `bash -c` that puts three `sleep 300` in the background in its own group,
+/// prints their pids and exits at once; returns (leader pid, member pids) once the
+/// leader has exited.
+fn start_group_without_leader(server: &Server, extra: Value) -> (i64, Vec<i64>) {
+    let mut body = json!({
+        "command": "bash -c 'for i in 1 2 3; do sleep 300 & echo $!; done; exit 0'",
+        "capture_output": true,
+    });
+    for (key, value) in extra.as_object().unwrap() {
+        body[key] = value.clone();
+    }
+    let leader = start(server, body);
+    let row = wait_exited(server, leader);
+    assert_eq!(row["exit_code"], 0, "{row}");
+    let out = server.get(&format!("/process/{leader}/output")).json();
+    let text: String = out["events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["data"].as_str().unwrap())
+        .collect();
+    let members: Vec<i64> = text
+        .split_whitespace()
+        .map(|p| p.parse().unwrap())
+        .collect();
+    assert_eq!(members.len(), 3, "{text}");
+    for member in &members {
+        assert!(
+            proc_state(*member).is_some_and(|s| s != 'Z'),
+            "member {member} should run"
+        );
+    }
+    (leader, members)
+}
+
+fn assert_all_end(members: &[i64], why: &str) {
+    for member in members {
+        assert!(
+            wait_until_dead(*member, Duration::from_secs(10)),
+            "{why}: member {member} still runs"
+        );
+    }
+}
+
+/// The repro: the leader exits at once and leaves its group running. The
+/// timeout, a signal to the pid and shutdown still end every member.
+fn groups_are_ended_after_their_leader_exited(driver: &'static str) {
+    let mut server = Server::start(driver);
+    let (_, timed) = start_group_without_leader(&server, json!({"timeout": 2}));
+    assert_all_end(&timed, "timeout 2");
+
+    let (leader, signalled) = start_group_without_leader(&server, json!({}));
+    std::thread::sleep(Duration::from_millis(300));
+    assert!(signalled
+        .iter()
+        .all(|m| proc_state(*m).is_some_and(|s| s != 'Z')));
+    let reply = post(
+        &server,
+        &format!("/process/{leader}/signal"),
+        json!({"signal": 15}),
+    );
+    assert_eq!(reply.status, 200, "{}", reply.text());
+    assert_all_end(&signalled, "signal 15 to the exited leader's pid");
+    // The group is gone: signalling again is still accepted and does nothing.
+    let reply = post(
+        &server,
+        &format!("/process/{leader}/signal"),
+        json!({"signal": 9}),
+    );
+    assert_eq!(reply.status, 200, "{}", reply.text());
+
+    // A stream client that leaves after the leader exited (a member holds the pipe).
+    let mut stream = open_stream(
+        &server,
+        json!({"command": "sh -c 'sleep 300 & echo $!; exit 0'"}),
+    );
+    let (_, first) = read_event(&mut stream);
+    let member: i64 = first["line"].as_str().unwrap().parse().unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    drop(stream);
+    assert_all_end(&[member], "stream client gone");
+
+    let (_, left) = start_group_without_leader(&server, json!({}));
+    rustix::process::kill_process(
+        rustix::process::Pid::from_raw(server.child.id() as i32).unwrap(),
+        rustix::process::Signal::TERM,
+    )
+    .unwrap();
+    assert!(server.child.wait().unwrap().success());
+    assert_all_end(&left, "SIGTERM shutdown");
+}
+
+/// A server killed with SIGKILL cannot end its children itself: its guardian does,
+/// for groups with a live leader and for groups whose leader exited.
+fn children_do_not_outlive_a_killed_server(driver: &'static str) {
+    let mut server = Server::start(driver);
+    let (_, orphaned) = start_group_without_leader(&server, json!({}));
+    let leader = start(&server, json!({"command": "sleep 300"}));
+    let mut stream = open_stream(
+        &server,
+        json!({"command": "sh -c 'echo $$; exec sleep 300'"}),
+    );
+    let (_, first) = read_event(&mut stream);
+    let streamed: i64 = first["line"].as_str().unwrap().parse().unwrap();
+    server.child.kill().unwrap();
+    server.child.wait().unwrap();
+    let mut all = orphaned.clone();
+    all.extend([leader, streamed]);
+    assert_all_end(&all, "server killed");
 }
 
 fn at_most_a_hundred_processes(driver: &'static str) {
@@ -868,6 +1027,9 @@ on_both_drivers!(
     a_vanished_stream_client_leaves_no_process,
     background_processes_report_and_take_signals,
     at_most_a_hundred_processes,
+    exited_records_outlive_another_clients_list,
+    groups_are_ended_after_their_leader_exited,
+    children_do_not_outlive_a_killed_server,
     stdin_round_trips_through_cat,
     output_is_never_lost_between_polls,
     long_polls_return_early_and_never_block_others,

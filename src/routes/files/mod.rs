@@ -300,7 +300,10 @@ pub fn fs_error(error: FsError) -> ApiError {
         .with_header("Retry-After", "1"),
         FsError::Io { error, path } => os_error(&error, Some(&path)),
         FsError::Os { errno, .. } => {
-            ApiError::internal(crate::api::errno::python_exception(Some(errno)), message)
+            let mut api =
+                ApiError::internal(crate::api::errno::python_exception(Some(errno)), message);
+            api.code = crate::api::errno::os_error_code(Some(errno));
+            api
         }
     }
 }

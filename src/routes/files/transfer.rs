@@ -16,6 +16,7 @@ use crate::app::{Call, RawSink};
 use crate::fs::read::{open_file, Opened};
 use crate::fs::upload_body::{UploadBodyError, UploadScanner};
 use crate::fs::write::{write_atomic, Upload};
+use crate::fs::FsError;
 use crate::http::{LocalFuture, Response, JSON_CONTENT_TYPE};
 use crate::runtime::{blocking, AsyncFile, Base64FileStream, FileStream};
 
@@ -175,6 +176,7 @@ pub async fn open_json_upload(call: Call) -> Result<Box<dyn RawSink>, ApiError> 
         scanner: UploadScanner::new(limit),
         decoded: Vec::new(),
         upload: None,
+        failed: None,
     }))
 }
 
@@ -185,6 +187,10 @@ struct JsonUpload {
     decoded: Vec<u8>,
     /// The temporary file, once more than [`SPILL_BYTES`] arrived.
     upload: Option<Upload>,
+    /// Why the temporary file could not take the data (a full disk). The answer waits
+    /// for the end of the body, because only the body's `path` names what the caller
+    /// was writing; the rest of the content is decoded and dropped meanwhile.
+    failed: Option<FsError>,
 }
 
 fn scan_error(error: UploadBodyError, limit: u64) -> ApiError {
@@ -200,18 +206,29 @@ fn scan_error(error: UploadBodyError, limit: u64) -> ApiError {
 }
 
 impl JsonUpload {
-    async fn spill(&mut self) -> Result<(), ApiError> {
+    /// Writes the decoded bytes to the temporary file; once that failed, drops them.
+    async fn spill(&mut self) {
+        if self.failed.is_some() {
+            self.decoded.clear();
+            return;
+        }
+        if let Err(error) = self.try_spill().await {
+            self.decoded.clear();
+            if let Some(upload) = self.upload.take() {
+                upload.abort().await;
+            }
+            self.failed = Some(error);
+        }
+    }
+
+    async fn try_spill(&mut self) -> Result<(), FsError> {
         if self.upload.is_none() {
             let services = self.call.services();
-            self.upload = Some(
-                Upload::open_detached(&services.base, services.driver)
-                    .await
-                    .map_err(fs_error)?,
-            );
+            self.upload = Some(Upload::open_detached(&services.base, services.driver).await?);
         }
         if let Some(upload) = self.upload.as_mut() {
             let pending = std::mem::take(&mut self.decoded);
-            let mut back = upload.write(pending).await.map_err(fs_error)?;
+            let mut back = upload.write(pending).await?;
             back.clear();
             self.decoded = back;
         }
@@ -233,6 +250,14 @@ impl JsonUpload {
         };
         let caller = confine(&self.call, &input)?;
         check_extension(&self.call, &caller)?;
+        if let Some(failed) = self.failed.take() {
+            // The temporary file lives in the base directory, but what the caller was
+            // writing is `path`: that is the path the answer names.
+            return Err(fs_error(match failed {
+                FsError::Io { error, .. } => FsError::io(error, caller.display()),
+                other => other,
+            }));
+        }
         let services = self.call.services();
         let replace = self.call.decision().knob_bool("overwrite") != Some(false);
         let data = inline.unwrap_or_else(|| std::mem::take(&mut self.decoded));
@@ -296,7 +321,7 @@ impl RawSink for JsonUpload {
                     .feed(slice, &mut self.decoded)
                     .map_err(|e| scan_error(e, limit))?;
                 if self.decoded.len() >= SPILL_BYTES {
-                    self.spill().await?;
+                    self.spill().await;
                 }
             }
             Ok(piece)

@@ -87,6 +87,13 @@ impl ApiService {
             let refusal = self.refuse(ProtocolError::body_too_large(limit)).closing();
             return Err(self.decorate(found.index, refusal));
         }
+        // origin: a page of another site may read nothing and change nothing
+        if method != Method::Get {
+            if let Some(error) = cross_origin_refusal(head, &catalog.policy.allow_origins) {
+                let error = error.with_field("endpoint", endpoint.spec.id.clone());
+                return Err(self.decorate(found.index, render(error, style)));
+            }
+        }
         // authenticate
         let identity = catalog
             .auth
@@ -180,10 +187,16 @@ impl ApiService {
             .find(|(n, _)| n == "token")
             .map(|(_, v)| v.as_str());
         let spec = &catalog.endpoints[index].spec;
+        let cross_origin = cross_origin_refusal(head, &catalog.policy.allow_origins);
         let admitted = match catalog
             .auth
             .authenticate(&head.headers, token, spec.auth_required)
         {
+            // A terminal is input to a shell: another site's page may not open one.
+            _ if cross_origin.is_some() => Err(super::endpoint::Refusal {
+                close_code: 4003,
+                reason: "cross_origin_refused".into(),
+            }),
             Err(_) => Err(super::endpoint::Refusal {
                 close_code: 4001,
                 reason: "unauthorized".into(),
@@ -537,4 +550,46 @@ pub fn service_factory(
     slots: Vec<Listener>,
 ) -> impl Fn(usize) -> ApiService + Send + Sync + 'static {
     move |slot| ApiService::new(state.clone(), shutdown.clone(), slots[slot])
+}
+
+/// A request a browser sent for a page of another origin, unless the policy's
+/// `allow_origins` admits that origin. In local mode any page the sandbox's own
+/// Chromium (or a user's browser) loads could otherwise `POST /shell` with a
+/// cross-origin `text/plain` form: browsers send such requests without a preflight.
+/// Browsers mark them with `Origin` and `Sec-Fetch-Site`; clients that send neither
+/// (curl, the SDKs) are not browsers and pass. The server's own origin is the one whose
+/// host and port are the request's `Host`.
+fn cross_origin_refusal(head: &RequestHead, allow: &[String]) -> Option<ApiError> {
+    if allow.iter().any(|o| o == "*") {
+        return None;
+    }
+    let origin = head.header("origin").map(|o| o.trim().to_ascii_lowercase());
+    let fetch_site = head.header("sec-fetch-site").map(str::to_ascii_lowercase);
+    let listed = |origin: &str| allow.iter().any(|o| o == origin.trim_end_matches('/'));
+    let host = head
+        .header("host")
+        .unwrap_or_default()
+        .trim()
+        .to_ascii_lowercase();
+    let own = origin.as_deref().is_some_and(|origin| {
+        origin.split_once("://").is_some_and(|(scheme, authority)| {
+            matches!(scheme, "http" | "https") && authority == host
+        })
+    });
+    let foreign_origin = origin.as_deref().is_some_and(|o| !own && !listed(o));
+    let foreign_site = matches!(fetch_site.as_deref(), Some("cross-site" | "same-site"))
+        && !own
+        && !origin.as_deref().is_some_and(listed);
+    (foreign_origin || foreign_site).then(|| {
+        let named = origin.as_deref().unwrap_or("(none)");
+        ApiError::new(
+            403,
+            "PermissionError",
+            format!(
+                "Cross-origin request refused: Origin {named} (Sec-Fetch-Site {}) is not this server's own (Host {host}); a policy's allow_origins can admit it",
+                fetch_site.as_deref().unwrap_or("absent")
+            ),
+        )
+        .with_code("cross_origin_refused")
+    })
 }

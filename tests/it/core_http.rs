@@ -835,6 +835,72 @@ fn second_server_on_a_held_port_exits_2(driver: &'static str) {
     }
 }
 
+/// A page of another site may change nothing (its browser sends `Origin` and
+/// `Sec-Fetch-Site`), in local and token mode alike; clients that send neither, and the
+/// server's own origin, pass; a policy's `allow_origins` admits a listed origin.
+fn cross_origin_requests_are_refused(driver: &'static str) {
+    let dir = TempDir::new("csrf");
+    let policy = dir.path().join("policy.json");
+    std::fs::write(&policy, r#"{"allow_origins": ["https://app.example.com"]}"#).unwrap();
+    let local = Launch::new(driver)
+        .env("ABX_SERVER_ENABLED_GROUPS", "agents")
+        .env("ABX_SERVER_POLICY", policy.to_str().unwrap())
+        .start();
+    let token = Launch::new(driver).env("ABX_SERVER_TOKEN", "t0k").start();
+    let own = format!("http://{}", local.addr);
+    let own_host = local.addr.to_string();
+    let shell = br#"{"command": "touch made"}"#;
+    let refused = [
+        vec![
+            ("Origin", "http://evil.example"),
+            ("Content-Type", "text/plain"),
+        ],
+        vec![("Sec-Fetch-Site", "cross-site")],
+        vec![
+            ("Sec-Fetch-Site", "same-site"),
+            ("Origin", "http://sub.localhost"),
+        ],
+        vec![("Origin", "null")],
+    ];
+    for headers in &refused {
+        let reply = local.request("POST", "/shell", headers, Some(shell));
+        assert_eq!(reply.status, 403, "{headers:?}: {}", reply.text());
+        assert_eq!(reply.json()["code"], "cross_origin_refused", "{headers:?}");
+        let mut with_token = headers.clone();
+        with_token.push(("Authorization", "Bearer t0k"));
+        let reply = token.request("POST", "/shell", &with_token, Some(shell));
+        assert_eq!(
+            reply.status,
+            403,
+            "token mode {headers:?}: {}",
+            reply.text()
+        );
+    }
+    assert!(!local.base_dir().join("made").exists());
+    // Under /v1 the refusal is OpenAI's envelope.
+    let reply = local.request("POST", "/v1/conversations", &refused[0], Some(b"{}"));
+    assert_eq!(reply.status, 403, "{}", reply.text());
+    assert_eq!(reply.json()["error"]["code"], "cross_origin_refused");
+    // Reads, the own origin, no origin, and a listed origin pass.
+    let reply = local.request("GET", "/health", &refused[0], None);
+    assert_eq!(reply.status, 200);
+    for headers in [
+        vec![
+            ("Host", own_host.as_str()),
+            ("Origin", own.as_str()),
+            ("Sec-Fetch-Site", "same-origin"),
+        ],
+        vec![],
+        vec![
+            ("Origin", "https://app.example.com"),
+            ("Sec-Fetch-Site", "cross-site"),
+        ],
+    ] {
+        let reply = local.request("POST", "/shell", &headers, Some(shell));
+        assert_eq!(reply.status, 200, "{headers:?}: {}", reply.text());
+    }
+}
+
 /// Whether the server said a line containing all of `words` at startup (stderr and
 /// stdout are separate pipes, so such a line may arrive after the banner).
 fn said_at_startup(server: &Server, words: &[&str]) -> bool {
@@ -1040,6 +1106,7 @@ on_both_drivers!(
     uncreatable_base_dir_is_a_warning,
     second_server_on_a_held_port_exits_2,
     host_names_resolve,
+    cross_origin_requests_are_refused,
     missing_base_dir_is_created_and_commands_run_there,
     sigterm_finishes_in_flight_requests,
     workers_share_one_port,

@@ -339,7 +339,15 @@ pub fn request_at(
     body: Option<&[u8]>,
 ) -> Reply {
     let mut stream = connect_to(addr);
-    let mut raw = format!("{method} {path} HTTP/1.1\r\nHost: test\r\nConnection: close\r\n");
+    // A test that names its own Host (the server's own origin) replaces the default.
+    let host = headers
+        .iter()
+        .find(|(name, _)| name.eq_ignore_ascii_case("host"))
+        .map_or("test", |(_, value)| value);
+    let mut raw = format!("{method} {path} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n");
+    let headers = headers
+        .iter()
+        .filter(|(name, _)| !name.eq_ignore_ascii_case("host"));
     for (name, value) in headers {
         raw.push_str(&format!("{name}: {value}\r\n"));
     }

@@ -415,6 +415,15 @@ fn the_auth_matrix_and_close_codes(driver: &'static str) {
         4004
     );
     assert_eq!(close_code(pty, "token=s3cr3t%2F%2B", &[]), 4000);
+    // Another site's page may not open a terminal, even with the token.
+    assert_eq!(
+        close_code(
+            pty,
+            &format!("{query}&token=s3cr3t%2F%2B"),
+            &[("Origin", "http://evil.example")]
+        ),
+        4003
+    );
     // Not a WebSocket handshake: a plain 400.
     let mut plain = TcpStream::connect(pty).unwrap();
     std::io::Write::write_all(&mut plain, b"GET /pty HTTP/1.1\r\nHost: t\r\n\r\n").unwrap();

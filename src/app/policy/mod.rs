@@ -55,6 +55,10 @@ pub struct Policy {
     pub endpoints: HashMap<String, EndpointRule>,
     pub base_dir: Option<PathBuf>,
     pub identities: Vec<IdentityRule>,
+    /// Origins (`scheme://host[:port]`, lower case) whose pages may send requests that
+    /// change something; `*` admits every origin (`docs/policy.md`, cross-origin
+    /// requests).
+    pub allow_origins: Vec<String>,
     pub warnings: Vec<String>,
 }
 
@@ -239,14 +243,40 @@ fn check_knob(kind: &KnobKind, value: &Value) -> Result<(), &'static str> {
     })
 }
 
-const KNOWN_KEYS: [&str; 6] = [
+const KNOWN_KEYS: [&str; 7] = [
     "preset",
     "groups",
     "server",
     "endpoints",
     "base_dir",
     "identities",
+    "allow_origins",
 ];
+
+/// `allow_origins`: a list of origins as a browser sends them (`https://app.example.com`,
+/// `http://localhost:3000`), or `*`.
+fn parse_origins(value: &Value) -> Result<Vec<String>, String> {
+    let why = "allow_origins must be a list of origins (scheme://host[:port], no path) or \"*\"";
+    let Value::Array(items) = value else {
+        return Err(why.into());
+    };
+    items
+        .iter()
+        .map(|item| {
+            let origin = item.as_str().ok_or(why)?.trim().to_ascii_lowercase();
+            let origin = origin.trim_end_matches('/').to_string();
+            let valid = origin == "*"
+                || origin.split_once("://").is_some_and(|(scheme, rest)| {
+                    !scheme.is_empty() && !rest.is_empty() && !rest.contains('/')
+                });
+            if valid {
+                Ok(origin)
+            } else {
+                Err(format!("{why}: {item}"))
+            }
+        })
+        .collect()
+}
 
 impl Policy {
     /// The policy in force when no document is configured.
@@ -293,6 +323,7 @@ impl Policy {
             endpoints: HashMap::new(),
             base_dir: None,
             identities: Vec::new(),
+            allow_origins: Vec::new(),
             warnings: Vec::new(),
         };
         for key in map.keys() {
@@ -373,6 +404,9 @@ impl Policy {
         }
         if let Some(identities) = map.get("identities") {
             policy.identities = parse_identities(identities)?;
+        }
+        if let Some(origins) = map.get("allow_origins") {
+            policy.allow_origins = parse_origins(origins)?;
         }
         if policy
             .groups

@@ -607,7 +607,31 @@ fn knob_values_are_checked() {
     }
 }
 
+/// A key written twice would drop a rule silently: the server refuses the document,
+/// naming the key and the line, at startup and with `--check-policy`.
+fn a_repeated_key_stops_the_server(driver: &'static str) {
+    let dir = TempDir::new("dupkey");
+    let policy = dir.path().join("policy.yaml");
+    std::fs::write(
+        &policy,
+        "endpoints:\n  shell:\n    enabled: false\n  files_list:\n    enabled: false\n  shell:\n    enabled: true\n",
+    )
+    .unwrap();
+    let (code, stderr) = Launch::new(driver)
+        .env("ABX_SERVER_POLICY", policy.to_str().unwrap())
+        .fail();
+    assert_eq!(code, 2, "{stderr}");
+    assert!(
+        stderr.contains("duplicate key 'shell'") && stderr.contains("line 6"),
+        "{stderr}"
+    );
+    let (code, _, stderr) = check_policy(&policy);
+    assert_eq!(code, 2);
+    assert!(stderr.contains("duplicate key 'shell'"), "{stderr}");
+}
+
 on_both_drivers!(
+    a_repeated_key_stops_the_server,
     yaml_policies_and_template_yaml_are_applied,
     per_endpoint_knobs_are_enforced,
     rate_limits_answer_429_with_retry_after,

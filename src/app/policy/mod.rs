@@ -547,12 +547,129 @@ impl Policy {
 }
 
 /// A policy document: YAML (which includes JSON). YAML's own errors carry their line.
+const DUPLICATE: &str = "duplicate key ";
+
+/// A document value whose mappings never repeat a key: a repeated key in YAML or JSON
+/// is a rule silently dropped (the later one wins), so the loader refuses it.
+struct Unique(Value);
+
+impl<'de> serde::Deserialize<'de> for Unique {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        deserializer.deserialize_any(UniqueVisitor).map(Unique)
+    }
+}
+
+struct UniqueVisitor;
+
+impl<'de> serde::de::Visitor<'de> for UniqueVisitor {
+    type Value = Value;
+
+    fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        f.write_str("a YAML or JSON value")
+    }
+    fn visit_bool<E>(self, v: bool) -> Result<Value, E> {
+        Ok(Value::Bool(v))
+    }
+    fn visit_i64<E>(self, v: i64) -> Result<Value, E> {
+        Ok(v.into())
+    }
+    fn visit_u64<E>(self, v: u64) -> Result<Value, E> {
+        Ok(v.into())
+    }
+    fn visit_f64<E>(self, v: f64) -> Result<Value, E> {
+        Ok(serde_json::Number::from_f64(v).map_or(Value::Null, Value::Number))
+    }
+    fn visit_str<E>(self, v: &str) -> Result<Value, E> {
+        Ok(Value::String(v.to_string()))
+    }
+    fn visit_string<E>(self, v: String) -> Result<Value, E> {
+        Ok(Value::String(v))
+    }
+    fn visit_unit<E>(self) -> Result<Value, E> {
+        Ok(Value::Null)
+    }
+    fn visit_none<E>(self) -> Result<Value, E> {
+        Ok(Value::Null)
+    }
+    fn visit_some<D: serde::Deserializer<'de>>(self, d: D) -> Result<Value, D::Error> {
+        d.deserialize_any(self)
+    }
+    fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<Value, A::Error> {
+        let mut items = Vec::new();
+        while let Some(Unique(item)) = seq.next_element()? {
+            items.push(item);
+        }
+        Ok(Value::Array(items))
+    }
+    fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<Value, A::Error> {
+        let mut object = serde_json::Map::new();
+        while let Some(key) = map.next_key::<String>()? {
+            if object.contains_key(&key) {
+                return Err(serde::de::Error::custom(format!("{DUPLICATE}'{key}'")));
+            }
+            let Unique(value) = map.next_value()?;
+            object.insert(key, value);
+        }
+        Ok(Value::Object(object))
+    }
+}
+
+/// The line (1-based) where `key` is written as a key for the second time, counting from
+/// the line where its mapping starts.
+fn repeated_key_line(text: &str, key: &str, from_line: usize) -> Option<usize> {
+    let quoted = format!("\"{key}\"");
+    let mut seen = 0;
+    for (index, line) in text.lines().enumerate().skip(from_line.saturating_sub(1)) {
+        let mut rest = line;
+        while let Some(at) = rest.find(&quoted) {
+            rest = &rest[at + quoted.len()..];
+            if rest.trim_start().starts_with(':') {
+                seen += 1;
+                if seen == 2 {
+                    return Some(index + 1);
+                }
+            }
+        }
+        if line
+            .trim_start()
+            .strip_prefix(key)
+            .is_some_and(|r| r.starts_with(':'))
+        {
+            seen += 1;
+            if seen == 2 {
+                return Some(index + 1);
+            }
+        }
+    }
+    None
+}
+
 fn parse_document(text: &str) -> Result<Value, String> {
     if text.trim().is_empty() {
         return Ok(Value::Object(Default::default()));
     }
-    let doc: Value = yaml_serde::from_str(text)
-        .map_err(|e| format!("not a YAML or JSON policy document: {e}; see docs/policy.md"))?;
+    let doc: Value = yaml_serde::from_str::<Unique>(text)
+        .map(|unique| unique.0)
+        .map_err(|e| {
+            let e = e.to_string();
+            match e.find(DUPLICATE) {
+                Some(at) => {
+                    // "<path>: duplicate key 'k' at line N column M", N the mapping's
+                    // first line: the key is named with the line of its second writing.
+                    let rest = &e[at + DUPLICATE.len()..];
+                    let key = rest.split('\'').nth(1).unwrap_or_default();
+                    let from = rest
+                        .split_once(" line ")
+                        .and_then(|(_, n)| n.split_whitespace().next()?.parse::<usize>().ok())
+                        .unwrap_or(1);
+                    let line = repeated_key_line(text, key, from)
+                        .map(|n| format!(" at line {n}"))
+                        .unwrap_or_default();
+                    format!("duplicate key '{key}'{line}: the later one would silently replace the earlier, so neither is taken")
+                }
+                None => format!("not a YAML or JSON policy document: {e}; see docs/policy.md"),
+            }
+        })?;
     match doc {
         Value::Object(_) => Ok(doc),
         Value::Null => Ok(Value::Object(Default::default())),
@@ -750,6 +867,39 @@ mod tests {
         let mut spec = EndpointSpec::new(Method::Get, "/x", group);
         spec.id = id.to_string();
         spec
+    }
+
+    #[test]
+    fn a_repeated_key_is_refused_with_its_line() {
+        let dir = std::env::temp_dir().join(format!("abx-dup-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        for (name, text) in [
+            (
+                "p.yaml",
+                "endpoints:\n  shell:\n    enabled: false\n  shell:\n    enabled: true\n",
+            ),
+            (
+                "p.json",
+                "{\"endpoints\": {\"shell\": {\"enabled\": false}},\n \"endpoints\": {}}",
+            ),
+        ] {
+            let path = dir.join(name);
+            std::fs::write(&path, text).unwrap();
+            let err = Policy::load(&path).unwrap_err();
+            assert!(
+                err.contains("duplicate key 'endpoints'") || err.contains("duplicate key 'shell'"),
+                "{err}"
+            );
+            assert!(err.contains("line"), "{err}");
+        }
+        let path = dir.join("ok.yaml");
+        std::fs::write(
+            &path,
+            "endpoints:\n  shell: {enabled: false}\n  shell_stream: {enabled: false}\n",
+        )
+        .unwrap();
+        assert!(Policy::load(&path).is_ok());
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]

@@ -53,6 +53,9 @@ pub struct Config {
     pub blocking_threads: usize,
     /// How long a blocking-pool thread may sit idle before it exits.
     pub blocking_idle_timeout: Duration,
+    /// `ABX_CHILD_USER`: every child runs as this user and group (uid, gid), not as the
+    /// server's.
+    pub child_user: Option<(u32, u32)>,
     /// How long shutdown waits for in-flight requests.
     pub shutdown_grace: Duration,
     /// `ABX_PYTHON_APP`: the Python program whose commands and routes this server
@@ -89,6 +92,7 @@ impl Default for Config {
             read_timeout: Duration::from_secs(30),
             blocking_threads: 64,
             blocking_idle_timeout: Duration::from_secs(10),
+            child_user: None,
             shutdown_grace: Duration::from_secs(10),
             python_app: None,
             bridge_hang_timeout: Duration::from_secs(10),
@@ -320,7 +324,51 @@ const SETTINGS: &[Setting] = &[
             Ok(())
         },
     },
+    Setting {
+        flag: None,
+        var: "ABX_CHILD_USER",
+        default: "unset: children run as the server's user",
+        apply: |c, src, v| {
+            c.child_user = Some(parse_user(v).map_err(|why| format!("{src}: {why}"))?);
+            Ok(())
+        },
+    },
 ];
+
+/// A user name, a uid, or `uid:gid`, as `(uid, gid)`: a name takes its primary group,
+/// a bare uid the group of the same number.
+fn parse_user(value: &str) -> Result<(u32, u32), String> {
+    let (user, group) = match value.split_once(':') {
+        Some((u, g)) => (u, Some(g)),
+        None => (value, None),
+    };
+    let (uid, primary) = match user.parse::<u32>() {
+        Ok(uid) => (uid, uid),
+        Err(_) => {
+            let name =
+                std::ffi::CString::new(user).map_err(|_| format!("'{value}' is not a user"))?;
+            // SAFETY: getpwnam's result is read at once, before any other call could
+            // reuse its static buffer; startup is single-threaded.
+            let entry = unsafe { libc::getpwnam(name.as_ptr()) };
+            if entry.is_null() {
+                return Err(format!("no user named '{user}' on this system (give a name from /etc/passwd, a uid, or uid:gid)"));
+            }
+            unsafe { ((*entry).pw_uid, (*entry).pw_gid) }
+        }
+    };
+    let gid = match group {
+        None => primary,
+        Some(g) => g
+            .parse::<u32>()
+            .map_err(|_| format!("'{g}' is not a numeric group id (uid:gid)"))?,
+    };
+    if uid == 0 {
+        return Err(
+            "ABX_CHILD_USER must not be root (uid 0): it exists to run children with less".into(),
+        );
+    }
+    Ok((uid, gid))
+}
 
 /// `--help`, generated from [`SETTINGS`].
 fn usage() -> String {

@@ -40,6 +40,29 @@ pub mod sse {
     pub use crate::http::sse::{channel, format_event, SseSender, SseStream, StreamClosed};
 }
 
+/// `ABX_CHILD_USER`: children start as this program in a helper mode that drops to the
+/// child user and then executes the program asked for. A program that embeds the server
+/// calls [`child_user::run_if_asked`] first thing in its `main` (as `agent-sandbox` does).
+pub mod child_user {
+    /// When this process was started as the child-user helper, drops to the user and
+    /// executes the program (never returning), or returns the exit code to leave with
+    /// after a failure it printed. `None`: a normal start.
+    pub fn run_if_asked() -> Option<std::process::ExitCode> {
+        let args: Vec<std::ffi::OsString> = std::env::args_os().collect();
+        if args
+            .get(1)
+            .is_none_or(|a| a != crate::process::spawn::EXEC_AS)
+        {
+            return None;
+        }
+        let error = crate::process::spawn::exec_as_child_user(&args[2..]);
+        crate::log::line(format_args!(
+            "cannot start the program as ABX_CHILD_USER: {error}"
+        ));
+        Some(std::process::ExitCode::from(126))
+    }
+}
+
 /// Internals the micro-benchmarks (`benches/hot_paths.rs`) measure; not an API.
 #[doc(hidden)]
 pub mod bench_support {

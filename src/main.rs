@@ -6,6 +6,10 @@ use agent_sandbox::config::{Config, Parsed};
 use agent_sandbox::Server;
 
 fn main() -> ExitCode {
+    // A child under ABX_CHILD_USER: drop to that user and become the program.
+    if let Some(code) = agent_sandbox::child_user::run_if_asked() {
+        return code;
+    }
     let parsed = Config::parse(std::env::args().skip(1), |name| std::env::var(name).ok());
     let config = match parsed {
         Ok(Parsed::Run(config)) => *config,

@@ -143,6 +143,28 @@ impl Server {
         // Before any thread exists, so every thread inherits the blocked mask and only the
         // signal thread sees SIGTERM/SIGINT.
         shutdown::block_termination_signals();
+        // Secrets leave the environment before anything can copy it (the guardian's
+        // fork, a child), and the process's memory is closed to its own user.
+        crate::process::secrets::keep(&["ABX_SERVER_TOKEN"]);
+        if let Some(path) = &self.config.policy_path {
+            // The policy's token_env variables too; a document that does not load is
+            // reported once, by the build below.
+            if let Ok(policy) = crate::app::policy::Policy::load(path) {
+                let names: Vec<&str> = policy
+                    .identities
+                    .iter()
+                    .filter_map(|rule| match &rule.token {
+                        crate::app::policy::TokenSource::Env(name) => Some(name.as_str()),
+                        crate::app::policy::TokenSource::Digest(_) => None,
+                    })
+                    .collect();
+                crate::process::secrets::keep(&names);
+            }
+        }
+        crate::process::secrets::make_undumpable();
+        if let Some((uid, gid)) = self.config.child_user {
+            crate::process::spawn::set_child_user(uid, gid)?;
+        }
         // Also before any thread: the guardian is forked. As a container's PID 1 the
         // kernel ends every process of the namespace when the server dies.
         if std::process::id() != 1 {

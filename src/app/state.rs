@@ -271,6 +271,18 @@ impl AppState {
                 catalog.warnings.push(warning.clone());
             }
         }
+        // A token_env named for the first time is a secret from now on: out of the view
+        // children start with, as at startup.
+        let token_vars: Vec<String> = catalog
+            .policy
+            .identities
+            .iter()
+            .filter_map(|rule| match &rule.token {
+                TokenSource::Env(name) => Some(name.clone()),
+                TokenSource::Digest(_) => None,
+            })
+            .collect();
+        self.services.environment.hide(&token_vars);
         let revision = catalog.policy.revision.clone();
         self.catalog.replace(catalog);
         Ok(revision)
@@ -321,8 +333,8 @@ fn compile(
         .map(|rule| {
             let digest = match &rule.token {
                 TokenSource::Digest(digest) => *digest,
-                TokenSource::Env(name) => match std::env::var(name) {
-                    Ok(token) if !token.is_empty() => token_digest(&token),
+                TokenSource::Env(name) => match crate::process::secrets::get(name) {
+                    Some(token) if !token.is_empty() => token_digest(&token),
                     _ => {
                         return Err(format!(
                             "ABX_SERVER_POLICY: identity '{}' takes its token from ${name}, which is not set",

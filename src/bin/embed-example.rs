@@ -13,6 +13,9 @@ use agent_sandbox::{
 use serde_json::json;
 
 fn main() -> ExitCode {
+    if let Some(code) = agent_sandbox::child_user::run_if_asked() {
+        return code;
+    }
     let config = match Config::parse(std::env::args().skip(1), |n| std::env::var(n).ok()) {
         Ok(Parsed::Run(config)) => *config,
         Ok(_) => return ExitCode::SUCCESS,

@@ -77,6 +77,22 @@ impl Environment {
         }
     }
 
+    /// Removes `names` from the view (a policy reload's new `token_env` variables).
+    pub fn hide(&self, names: &[String]) {
+        let mut vars = self.vars.write().unwrap_or_else(|e| e.into_inner());
+        if vars
+            .iter()
+            .any(|(n, _)| names.iter().any(|h| n == h.as_str()))
+        {
+            let kept = vars
+                .iter()
+                .filter(|(n, _)| !names.iter().any(|h| n == h.as_str()))
+                .cloned()
+                .collect();
+            *vars = Arc::new(kept);
+        }
+    }
+
     /// The current variables.
     pub fn snapshot(&self) -> Arc<Vec<(OsString, OsString)>> {
         self.vars.read().unwrap_or_else(|e| e.into_inner()).clone()

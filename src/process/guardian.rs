@@ -39,11 +39,19 @@ pub fn start() -> std::io::Result<()> {
     let reader = fcntl_dupfd_cloexec(&reader, 10)?;
     let dev_null = fcntl_dupfd_cloexec(&dev_null, 10)?;
     let mut table: Vec<i32> = Vec::with_capacity(CAPACITY);
+    // The guardian needs no environment, and its copy of the server's would still hold
+    // whatever the server had not yet moved out of it (a policy's token_env).
+    let environment = super::secrets::environment_block();
     // SAFETY: the child runs only async-signal-safe calls (`guard` below) and exits
     // with `_exit`, never returning into Rust code that could take a lock or allocate.
     match unsafe { libc::fork() } {
         -1 => Err(std::io::Error::last_os_error()),
-        0 => unsafe { guard(reader.as_raw_fd(), dev_null.as_raw_fd(), &mut table) },
+        0 => unsafe {
+            if let Some(block) = environment {
+                super::secrets::wipe_environment_block(block);
+            }
+            guard(reader.as_raw_fd(), dev_null.as_raw_fd(), &mut table)
+        },
         _ => {
             drop(reader);
             let _ = GUARDIAN.set(writer);

@@ -21,6 +21,7 @@ pub mod guardian;
 pub mod output;
 pub mod pipe;
 pub mod run;
+pub mod secrets;
 pub mod shlex;
 pub mod spawn;
 pub mod table;

@@ -105,6 +105,55 @@ pub fn find_program(
     }))
 }
 
+/// `ABX_CHILD_USER`: the user and group every child runs as, set once at startup.
+static CHILD_USER: std::sync::OnceLock<(u32, u32)> = std::sync::OnceLock::new();
+
+/// The first argument of the server binary when it runs as [`exec_as_child_user`].
+pub const EXEC_AS: &str = "--exec-as-child-user";
+
+/// Makes every later child run as `uid`/`gid` (the server must be root). posix_spawn
+/// cannot change ids, so each child starts as the server's own binary in
+/// [`exec_as_child_user`] mode, which drops to the user and then executes the program:
+/// one extra `execve` per child, only with this setting.
+pub fn set_child_user(uid: u32, gid: u32) -> Result<(), String> {
+    if !rustix::process::geteuid().is_root() {
+        return Err(format!(
+            "ABX_CHILD_USER={uid}:{gid} needs the server to run as root (it changes each child's user); unset it or start the server as root"
+        ));
+    }
+    let _ = CHILD_USER.set((uid, gid));
+    Ok(())
+}
+
+/// `agent-sandbox --exec-as-child-user UID GID PROGRAM ARGV...`: drops every group and
+/// the user to `UID`/`GID`, then executes `PROGRAM` with `ARGV` and the environment as
+/// given. Called by `main` before anything else; returns only with the error to print.
+pub fn exec_as_child_user(args: &[OsString]) -> io::Error {
+    let [uid, gid, program, argv @ ..] = args else {
+        return io::Error::other("usage: --exec-as-child-user UID GID PROGRAM ARGV...");
+    };
+    let number = |v: &OsString| v.to_str().and_then(|s| s.parse::<u32>().ok());
+    let (Some(uid), Some(gid)) = (number(uid), number(gid)) else {
+        return io::Error::other("--exec-as-child-user: UID and GID must be numbers");
+    };
+    // SAFETY: plain system calls on this single-threaded process, which then execs.
+    unsafe {
+        if libc::setgroups(1, &gid) != 0 || libc::setgid(gid) != 0 || libc::setuid(uid) != 0 {
+            return io::Error::last_os_error();
+        }
+        if libc::setuid(0) == 0 {
+            return io::Error::other(
+                "--exec-as-child-user: root could be regained; refusing to run",
+            );
+        }
+    }
+    use std::os::unix::process::CommandExt;
+    std::process::Command::new(program)
+        .arg0(argv.first().cloned().unwrap_or_else(|| program.clone()))
+        .args(argv.iter().skip(1))
+        .exec()
+}
+
 /// Starts `program` with `argv` and `env` as described in the module docs and returns
 /// its pid. Blocking (briefly): run it on the blocking pool.
 pub fn spawn(
@@ -114,11 +163,24 @@ pub fn spawn(
     cwd: BorrowedFd<'_>,
     stdio: Stdio<'_>,
 ) -> io::Result<i32> {
-    let program = c_string(program.as_os_str().as_bytes())?;
-    let argv: Vec<CString> = argv
+    let mut program = c_string(program.as_os_str().as_bytes())?;
+    let mut argv: Vec<CString> = argv
         .iter()
         .map(|a| c_string(a.as_bytes()))
         .collect::<io::Result<_>>()?;
+    if let Some((uid, gid)) = CHILD_USER.get() {
+        let helper = c"/proc/self/exe".to_owned();
+        let mut wrapped = vec![
+            c"agent-sandbox".to_owned(),
+            c_string(EXEC_AS.as_bytes())?,
+            c_string(uid.to_string().as_bytes())?,
+            c_string(gid.to_string().as_bytes())?,
+            program,
+        ];
+        wrapped.append(&mut argv);
+        argv = wrapped;
+        program = helper;
+    }
     let envp: Vec<CString> = env
         .iter()
         .map(|(k, v)| {

@@ -749,7 +749,112 @@ fn code_loading_variables_are_refused(driver: &'static str) {
     );
 }
 
+/// No secret reaches a child: neither `ABX_SERVER_TOKEN` nor a policy identity's
+/// `token_env` is in any child's environment, and the server's own `/proc` environment
+/// no longer holds them once it serves. Under `ABX_CHILD_USER` children run as that user
+/// and cannot read the server's environment or memory (the server is not dumpable).
+fn secrets_never_reach_a_child(driver: &'static str) {
+    let dir = TempDir::new("secrets");
+    let policy = dir.path().join("policy.json");
+    std::fs::write(
+        &policy,
+        r#"{"groups": {"dev_tools": true}, "identities": [{"id": "op", "scopes": ["*"], "token_env": "OP_TOKEN_FOR_TEST"}]}"#,
+    )
+    .unwrap();
+    let start = |child_user: Option<&str>| {
+        let mut launch = Launch::new(driver)
+            .env("ABX_SERVER_TOKEN", "server-secret-4d1f")
+            .env("OP_TOKEN_FOR_TEST", "identity-secret-9b2e")
+            .env("ABX_SERVER_POLICY", policy.to_str().unwrap());
+        if let Some(user) = child_user {
+            launch = launch.env("ABX_CHILD_USER", user);
+        }
+        launch.start()
+    };
+    let auth = [("Authorization", "Bearer identity-secret-9b2e")];
+    let run = |server: &Server, route: &str, body: Value| {
+        let reply = server.request("POST", route, &auth, Some(body.to_string().as_bytes()));
+        assert_eq!(reply.status, 200, "{route}: {}", reply.text());
+        reply.text()
+    };
+    let server = start(None);
+    let seen = [
+        run(&server, "/shell", json!({"command": "env"})),
+        run(&server, "/shell/stream", json!({"command": "env"})),
+        run(
+            &server,
+            "/code/run",
+            json!({"code": "import os; print(dict(os.environ))"}),
+        ),
+    ];
+    for text in &seen {
+        assert!(
+            !text.contains("server-secret-4d1f") && !text.contains("identity-secret-9b2e"),
+            "a child saw a secret: {text}"
+        );
+    }
+    // Both tokens still work: the server kept them in its memory.
+    let reply = server.request(
+        "GET",
+        "/capabilities",
+        &[("Authorization", "Bearer server-secret-4d1f")],
+        None,
+    );
+    assert_eq!(reply.status, 200);
+    let pid = server.child.id();
+    let environ = std::fs::read(format!("/proc/{pid}/environ")).unwrap();
+    let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap();
+    for (what, bytes) in [("environ", &environ), ("cmdline", &cmdline)] {
+        let text = String::from_utf8_lossy(bytes);
+        assert!(
+            !text.contains("server-secret-4d1f") && !text.contains("identity-secret-9b2e"),
+            "the server's {what} holds a secret"
+        );
+    }
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    assert!(!status.is_empty());
+    let dumpable = Command::new("sh")
+        .arg("-c")
+        .arg(format!("stat -c %u /proc/{pid}/environ"))
+        .output()
+        .unwrap();
+    assert_eq!(
+        String::from_utf8_lossy(&dumpable.stdout).trim(),
+        "0",
+        "not dumpable: root owns its /proc files"
+    );
+
+    // Children as an unprivileged user: nobody (65534).
+    let low = start(Some("65534:65534"));
+    let out: Value =
+        serde_json::from_str(&run(&low, "/shell", json!({"command": "id -u"}))).unwrap();
+    assert_eq!(out["stdout"], "65534\n", "{out}");
+    let server_pid = low.child.id();
+    for file in ["environ", "mem", "maps"] {
+        let out: Value = serde_json::from_str(&run(
+            &low,
+            "/shell",
+            json!({"command": format!("cat /proc/{server_pid}/{file}")}),
+        ))
+        .unwrap();
+        assert_ne!(out["exit_code"], 0, "{file}: {out}");
+        assert!(
+            out["stderr"]
+                .as_str()
+                .unwrap()
+                .contains("Permission denied"),
+            "{file}: {out}"
+        );
+    }
+    // Not root is refused at startup only when the server itself is not root; as root a
+    // root child user is refused.
+    let (code, stderr) = Launch::new(driver).env("ABX_CHILD_USER", "0").fail();
+    assert_eq!(code, 2, "{stderr}");
+    assert!(stderr.contains("ABX_CHILD_USER"), "{stderr}");
+}
+
 on_both_drivers!(
+    secrets_never_reach_a_child,
     git_stays_inside_the_base_and_runs_nothing,
     code_loading_variables_are_refused,
     system_info_and_metrics_read_the_kernel,

@@ -18,6 +18,7 @@ mod git;
 mod http;
 #[doc(hidden)]
 pub mod log;
+mod mcp;
 mod process;
 mod pty;
 mod pytext;

@@ -56,11 +56,12 @@ pub enum Group {
     DevTools,
     Browser,
     Agents,
+    Mcp,
 }
 
 impl Group {
     /// Every group, in the order `/capabilities` lists them.
-    pub const ALL: [Group; 9] = [
+    pub const ALL: [Group; 10] = [
         Group::Core,
         Group::Commands,
         Group::FileOps,
@@ -70,6 +71,7 @@ impl Group {
         Group::DevTools,
         Group::Browser,
         Group::Agents,
+        Group::Mcp,
     ];
 
     pub fn name(self) -> &'static str {
@@ -83,6 +85,7 @@ impl Group {
             Group::DevTools => "dev_tools",
             Group::Browser => "browser",
             Group::Agents => "agents",
+            Group::Mcp => "mcp",
         }
     }
 

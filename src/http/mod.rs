@@ -4,6 +4,7 @@
 //! policy; the application answers through the [`Service`] trait.
 
 pub mod chunked;
+pub mod client;
 pub mod conn;
 pub mod head;
 pub mod response;

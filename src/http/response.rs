@@ -128,6 +128,7 @@ pub fn reason_phrase(status: u16) -> &'static str {
         100 => "Continue",
         101 => "Switching Protocols",
         200 => "OK",
+        202 => "Accepted",
         201 => "Created",
         204 => "No Content",
         206 => "Partial Content",

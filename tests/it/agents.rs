@@ -50,7 +50,7 @@ fn script_of(request: &Value) -> (String, bool) {
             // The CLIs wrap context around the prompt; the script is the last line
             // that starts with a keyword.
             if let Some(line) = text.lines().rev().find(|l| {
-                ["SAY ", "SHELL ", "SLOW", "FAIL"]
+                ["SAY ", "SHELL ", "MCP ", "SLOW", "FAIL"]
                     .iter()
                     .any(|k| l.trim_start().starts_with(k))
             }) {
@@ -108,7 +108,7 @@ fn respond(mut stream: TcpStream, path: &str, request: &Value) -> std::io::Resul
     )?;
     let text = if let Some(t) = script.strip_prefix("SAY ") {
         t.to_string()
-    } else if script.starts_with("SHELL ") && tool_done {
+    } else if (script.starts_with("SHELL ") || script.starts_with("MCP ")) && tool_done {
         "done".to_string()
     } else {
         String::new()
@@ -148,7 +148,34 @@ fn respond(mut stream: TcpStream, path: &str, request: &Value) -> std::io::Resul
         std::thread::sleep(Duration::from_secs(60));
         return Ok(());
     }
-    if let (Some(command), false) = (script.strip_prefix("SHELL "), tool_done) {
+    let mcp_call = script
+        .strip_prefix("MCP ")
+        .filter(|_| !tool_done)
+        .and_then(|rest| rest.split_once(' '));
+    if let Some((tool, arguments)) = mcp_call {
+        // codex offers an MCP server's tools as a namespace (`mcp__<server>`) of
+        // functions; the call names the function and its namespace.
+        let namespace = request["tools"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .find(|t| {
+                t["type"] == "namespace"
+                    && t["tools"]
+                        .as_array()
+                        .is_some_and(|tools| tools.iter().any(|f| f["name"] == tool))
+            })
+            .and_then(|t| t["name"].as_str())
+            .unwrap_or_default()
+            .to_string();
+        let call = json!({"type": "function_call", "id": "fc_1", "call_id": "call_1", "name": tool,
+            "namespace": namespace, "arguments": arguments});
+        sse(
+            &mut stream,
+            "response.output_item.done",
+            json!({"type": "response.output_item.done", "output_index": 0, "item": call}),
+        )?;
+    } else if let (Some(command), false) = (script.strip_prefix("SHELL "), tool_done) {
         let call = json!({"type": "function_call", "id": "fc_1", "call_id": "call_1", "name": "exec_command",
             "arguments": json!({"cmd": command}).to_string()});
         sse(
@@ -911,4 +938,52 @@ fn every_phase1_object_and_event_validates_against_the_pinned_sdk() {
         stdout.contains(&version),
         "validated with another SDK: {stdout}"
     );
+}
+
+/// The real codex CLI, configured with this server's `/mcp` (`docs/mcp.md`), calls one
+/// of the sandbox's tools when the (stub) model asks for it: the file appears in the
+/// other sandbox, written through its policy with the token codex sent.
+#[test]
+fn codex_calls_a_sandbox_tool_through_mcp() {
+    let target = Launch::new("uring")
+        .env("ABX_SERVER_TOKEN", "mcp-target-token")
+        .start();
+    let upstream = serve_upstream();
+    let home = TempDir::new("agents-home");
+    let server = agents_server(
+        &upstream,
+        &home,
+        &[("SANDBOX_MCP_TOKEN", "mcp-target-token")],
+    );
+    let config = home.path().join("codex/config.toml");
+    let mut text = std::fs::read_to_string(&config).unwrap();
+    text.push_str(&format!(
+        "\n[mcp_servers.sandbox]\nurl = \"http://{}/mcp\"\nbearer_token_env_var = \"SANDBOX_MCP_TOKEN\"\ndefault_tools_approval_mode = \"approve\"\n",
+        target.addr
+    ));
+    std::fs::write(&config, text).unwrap();
+    let arguments =
+        json!({"path": "from-codex.txt", "content": "written by codex over MCP"}).to_string();
+    let (status, response) = post(
+        &server,
+        "/v1/responses",
+        json!({"input": format!("MCP upload_text {arguments}")}),
+    );
+    assert_eq!(
+        (status, response["status"].clone()),
+        (200, json!("completed")),
+        "{response}"
+    );
+    let offered = upstream.seen.lock().unwrap()[0]["tools"].to_string();
+    assert!(
+        offered.contains("\"mcp__sandbox\"") && offered.contains("\"upload_text\""),
+        "codex offered no sandbox tool: {offered}"
+    );
+    let written = std::fs::read_to_string(target.base_dir().join("from-codex.txt"));
+    assert_eq!(
+        written.ok().as_deref(),
+        Some("written by codex over MCP"),
+        "{response}"
+    );
+    assert_eq!(output_text(&response), "done");
 }

@@ -1,0 +1,471 @@
+//! `mcp` (on by default): the sandbox's routes as Model Context Protocol tools at `/mcp`,
+//! over the Streamable HTTP transport (`docs/mcp.md`).
+//!
+//! The tools are the route table: one per non-streaming endpoint the caller may use now
+//! (enabled, scopes held), named by its id, described by its summary, its `inputSchema`
+//! built from the endpoint's declared parameters (the source `/capabilities` and the
+//! OpenAPI document read); the named commands the caller may run; and two text variants
+//! of the base64 file routes. A call is a request to the route itself, over loopback with
+//! the caller's own credentials, so it takes exactly the path a plain HTTP request takes:
+//! policy, limits, the handler, its error JSON (which becomes an `isError` result).
+
+use std::net::SocketAddr;
+
+use serde_json::{json, Map, Value};
+
+use crate::api::{ApiError, BodyMode, Group, Method, ParamIn};
+use crate::app::{handler, Call, Endpoint};
+use crate::http::sse::{channel, SseSender};
+use crate::http::Response;
+use crate::mcp::{self, Message};
+
+/// The largest route answer a tool call hands on.
+const ANSWER_LIMIT: usize = 16 * 1024 * 1024;
+const SESSION_HEADER: &str = "Mcp-Session-Id";
+
+pub fn endpoints() -> Vec<Endpoint> {
+    vec![
+        Endpoint::new(Method::Post, "/mcp", Group::Mcp, handler(post))
+            .id("mcp")
+            .summary("Model Context Protocol over Streamable HTTP: this caller's routes and commands as tools (JSON-RPC: initialize, tools/list, tools/call, ping).")
+            .returns(json!({"type": "object"})),
+        Endpoint::new(Method::Get, "/mcp", Group::Mcp, handler(events))
+            .id("mcp_events")
+            .summary("The MCP session's server stream: notifications/tools/list_changed when a policy reload changes the tools.")
+            .streaming(true),
+        Endpoint::new(Method::Delete, "/mcp", Group::Mcp, handler(end))
+            .id("mcp_end")
+            .summary("Ends an MCP session (Mcp-Session-Id).")
+            .returns(json!({"type": "object"})),
+    ]
+}
+
+fn rpc(status: u16, message: Value) -> Response {
+    Response::json(status, &message)
+}
+
+/// The caller's session and its revision, or the transport's refusal: 400 without the
+/// header, 404 for an id that is unknown or another identity's.
+fn session_of(call: &Call, id: &Value) -> Result<(String, &'static str), Response> {
+    let Some(session) = call.header(SESSION_HEADER) else {
+        return Err(rpc(
+            400,
+            mcp::error(
+                id,
+                mcp::INVALID_REQUEST,
+                "Mcp-Session-Id is required: send initialize first",
+            ),
+        ));
+    };
+    if let Some(version) = call.header("mcp-protocol-version") {
+        if !mcp::served(version) {
+            let message = format!(
+                "MCP-Protocol-Version {version} is not served (this server speaks {})",
+                mcp::VERSIONS.join(", ")
+            );
+            return Err(rpc(400, mcp::error(id, mcp::INVALID_REQUEST, message)));
+        }
+    }
+    match mcp::session(session, &call.identity.id) {
+        Some(version) => Ok((session.to_string(), version)),
+        None => Err(rpc(
+            404,
+            mcp::error(
+                id,
+                mcp::INVALID_REQUEST,
+                "unknown or ended MCP session: initialize again",
+            ),
+        )),
+    }
+}
+
+/// `POST /mcp`: one JSON-RPC message.
+async fn post(call: Call) -> Result<Response, ApiError> {
+    let message: Value = call.json()?;
+    let (id, method, params) = match mcp::classify(&message) {
+        Message::Request { id, method, params } => (id, method, params),
+        Message::Notification | Message::Response => {
+            if let Err(refusal) = session_of(&call, &Value::Null) {
+                return Ok(refusal);
+            }
+            return Ok(Response::raw(
+                202,
+                crate::http::JSON_CONTENT_TYPE,
+                Vec::new(),
+            ));
+        }
+        Message::Invalid(answer) => return Ok(rpc(400, answer)),
+    };
+    if method == "initialize" {
+        let requested = params.get("protocolVersion").and_then(Value::as_str);
+        let version = mcp::negotiate(requested);
+        let session = mcp::open_session(&call.identity.id, version);
+        let answer = mcp::result(
+            &id,
+            json!({
+                "protocolVersion": version,
+                "capabilities": {"tools": {"listChanged": true}},
+                "serverInfo": {"name": "agent-sandbox", "version": env!("CARGO_PKG_VERSION")},
+                "instructions": "Tools are this sandbox's HTTP routes (named by endpoint id) and its named commands. Files live beneath the base directory; upload_text and download_text read and write text without base64.",
+            }),
+        );
+        return Ok(rpc(200, answer).header(SESSION_HEADER, session));
+    }
+    if let Err(refusal) = session_of(&call, &id) {
+        return Ok(refusal);
+    }
+    let answer = match method.as_str() {
+        "ping" => mcp::result(&id, json!({})),
+        "tools/list" => mcp::result(&id, json!({"tools": tools(&call)})),
+        "tools/call" => match call_tool(&call, &params).await {
+            Ok(result) => mcp::result(&id, result),
+            Err(message) => mcp::error(&id, mcp::INVALID_PARAMS, message),
+        },
+        other => mcp::error(
+            &id,
+            mcp::METHOD_NOT_FOUND,
+            format!("method not found: {other}"),
+        ),
+    };
+    Ok(rpc(200, answer))
+}
+
+/// Endpoints that are tools: not streams, not WebSockets, not `/mcp` itself.
+fn is_tool(endpoint: &Endpoint) -> bool {
+    let spec = &endpoint.spec;
+    spec.group != Group::Mcp && !spec.streaming && spec.body != BodyMode::Upgrade
+}
+
+/// The tools `call`'s identity may use under the catalog in force now.
+fn tools(call: &Call) -> Vec<Value> {
+    let catalog = call.catalog();
+    let identity = &call.identity;
+    let allowed = |id: &str| {
+        catalog
+            .endpoints
+            .iter()
+            .position(|e| e.spec.id == id)
+            .is_some_and(|i| catalog.access(i, identity).allowed)
+    };
+    let mut tools = Vec::new();
+    for (index, endpoint) in catalog.endpoints.iter().enumerate() {
+        if !is_tool(endpoint) || !catalog.access(index, identity).allowed {
+            continue;
+        }
+        let spec = &endpoint.spec;
+        tools.push(json!({
+            "name": spec.id,
+            "description": format!("{} ({} {})", spec.summary, spec.method_name(), spec.path),
+            "inputSchema": mcp::input_schema(&spec.params),
+            "annotations": {
+                "readOnlyHint": spec.method == Method::Get,
+                "destructiveHint": spec.method == Method::Delete,
+            },
+        }));
+    }
+    if allowed("download") {
+        tools.push(json!({
+            "name": "download_text",
+            "description": "Read a UTF-8 text file beneath the base directory (download, without base64).",
+            "inputSchema": {"type": "object", "properties": {"path": {"type": "string"}}, "required": ["path"]},
+            "annotations": {"readOnlyHint": true},
+        }));
+    }
+    if allowed("upload") {
+        tools.push(json!({
+            "name": "upload_text",
+            "description": "Write a text file beneath the base directory, replacing it (upload, without base64).",
+            "inputSchema": {"type": "object", "properties": {"path": {"type": "string"}, "content": {"type": "string"}}, "required": ["path", "content"]},
+        }));
+    }
+    if allowed("commands_run") {
+        for command in call
+            .services()
+            .commands
+            .listed(|scopes| identity.has_scopes(scopes))
+        {
+            let mut properties = Map::new();
+            let mut required = Vec::new();
+            for arg in &command.args {
+                let kind = match arg.kind {
+                    crate::commands::ArgType::Integer => "integer",
+                    crate::commands::ArgType::Float => "number",
+                    crate::commands::ArgType::Boolean => "boolean",
+                    crate::commands::ArgType::String => "string",
+                };
+                let mut schema = mcp::schema_of(kind);
+                if !arg.description.is_empty() {
+                    schema["description"] = json!(arg.description);
+                }
+                properties.insert(arg.name.clone(), schema);
+                if arg.required {
+                    required.push(arg.name.clone());
+                }
+            }
+            tools.push(json!({
+                "name": format!("command_{}", command.name),
+                "description": if command.description.is_empty() { format!("The named command {}.", command.name) } else { command.description.clone() },
+                "inputSchema": {"type": "object", "properties": properties, "required": required},
+            }));
+        }
+    }
+    tools
+}
+
+/// `tools/call`: the route's answer as a tool result, or the reason there is no such
+/// tool (a JSON-RPC error).
+async fn call_tool(call: &Call, params: &Value) -> Result<Value, String> {
+    let name = params
+        .get("name")
+        .and_then(Value::as_str)
+        .ok_or("tools/call needs params.name")?;
+    let arguments = match params.get("arguments") {
+        None | Some(Value::Null) => Map::new(),
+        Some(Value::Object(map)) => map.clone(),
+        Some(_) => return Err("tools/call arguments must be an object".into()),
+    };
+    let text_arg = |key: &str| {
+        arguments
+            .get(key)
+            .and_then(Value::as_str)
+            .map(str::to_string)
+            .ok_or_else(|| format!("{name} needs the string argument {key}"))
+    };
+    match name {
+        "download_text" => {
+            let path = text_arg("path")?;
+            let target = format!("/download?path={}", encode(&path));
+            let answer = forward(call, "GET", &target, None).await;
+            return Ok(match answer {
+                Ok((status, Value::Object(body))) if status < 400 => {
+                    let decoded = body
+                        .get("content_base64")
+                        .and_then(Value::as_str)
+                        .and_then(|b| base64_simd::STANDARD.decode_to_vec(b).ok())
+                        .map(String::from_utf8);
+                    match decoded {
+                        Some(Ok(content)) => tool_result(
+                            false,
+                            json!({"path": body.get("path"), "content": content}),
+                        ),
+                        _ => tool_result(
+                            true,
+                            json!({"error": format!("{path} is not UTF-8 text: read it with the download tool (base64)"), "type": "ValueError"}),
+                        ),
+                    }
+                }
+                Ok((_, body)) => tool_result(true, body),
+                Err(error) => tool_result(true, error),
+            });
+        }
+        "upload_text" => {
+            let path = text_arg("path")?;
+            let content = text_arg("content")?;
+            let body = json!({"path": path, "content_base64": base64_simd::STANDARD.encode_to_string(content.as_bytes())});
+            return Ok(answer_of(
+                forward(call, "POST", "/upload", Some(&body)).await,
+            ));
+        }
+        _ => {}
+    }
+    if let Some(command) = name.strip_prefix("command_") {
+        let target = format!("/commands/{}", encode(command));
+        let body = Value::Object(arguments);
+        return Ok(answer_of(forward(call, "POST", &target, Some(&body)).await));
+    }
+    let catalog = call.catalog();
+    let endpoint = catalog
+        .endpoints
+        .iter()
+        .find(|e| e.spec.id == name)
+        .ok_or_else(|| {
+            format!("Unknown tool: {name} (tools/list names the tools this caller may use)")
+        })?;
+    if !is_tool(endpoint) {
+        return Err(format!(
+            "{name} streams its answer and is not a tool; call {} {} over HTTP",
+            endpoint.spec.method_name(),
+            endpoint.spec.path
+        ));
+    }
+    let spec = &endpoint.spec;
+    let mut path = spec.path.clone();
+    let mut query = Vec::new();
+    let mut body = Map::new();
+    for (key, value) in arguments {
+        let declared = spec.params.iter().find(|p| p.name == key);
+        let as_text = || match &value {
+            Value::String(s) => s.clone(),
+            other => other.to_string(),
+        };
+        match declared.map(|p| p.location) {
+            Some(ParamIn::Path) => path = path.replace(&format!("{{{key}}}"), &encode(&as_text())),
+            Some(ParamIn::Query) => query.push(format!("{}={}", encode(&key), encode(&as_text()))),
+            Some(ParamIn::Body) => {
+                body.insert(key, value);
+            }
+            None if spec.method == Method::Get => {
+                return Err(format!(
+                    "{name} has no argument {key} (see its inputSchema)"
+                ));
+            }
+            None => {
+                body.insert(key, value);
+            }
+        }
+    }
+    if let Some(missing) = spec
+        .params
+        .iter()
+        .find(|p| p.location == ParamIn::Path && path.contains(&format!("{{{}}}", p.name)))
+    {
+        return Err(format!("{name} needs the argument {}", missing.name));
+    }
+    let target = if query.is_empty() {
+        path
+    } else {
+        format!("{path}?{}", query.join("&"))
+    };
+    let body = (spec.method != Method::Get).then_some(Value::Object(body));
+    Ok(answer_of(
+        forward(call, spec.method_name(), &target, body.as_ref()).await,
+    ))
+}
+
+fn tool_result(is_error: bool, structured: Value) -> Value {
+    let structured = match structured {
+        Value::Object(_) => structured,
+        other => json!({"result": other}),
+    };
+    json!({
+        "content": [{"type": "text", "text": structured.to_string()}],
+        "structuredContent": structured,
+        "isError": is_error,
+    })
+}
+
+fn answer_of(answer: Result<(u16, Value), Value>) -> Value {
+    match answer {
+        Ok((status, body)) => tool_result(status >= 400, body),
+        Err(error) => tool_result(true, error),
+    }
+}
+
+/// Sends the request to this server's own API port with the caller's credentials; the
+/// route's status and JSON answer (a text answer as `{"text": ...}`).
+async fn forward(
+    call: &Call,
+    method: &str,
+    target: &str,
+    body: Option<&Value>,
+) -> Result<(u16, Value), Value> {
+    let Some(addr) = loopback(call) else {
+        return Err(
+            json!({"error": "the API listener's address is not known yet", "type": "RuntimeError"}),
+        );
+    };
+    let mut headers: Vec<(&str, &str)> = vec![("Content-Type", "application/json")];
+    for name in ["authorization", "x-access-token"] {
+        if let Some(value) = call.header(name) {
+            headers.push((name, value));
+        }
+    }
+    let bytes = body.map(|b| b.to_string().into_bytes());
+    let answer = crate::http::client::exchange(
+        addr,
+        method,
+        target,
+        &headers,
+        bytes.as_deref(),
+        ANSWER_LIMIT,
+    )
+    .await
+    .map_err(
+        |e| json!({"error": format!("the route could not be called: {e}"), "type": "OSError"}),
+    )?;
+    let json = serde_json::from_slice::<Value>(&answer.body).unwrap_or_else(|_| {
+        json!({"text": String::from_utf8_lossy(&answer.body), "content_type": answer.header("content-type")})
+    });
+    Ok((answer.status, json))
+}
+
+/// Where this server's API listens, as a local client reaches it.
+fn loopback(call: &Call) -> Option<SocketAddr> {
+    let mut addr = *call.services().bound_api.get()?;
+    if addr.ip().is_unspecified() {
+        addr.set_ip(if addr.is_ipv4() {
+            [127, 0, 0, 1].into()
+        } else {
+            std::net::Ipv6Addr::LOCALHOST.into()
+        });
+    }
+    Some(addr)
+}
+
+fn encode(text: &str) -> String {
+    percent_encoding::utf8_percent_encode(text, percent_encoding::NON_ALPHANUMERIC).to_string()
+}
+
+/// `GET /mcp`: the session's server stream. A policy reload (a new revision) may change
+/// the caller's tools: the stream says `notifications/tools/list_changed`, and the client
+/// lists them again.
+async fn events(call: Call) -> Result<Response, ApiError> {
+    if let Err(refusal) = session_of(&call, &Value::Null) {
+        return Ok(refusal);
+    }
+    let (mut tx, rx) = channel(4);
+    let state = call.state.clone();
+    let session = call.header(SESSION_HEADER).unwrap_or_default().to_string();
+    let owner = call.identity.id.clone();
+    let mut revision = call.catalog().policy.revision.clone();
+    monoio::spawn(async move {
+        loop {
+            monoio::select! {
+                _ = tx.closed() => return,
+                _ = monoio::time::sleep(std::time::Duration::from_millis(500)) => {}
+            }
+            if mcp::session(&session, &owner).is_none() {
+                return;
+            }
+            let now = state.catalog().policy.revision.clone();
+            if now != revision {
+                revision = now;
+                let note = json!({"jsonrpc": "2.0", "method": "notifications/tools/list_changed"});
+                if send(&mut tx, &note).await.is_err() {
+                    return;
+                }
+            }
+        }
+    });
+    Ok(Response::sse(rx))
+}
+
+async fn send(tx: &mut SseSender, message: &Value) -> Result<(), crate::http::sse::StreamClosed> {
+    tx.send("message", message).await
+}
+
+/// `DELETE /mcp`: ends the session.
+async fn end(call: Call) -> Result<Response, ApiError> {
+    let Some(session) = call.header(SESSION_HEADER) else {
+        return Ok(rpc(
+            400,
+            mcp::error(
+                &Value::Null,
+                mcp::INVALID_REQUEST,
+                "Mcp-Session-Id is required",
+            ),
+        ));
+    };
+    if mcp::close_session(session, &call.identity.id) {
+        Ok(Response::ok(&json!({})))
+    } else {
+        Ok(rpc(
+            404,
+            mcp::error(
+                &Value::Null,
+                mcp::INVALID_REQUEST,
+                "unknown or ended MCP session",
+            ),
+        ))
+    }
+}

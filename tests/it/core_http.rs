@@ -780,7 +780,10 @@ fn bad_configuration_exits_2_with_one_line(driver: &'static str) {
     // An unknown flag alone is named as unknown, not as one missing its value.
     let (code, stderr) = Launch::new(driver).arg("--bogus").fail();
     assert_eq!(code, 2);
-    assert_eq!(stderr.trim(), "agent-sandbox: unknown flag --bogus (see --help)");
+    assert_eq!(
+        stderr.trim(),
+        "agent-sandbox: unknown flag --bogus (see --help)"
+    );
     let (code, stderr) = Launch::new(driver)
         .arg("--host")
         .arg("no-such-host.invalid")
@@ -858,7 +861,7 @@ fn base_dir_warnings(server: &Server) -> Vec<String> {
 fn uncreatable_base_dir_is_a_warning(driver: &'static str) {
     let base = std::path::Path::new("/sys/abx-test-base/user");
     let shown = base.to_str().unwrap();
-    let server = Launch::new(driver).base_dir(&base).start();
+    let server = Launch::new(driver).base_dir(base).start();
     assert!(said_at_startup(
         &server,
         &["warning", shown, "cannot be created"]

@@ -180,6 +180,9 @@ impl ApiService {
             .find(|(n, _)| n == "token")
             .map(|(_, v)| v.as_str());
         let spec = &catalog.endpoints[index].spec;
+        // Ambiguous credentials are refused by `authenticate` below; kept empty here.
+        let credentials =
+            super::auth::Credentials::presented(&head.headers, token).unwrap_or_default();
         let admitted = match catalog
             .auth
             .authenticate(&head.headers, token, spec.auth_required)
@@ -203,6 +206,8 @@ impl ApiService {
         let upgraded = super::endpoint::Upgraded {
             query,
             admitted,
+            credentials,
+            endpoint: index,
             state: self.state.clone(),
         };
         Plan::Upgrade(Box::new(move |mut stream, leftover| {

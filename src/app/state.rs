@@ -80,6 +80,9 @@ pub struct AppState {
     catalog: CatalogCell,
     /// What the catalog is compiled from, kept for reloads.
     group_switches: Vec<(Group, bool)>,
+    /// Bumped after each reload that took effect, so connections admitted under an
+    /// older policy (terminal sockets) check themselves again at once.
+    reloaded: crate::process::output::Notify,
 }
 
 /// A thread's handle on one generation of the catalog: cloning it costs no atomic
@@ -230,6 +233,7 @@ impl AppState {
             },
             catalog: CatalogCell::new(catalog),
             group_switches: extras.group_switches,
+            reloaded: Default::default(),
             config,
         })
     }
@@ -273,7 +277,14 @@ impl AppState {
         }
         let revision = catalog.policy.revision.clone();
         self.catalog.replace(catalog);
+        self.reloaded.notify();
         Ok(revision)
+    }
+
+    /// Tells of policy reloads: [`Notify::version`](crate::process::output::Notify)
+    /// changes after each one.
+    pub fn reloads(&self) -> &crate::process::output::Notify {
+        &self.reloaded
     }
 }
 

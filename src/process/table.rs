@@ -93,6 +93,7 @@ impl ProcessTable {
         &self,
         mut slot: Slot<'_>,
         mut child: Child,
+        owner: &str,
         command: String,
         capture: bool,
         timeout: Option<Duration>,
@@ -100,6 +101,7 @@ impl ProcessTable {
         let outputs = Outputs::of(&mut child)?;
         let managed = Arc::new(Managed {
             pid: child.pid(),
+            owner: owner.to_string(),
             command,
             started_at: unix_now(),
             state: Mutex::new(Shared {
@@ -155,6 +157,8 @@ fn unix_now() -> f64 {
 /// One background process.
 pub struct Managed {
     pub pid: i32,
+    /// The caller identity that started it: only that identity may see or touch it.
+    pub owner: String,
     pub command: String,
     /// Unix time of the start, as Python's `time.time()`.
     pub started_at: f64,

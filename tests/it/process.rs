@@ -856,6 +856,117 @@ fn as_pid_1_orphans_are_reaped(driver: &'static str) {
     assert_eq!(zombies_of(server_pid), Vec::<String>::new());
 }
 
+fn processes_belong_to_the_identity_that_started_them(driver: &'static str) {
+    let dir = crate::support::TempDir::new("procowners");
+    let policy = dir.path().join("policy.yaml");
+    std::fs::write(
+        &policy,
+        "identities:\n  - {id: alice, scopes: [\"*\"], token_env: ALICE_TOKEN}\n  - {id: bob, scopes: [\"*\"], token_env: BOB_TOKEN}\n",
+    )
+    .unwrap();
+    let server = Launch::new(driver)
+        .env("ABX_SERVER_POLICY", policy.to_str().unwrap())
+        .env("ALICE_TOKEN", "alice-secret")
+        .env("BOB_TOKEN", "bob-secret")
+        .start();
+    let call = |token: &str, method: &str, path: &str, body: Option<Value>| {
+        let auth = format!("Bearer {token}");
+        let bytes = body.map(|b| b.to_string().into_bytes());
+        let reply = server.request(method, path, &[("Authorization", &auth)], bytes.as_deref());
+        (reply.status, reply.json())
+    };
+    let (status, started) = call(
+        "alice-secret",
+        "POST",
+        "/process/start",
+        Some(json!({"command": "cat", "stdin": true, "capture_output": true})),
+    );
+    assert_eq!(status, 200, "{started}");
+    let pid = started["pid"].as_i64().unwrap();
+
+    let listed = |token: &str| -> Vec<i64> {
+        let (_, body) = call(token, "GET", "/process/list", None);
+        body["processes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|p| p["pid"].as_i64().unwrap())
+            .collect()
+    };
+    assert_eq!(listed("alice-secret"), [pid]);
+    assert_eq!(listed("bob-secret"), Vec::<i64>::new());
+    // Every route of another identity's process answers as for a pid nobody started.
+    let unknown = 999_999_999;
+    for (method, route, body) in [
+        ("GET", "", None),
+        ("POST", "/signal", Some(json!({"signal": 9}))),
+        ("POST", "/stdin", Some(json!({"data": "from bob\n"}))),
+        ("GET", "/output", None),
+    ] {
+        let (status, answer) = call(
+            "bob-secret",
+            method,
+            &format!("/process/{pid}{route}"),
+            body.clone(),
+        );
+        let (_, stranger) = call(
+            "bob-secret",
+            method,
+            &format!("/process/{unknown}{route}"),
+            body,
+        );
+        assert_eq!(status, 404, "{method} {route}: {answer}");
+        assert_eq!(
+            answer["error"]
+                .as_str()
+                .unwrap()
+                .replace(&pid.to_string(), "PID"),
+            stranger["error"]
+                .as_str()
+                .unwrap()
+                .replace(&unknown.to_string(), "PID"),
+            "{method} {route}"
+        );
+    }
+    // Bob's signal and stdin did nothing: the process runs, and got only Alice's input.
+    let (status, row) = call("alice-secret", "GET", &format!("/process/{pid}"), None);
+    assert_eq!(
+        (status, row["state"].clone()),
+        (200, json!("running")),
+        "{row}"
+    );
+    let (status, written) = call(
+        "alice-secret",
+        "POST",
+        &format!("/process/{pid}/stdin"),
+        Some(json!({"data": "from alice\n", "eof": true})),
+    );
+    assert_eq!(
+        (status, written["written"].clone()),
+        (200, json!(11)),
+        "{written}"
+    );
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let output = loop {
+        let (_, out) = call(
+            "alice-secret",
+            "GET",
+            &format!("/process/{pid}/output?wait=1"),
+            None,
+        );
+        if out["state"] == "exited" || Instant::now() > deadline {
+            break out;
+        }
+    };
+    let text: String = output["events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["data"].as_str().unwrap())
+        .collect();
+    assert_eq!(text, "from alice\n", "{output}");
+}
+
 on_both_drivers!(
     as_pid_1_orphans_are_reaped,
     open_streams_cost_no_threads,
@@ -872,4 +983,5 @@ on_both_drivers!(
     output_is_never_lost_between_polls,
     long_polls_return_early_and_never_block_others,
     shutdown_ends_background_processes,
+    processes_belong_to_the_identity_that_started_them,
 );

@@ -56,7 +56,14 @@ pub async fn start(call: Call) -> Result<Response, ApiError> {
     })?;
     let child = spawn_in(&call, argv, &request, cwd, stdin, capture).await?;
     let managed = table
-        .insert(slot, child, request.command.clone(), capture, timeout)
+        .insert(
+            slot,
+            child,
+            &call.identity.id,
+            request.command.clone(),
+            capture,
+            timeout,
+        )
         .map_err(|e| crate::api::errno::os_error(&e, None))?;
     Ok(Response::ok(
         &json!({"pid": managed.pid, "command": managed.command}),
@@ -81,6 +88,7 @@ pub async fn list(call: Call) -> Result<Response, ApiError> {
         .processes
         .list_running()
         .iter()
+        .filter(|m| m.owner == call.identity.id)
         .map(|m| {
             json!({"pid": m.pid, "command": m.command, "state": "running", "started_at": m.started_at})
         })
@@ -89,13 +97,15 @@ pub async fn list(call: Call) -> Result<Response, ApiError> {
 }
 
 /// The row named by the `{pid}` segment: 400 when it is not an integer, 404 when this
-/// server did not start it.
+/// server did not start it, or another identity did (a foreign pid is answered exactly
+/// like an unknown one, so its existence does not show).
 fn row(call: &Call) -> Result<Arc<Managed>, ApiError> {
     let text = call.path_param("pid").unwrap_or_default();
     let pid: i32 = text
         .parse()
         .map_err(|_| ApiError::bad_request(format!("pid must be an integer, not '{text}'")))?;
-    call.services().processes.get(pid).ok_or_else(|| {
+    let owned = |m: &Arc<Managed>| m.owner == call.identity.id;
+    call.services().processes.get(pid).filter(owned).ok_or_else(|| {
         ApiError::new(
             404,
             "ValueError",

@@ -332,7 +332,8 @@ impl Service for ApiService {
             _ => {
                 // The browser's one page and an agent's turn are held for their caller
                 // alone: when the caller hangs up, the work stops.
-                let watch_peer = matches!(endpoint.spec.group, Group::Browser | Group::Agents);
+                let watch_peer = endpoint.spec.watch_peer
+                    || matches!(endpoint.spec.group, Group::Browser | Group::Agents);
                 return Plan::Read {
                     limit,
                     call: accepted,

@@ -365,6 +365,11 @@ impl Endpoint {
         self.spec.also_answers.extend_from_slice(statuses);
         self
     }
+    /// A caller that hangs up drops the handler (see [`EndpointSpec::watch_peer`]).
+    pub fn watch_peer(mut self) -> Self {
+        self.spec.watch_peer = true;
+        self
+    }
     pub fn limit(mut self, name: &str, value: impl Into<Value>) -> Self {
         self.spec.limits.insert(name.to_string(), value.into());
         self

@@ -967,6 +967,79 @@ fn processes_belong_to_the_identity_that_started_them(driver: &'static str) {
     assert_eq!(text, "from alice\n", "{output}");
 }
 
+/// A status line of `/proc/<pid>/status` in KiB (`VmRSS`, `VmHWM`).
+fn status_kib(pid: u32, field: &str) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix(field)?.strip_prefix(':'))
+        .and_then(|v| v.split_whitespace().next()?.parse().ok())
+        .unwrap()
+}
+
+fn stdin_to_a_process_that_never_reads_is_bounded(driver: &'static str) {
+    let server = Server::start(driver);
+    let pid = start(&server, json!({"command": "sleep 600", "stdin": true}));
+    let path = format!("/process/{pid}/stdin");
+    // The pipe takes what fits; the answer says how much, and the eof is not applied.
+    let big = "z".repeat(1024 * 1024);
+    let reply = post(&server, &path, json!({"data": big, "eof": true}));
+    assert_eq!(reply.status, 200, "{}", reply.text());
+    let answer = reply.json();
+    let written = answer["written"].as_u64().unwrap();
+    assert!(
+        written > 0 && written < 1024 * 1024,
+        "a partial write: {answer}"
+    );
+    assert_eq!(answer["closed"], false);
+    // Now nothing fits: a documented refusal, not a hang.
+    let reply = post(&server, &path, json!({"data": "more"}));
+    assert_eq!(reply.status, 503, "{}", reply.text());
+    assert_eq!(reply.json()["code"], "stdin_full");
+    assert!(reply.header("retry-after").is_some());
+
+    // Twenty writers that give up and leave: what they sent is freed, and stdin is
+    // still usable afterwards.
+    let rss = || status_kib(server.child.id(), "VmRSS");
+    let before = rss();
+    let body = json!({"data": "w".repeat(8 * 1024 * 1024)}).to_string();
+    let request = format!(
+        "POST {path} HTTP/1.1\r\nHost: t\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    let leavers: Vec<_> = (0..20)
+        .map(|_| {
+            let addr = server.addr;
+            let request = request.clone();
+            std::thread::spawn(move || {
+                let mut stream = TcpStream::connect(addr).unwrap();
+                stream.write_all(request.as_bytes()).unwrap();
+                std::thread::sleep(Duration::from_millis(200));
+            })
+        })
+        .collect();
+    for leaver in leavers {
+        leaver.join().unwrap();
+    }
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let mut now = rss();
+    while now > before + 48 * 1024 && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(200));
+        now = rss();
+    }
+    assert!(
+        now <= before + 48 * 1024,
+        "20 abandoned writes still hold memory: RSS {before} KiB before, {now} KiB after"
+    );
+    let reply = post(&server, &path, json!({"data": "x"}));
+    assert_eq!(reply.status, 503, "{}", reply.text());
+    post(
+        &server,
+        &format!("/process/{pid}/signal"),
+        json!({"signal": 9}),
+    );
+}
+
 on_both_drivers!(
     as_pid_1_orphans_are_reaped,
     open_streams_cost_no_threads,
@@ -984,4 +1057,5 @@ on_both_drivers!(
     long_polls_return_early_and_never_block_others,
     shutdown_ends_background_processes,
     processes_belong_to_the_identity_that_started_them,
+    stdin_to_a_process_that_never_reads_is_bounded,
 );

@@ -1040,6 +1040,49 @@ fn stdin_to_a_process_that_never_reads_is_bounded(driver: &'static str) {
     );
 }
 
+/// One `/shell` whose output is 64 MiB: the server's peak resident memory grows by
+/// less than three times the output (it used to grow by about 500 MiB).
+fn a_large_shell_output_costs_less_than_three_times_its_size(driver: &'static str) {
+    let server = Server::start(driver);
+    let size: u64 = 64 * 1024 * 1024;
+    // Coloured text, as tools print it: escape characters, quotes and tabs make the
+    // JSON answer 1.6 times the output.
+    let command =
+        format!(r#"bash -c 'yes "$(printf "\033[31mred\033[0m text\t\"q\"")" | head -c {size}'"#);
+    // Warm up the spawn path and the answer path at a small size first.
+    let (status, _) = shell(&server, json!({"command": "echo warm"}));
+    assert_eq!(status, 200);
+    let pid = server.child.id();
+    let before = status_kib(pid, "VmRSS");
+    let reply = post(&server, "/shell", json!({"command": command}));
+    let peak = status_kib(pid, "VmHWM");
+    assert_eq!(reply.status, 200);
+    let answer = reply.json();
+    assert_eq!(answer["stdout"].as_str().unwrap().len() as u64, size);
+    assert!(answer["stdout"]
+        .as_str()
+        .unwrap()
+        .starts_with("\u{1b}[31mred\u{1b}[0m text\t\"q\"\n\u{1b}"));
+    assert_eq!(
+        (answer["stderr"].clone(), answer["exit_code"].clone()),
+        (json!(""), json!(0))
+    );
+    assert!(
+        answer.get("truncated").is_none(),
+        "64 MiB is within the cap"
+    );
+    let growth = peak.saturating_sub(before);
+    eprintln!(
+        "/shell of {} MiB: RSS before {before} KiB, peak {peak} KiB, growth {growth} KiB",
+        size >> 20
+    );
+    assert!(
+        growth < 3 * size / 1024,
+        "peak RSS grew by {growth} KiB for a {} KiB output",
+        size / 1024
+    );
+}
+
 on_both_drivers!(
     as_pid_1_orphans_are_reaped,
     open_streams_cost_no_threads,
@@ -1058,4 +1101,5 @@ on_both_drivers!(
     shutdown_ends_background_processes,
     processes_belong_to_the_identity_that_started_them,
     stdin_to_a_process_that_never_reads_is_bounded,
+    a_large_shell_output_costs_less_than_three_times_its_size,
 );

@@ -207,6 +207,9 @@ pub struct EndpointSpec {
     /// Statuses this endpoint answers besides 200 and the ones every endpoint may
     /// (see [`EndpointSpec::statuses`]).
     pub also_answers: Vec<u16>,
+    /// The engine watches the caller's socket while the handler runs, and a caller
+    /// that hangs up drops the handler (what it holds is freed at once).
+    pub watch_peer: bool,
 }
 
 impl EndpointSpec {
@@ -230,6 +233,7 @@ impl EndpointSpec {
             listener: Listener::Api,
             returns: None,
             also_answers: Vec::new(),
+            watch_peer: false,
         }
     }
 

@@ -66,6 +66,68 @@ pub struct Auth {
     anonymous: Arc<Identity>,
 }
 
+/// The credentials a request presented, kept only as their SHA-256 digests, so a
+/// long-lived connection can be checked again after a policy reload without holding
+/// the tokens themselves.
+#[derive(Debug, Clone, Default)]
+pub struct Credentials {
+    digests: Vec<[u8; 32]>,
+}
+
+impl Credentials {
+    /// `X-Access-Token`, `Authorization: Bearer` and the PTY socket's `?token=`, each
+    /// header at most once with one value (two different values are refused as
+    /// ambiguous).
+    pub fn presented(
+        headers: &[(String, String)],
+        query_token: Option<&str>,
+    ) -> Result<Credentials, ApiError> {
+        let mut access_token: Option<&str> = None;
+        let mut bearer: Option<&str> = None;
+        let mut authorization: Option<&str> = None;
+        for (name, value) in headers {
+            if name == "x-access-token" {
+                match access_token {
+                    Some(seen) if seen != value => {
+                        return Err(ApiError::new(
+                            400,
+                            "AuthError",
+                            "Two different X-Access-Token values in one request; send the token once, or use Authorization: Bearer",
+                        )
+                        .with_code("ambiguous_credentials"));
+                    }
+                    _ => access_token = Some(value),
+                }
+            } else if name == "authorization" {
+                match authorization {
+                    Some(seen) if seen != value => {
+                        return Err(ApiError::new(
+                            400,
+                            "AuthError",
+                            "Two different Authorization headers in one request; send one",
+                        )
+                        .with_code("ambiguous_credentials"));
+                    }
+                    _ => authorization = Some(value),
+                }
+                // Compare bytes: the header may hold any byte, and slicing a str at 7
+                // could cut a multi-byte character.
+                let value = value.trim();
+                if value.len() > 7 && value.as_bytes()[..7].eq_ignore_ascii_case(b"bearer ") {
+                    bearer = value.get(7..).map(str::trim);
+                }
+            }
+        }
+        Ok(Credentials {
+            digests: [access_token, bearer, query_token]
+                .into_iter()
+                .flatten()
+                .map(token_digest)
+                .collect(),
+        })
+    }
+}
+
 /// SHA-256 of a token, as policies store it.
 pub fn token_digest(token: &str) -> [u8; 32] {
     Sha256::digest(token.as_bytes()).into()
@@ -141,55 +203,28 @@ impl Auth {
         query_token: Option<&str>,
         required: bool,
     ) -> Result<Arc<Identity>, ApiError> {
-        if self.holders.is_empty() {
+        if self.holders.is_empty() || !required {
             return Ok(self.anonymous.clone());
         }
-        if !required {
+        self.identify(&Credentials::presented(headers, query_token)?, required)
+    }
+
+    /// The identity `credentials` stand for under these holders (a later policy's, for a
+    /// connection that outlives a reload).
+    pub fn identify(
+        &self,
+        credentials: &Credentials,
+        required: bool,
+    ) -> Result<Arc<Identity>, ApiError> {
+        if self.holders.is_empty() || !required {
             return Ok(self.anonymous.clone());
-        }
-        let mut access_token: Option<&str> = None;
-        let mut bearer: Option<&str> = None;
-        let mut authorization: Option<&str> = None;
-        for (name, value) in headers {
-            if name == "x-access-token" {
-                match access_token {
-                    Some(seen) if seen != value => {
-                        return Err(ApiError::new(
-                            400,
-                            "AuthError",
-                            "Two different X-Access-Token values in one request; send the token once, or use Authorization: Bearer",
-                        )
-                        .with_code("ambiguous_credentials"));
-                    }
-                    _ => access_token = Some(value),
-                }
-            } else if name == "authorization" {
-                match authorization {
-                    Some(seen) if seen != value => {
-                        return Err(ApiError::new(
-                            400,
-                            "AuthError",
-                            "Two different Authorization headers in one request; send one",
-                        )
-                        .with_code("ambiguous_credentials"));
-                    }
-                    _ => authorization = Some(value),
-                }
-                // Compare bytes: the header may hold any byte, and slicing a str at 7
-                // could cut a multi-byte character.
-                let value = value.trim();
-                if value.len() > 7 && value.as_bytes()[..7].eq_ignore_ascii_case(b"bearer ") {
-                    bearer = value.get(7..).map(str::trim);
-                }
-            }
         }
         let mut accepted: Option<&Arc<Identity>> = None;
         // Evaluate every candidate against every holder so the time taken does not
         // depend on which one matched.
-        for candidate in [access_token, bearer, query_token].into_iter().flatten() {
-            let digest = token_digest(candidate);
+        for digest in &credentials.digests {
             for holder in &self.holders {
-                if self.matches(&holder.tag, &digest) && accepted.is_none() {
+                if self.matches(&holder.tag, digest) && accepted.is_none() {
                     accepted = Some(&holder.identity);
                 }
             }

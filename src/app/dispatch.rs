@@ -188,6 +188,9 @@ impl ApiService {
             .map(|(_, v)| v.as_str());
         let spec = &catalog.endpoints[index].spec;
         let cross_origin = cross_origin_refusal(head, &catalog.policy.allow_origins);
+        // Ambiguous credentials are refused by `authenticate` below; kept empty here.
+        let credentials =
+            super::auth::Credentials::presented(&head.headers, token).unwrap_or_default();
         let admitted = match catalog
             .auth
             .authenticate(&head.headers, token, spec.auth_required)
@@ -216,6 +219,8 @@ impl ApiService {
         let upgraded = super::endpoint::Upgraded {
             query,
             admitted,
+            credentials,
+            endpoint: index,
             state: self.state.clone(),
         };
         Plan::Upgrade(Box::new(move |mut stream, leftover| {
@@ -340,7 +345,8 @@ impl Service for ApiService {
             _ => {
                 // The browser's one page and an agent's turn are held for their caller
                 // alone: when the caller hangs up, the work stops.
-                let watch_peer = matches!(endpoint.spec.group, Group::Browser | Group::Agents);
+                let watch_peer = endpoint.spec.watch_peer
+                    || matches!(endpoint.spec.group, Group::Browser | Group::Agents);
                 return Plan::Read {
                     limit,
                     call: accepted,

@@ -174,6 +174,10 @@ where
 pub struct Upgraded {
     pub query: Vec<(String, String)>,
     pub admitted: Result<Arc<Identity>, Refusal>,
+    /// What the client presented, to admit it again after a policy reload.
+    pub(crate) credentials: super::auth::Credentials,
+    /// The endpoint's index in the catalog (stable across reloads).
+    pub(crate) endpoint: usize,
     pub(crate) state: Arc<super::state::AppState>,
 }
 
@@ -188,6 +192,43 @@ impl Upgraded {
 
     pub fn services(&self) -> &Services {
         &self.state.services
+    }
+
+    /// The policy reloads seen so far; [`Upgraded::reloaded`] waits for the next.
+    pub fn reload_version(&self) -> u64 {
+        self.state.reloads().version()
+    }
+
+    /// Resolves once a policy reload happened after `seen` (from
+    /// [`Upgraded::reload_version`]).
+    pub async fn reloaded(&self, seen: u64) {
+        self.state.reloads().changed(seen).await
+    }
+
+    /// Admits the connection again under the current policy: the same identity must
+    /// still present valid credentials and still be allowed this endpoint. A revoked
+    /// identity (or token) is a 4001 refusal; a disabled endpoint or a lost scope, 4003.
+    pub fn readmit(&self) -> Result<Arc<Identity>, Refusal> {
+        let catalog = self.state.catalog();
+        let before = self.admitted.as_ref().map_err(Clone::clone)?;
+        let required = catalog.endpoints[self.endpoint].spec.auth_required;
+        let identity = match catalog.auth.identify(&self.credentials, required) {
+            Ok(identity) if identity.id == before.id => identity,
+            _ => {
+                return Err(Refusal {
+                    close_code: 4001,
+                    reason: "unauthorized: the credentials were revoked".into(),
+                })
+            }
+        };
+        let access = catalog.access(self.endpoint, &identity);
+        if !access.allowed {
+            return Err(Refusal {
+                close_code: 4003,
+                reason: access.reason.unwrap_or_else(|| "endpoint disabled".into()),
+            });
+        }
+        Ok(identity)
     }
 }
 
@@ -322,6 +363,11 @@ impl Endpoint {
     /// Statuses this endpoint answers besides 200 and the dispatcher's refusals.
     pub fn also_answers(mut self, statuses: &[u16]) -> Self {
         self.spec.also_answers.extend_from_slice(statuses);
+        self
+    }
+    /// A caller that hangs up drops the handler (see [`EndpointSpec::watch_peer`]).
+    pub fn watch_peer(mut self) -> Self {
+        self.spec.watch_peer = true;
         self
     }
     pub fn limit(mut self, name: &str, value: impl Into<Value>) -> Self {

@@ -82,6 +82,9 @@ pub struct AppState {
     catalog: CatalogCell,
     /// What the catalog is compiled from, kept for reloads.
     group_switches: Vec<(Group, bool)>,
+    /// Bumped after each reload that took effect, so connections admitted under an
+    /// older policy (terminal sockets) check themselves again at once.
+    reloaded: crate::process::output::Notify,
 }
 
 /// A thread's handle on one generation of the catalog: cloning it costs no atomic
@@ -233,6 +236,7 @@ impl AppState {
             },
             catalog: CatalogCell::new(catalog),
             group_switches: extras.group_switches,
+            reloaded: Default::default(),
             config,
         })
     }
@@ -288,7 +292,14 @@ impl AppState {
         self.services.environment.hide(&token_vars);
         let revision = catalog.policy.revision.clone();
         self.catalog.replace(catalog);
+        self.reloaded.notify();
         Ok(revision)
+    }
+
+    /// Tells of policy reloads: [`Notify::version`](crate::process::output::Notify)
+    /// changes after each one.
+    pub fn reloads(&self) -> &crate::process::output::Notify {
+        &self.reloaded
     }
 }
 

@@ -67,6 +67,24 @@ pub enum WatchEnd {
 struct Snapshot {
     entries: BTreeMap<String, EntryState>,
     truncated: bool,
+    /// When the cap stopped the scan: the last entry it tracked. Entries after it in
+    /// walk order were not looked at, so their absence says nothing.
+    horizon: Option<String>,
+}
+
+impl Snapshot {
+    /// Whether this scan looked at `name` (it is at or before the horizon).
+    fn covers(&self, name: &str) -> bool {
+        self.horizon
+            .as_deref()
+            .is_none_or(|horizon| walk_order(name, horizon) != std::cmp::Ordering::Greater)
+    }
+}
+
+/// The order the walk visits entries in: sorted names, each directory's subtree right
+/// after it (`a`, `a/x`, `a-b`), which is the order of the paths' components.
+fn walk_order(a: &str, b: &str) -> std::cmp::Ordering {
+    a.split('/').cmp(b.split('/'))
 }
 
 /// A running watch.
@@ -166,7 +184,9 @@ impl Watcher {
         let mut changes = diff(&self.snapshot, &next);
         if next.truncated && !self.warned_truncated {
             self.warned_truncated = true;
-            changes.push(Change::Overflow);
+            // First, so a client knows before any other event of this scan that what
+            // follows is no longer the whole tree.
+            changes.insert(0, Change::Overflow);
         }
         self.snapshot = next;
         Ok(changes)
@@ -182,17 +202,22 @@ impl Watcher {
     }
 }
 
+/// What changed between two scans. Past the cap a scan covers only the entries up to
+/// its horizon: an entry the new scan did not reach has left tracking, not the disk,
+/// and one the old scan did not reach is newly tracked, not new. Only entries both
+/// scans looked at are compared.
 fn diff(before: &Snapshot, after: &Snapshot) -> Vec<Change> {
     let mut changes = Vec::new();
     for (name, entry) in &before.entries {
         match after.entries.get(name) {
-            None => changes.push(Change::Deleted(name.clone(), entry.kind)),
+            None if after.covers(name) => changes.push(Change::Deleted(name.clone(), entry.kind)),
+            None => {}
             Some(now) if now != entry => changes.push(Change::Modified(name.clone(), now.clone())),
             Some(_) => {}
         }
     }
     for (name, entry) in &after.entries {
-        if !before.entries.contains_key(name) {
+        if !before.entries.contains_key(name) && before.covers(name) {
             changes.push(Change::Created(name.clone(), entry.clone()));
         }
     }
@@ -217,6 +242,7 @@ async fn rescan(
         let mut scanner = Scanner {
             snapshot: Snapshot::default(),
             inotify: inotify.as_deref(),
+            last: None,
         };
         let rules = Rules {
             max_depth: if recursive { walk::MAX_TREE_DEPTH } else { 0 },
@@ -233,19 +259,24 @@ async fn rescan(
 struct Scanner<'a> {
     snapshot: Snapshot,
     inotify: Option<&'a Inotify>,
+    /// The entry tracked last, which becomes the horizon if the cap is reached.
+    last: Option<String>,
 }
 
 impl Visitor for Scanner<'_> {
     fn visit(&mut self, entry: &Entry<'_>) -> io::Result<Visit> {
         if self.snapshot.entries.len() >= MAX_TRACKED {
             self.snapshot.truncated = true;
+            self.snapshot.horizon = self.last.take();
             return Ok(Visit::Stop);
         }
         let Ok(stat) = entry.lstat() else {
             return Ok(Visit::Skip);
         };
+        let rel = entry.rel().into_owned();
+        self.last = Some(rel.clone());
         self.snapshot.entries.insert(
-            entry.rel().into_owned(),
+            rel,
             EntryState {
                 kind: entry.kind,
                 size: stat.st_size as u64,
@@ -282,5 +313,56 @@ impl Visitor for Scanner<'_> {
             self.snapshot.truncated = true;
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn file(size: u64) -> EntryState {
+        EntryState {
+            kind: Kind::File,
+            size,
+            mtime: (0, 0),
+        }
+    }
+
+    fn snapshot(names: &[&str], horizon: Option<&str>) -> Snapshot {
+        Snapshot {
+            entries: names.iter().map(|n| (n.to_string(), file(1))).collect(),
+            truncated: horizon.is_some(),
+            horizon: horizon.map(str::to_string),
+        }
+    }
+
+    #[test]
+    fn walk_order_puts_a_subtree_right_after_its_directory() {
+        let mut names = vec!["a-b", "a/x", "a", "b", "a/x/y", "a/z"];
+        names.sort_by(|a, b| walk_order(a, b));
+        assert_eq!(names, ["a", "a/x", "a/x/y", "a/z", "a-b", "b"]);
+    }
+
+    #[test]
+    fn entries_past_the_horizon_are_neither_deleted_nor_created() {
+        let before = snapshot(&["a", "b", "c", "d"], None);
+        // A new entry early in the order pushed `c` and `d` out of tracking.
+        let after = snapshot(&["a", "a/new", "b"], Some("b"));
+        assert_eq!(
+            diff(&before, &after),
+            [Change::Created("a/new".into(), file(1))]
+        );
+        // Back: `a/new` removed, `c` is tracked again, and is not new.
+        let later = snapshot(&["a", "b", "c"], Some("c"));
+        assert_eq!(
+            diff(&after, &later),
+            [Change::Deleted("a/new".into(), Kind::File)]
+        );
+        // A deletion the scan did look at is still one.
+        let gone = snapshot(&["b", "c", "d"], Some("d"));
+        assert_eq!(
+            diff(&later, &gone),
+            [Change::Deleted("a".into(), Kind::File)]
+        );
     }
 }

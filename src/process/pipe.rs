@@ -171,6 +171,45 @@ pub async fn write_all(fd: &OwnedFd, data: &[u8]) -> (usize, io::Result<()>) {
     (written, Ok(()))
 }
 
+/// Like [`write_all`], but gives up once `deadline` passes with the pipe still full:
+/// the error is then `TimedOut`, with the bytes written before it.
+pub async fn write_all_until(
+    fd: &OwnedFd,
+    data: &[u8],
+    deadline: std::time::Instant,
+) -> (usize, io::Result<()>) {
+    let mut written = 0;
+    let mut ready: Option<Readiness> = None;
+    while written < data.len() {
+        match rustix::io::write(fd, &data[written..]) {
+            Ok(n) => written += n,
+            Err(Errno::AGAIN) => {
+                if ready.is_none() {
+                    match Readiness::new(fd.as_fd()) {
+                        Ok(r) => ready = Some(r),
+                        Err(e) => return (written, Err(e)),
+                    }
+                }
+                let Some(r) = &ready else { continue };
+                let left = deadline.saturating_duration_since(std::time::Instant::now());
+                let timed_out = monoio::select! {
+                    writable = r.writable() => match writable {
+                        Ok(()) => false,
+                        Err(e) => return (written, Err(e)),
+                    },
+                    _ = monoio::time::sleep(left) => true,
+                };
+                if timed_out {
+                    return (written, Err(io::ErrorKind::TimedOut.into()));
+                }
+            }
+            Err(Errno::INTR) => {}
+            Err(e) => return (written, Err(e.into())),
+        }
+    }
+    (written, Ok(()))
+}
+
 /// Turns bytes into text the way Python's `decode(errors="replace")` does, one piece at
 /// a time: a multi-byte character split across two reads comes out whole, not as two
 /// replacement characters.

@@ -101,6 +101,7 @@ impl ProcessTable {
         &self,
         mut slot: Slot<'_>,
         mut child: Child,
+        owner: &str,
         command: String,
         capture: bool,
         timeout: Option<Duration>,
@@ -108,6 +109,7 @@ impl ProcessTable {
         let outputs = Outputs::of(&mut child)?;
         let managed = Arc::new(Managed {
             pid: child.pid(),
+            owner: owner.to_string(),
             command,
             started_at: unix_now(),
             state: Mutex::new(Shared {
@@ -171,6 +173,8 @@ fn unix_now() -> f64 {
 /// One background process.
 pub struct Managed {
     pub pid: i32,
+    /// The caller identity that started it: only that identity may see or touch it.
+    pub owner: String,
     pub command: String,
     /// Unix time of the start, as Python's `time.time()`.
     pub started_at: f64,
@@ -203,6 +207,11 @@ pub enum StdinError {
     NotEnabled,
     /// Closed by an earlier `eof`, or the process stopped reading (it exited).
     Closed,
+    /// Nothing could be written within the wait: the pipe stayed full (the process
+    /// reads nothing), or another request's write held stdin all along.
+    Full {
+        busy: bool,
+    },
     Io(io::Error),
 }
 
@@ -271,8 +280,17 @@ impl Managed {
     }
 
     /// Writes `data` to the process's stdin, then closes it when `eof`. Writes from
-    /// concurrent requests are kept whole: each waits for the one before it.
-    pub async fn write_stdin(&self, data: &[u8], eof: bool) -> Result<StdinWritten, StdinError> {
+    /// concurrent requests are kept whole: each waits for the one before it. The whole
+    /// call waits at most `wait`: a process that does not read would otherwise hold the
+    /// request, and its data, forever. What was written by then is the answer (without
+    /// the `eof`); nothing at all is [`StdinError::Full`].
+    pub async fn write_stdin(
+        &self,
+        data: &[u8],
+        eof: bool,
+        wait: Duration,
+    ) -> Result<StdinWritten, StdinError> {
+        let deadline = Instant::now() + wait;
         let fd = loop {
             let seen = self.changed.version();
             {
@@ -290,17 +308,28 @@ impl Managed {
                     }
                 }
             }
-            self.changed.changed(seen).await;
+            let left = deadline.saturating_duration_since(Instant::now());
+            monoio::select! {
+                _ = self.changed.changed(seen) => {},
+                _ = monoio::time::sleep(left) => return Err(StdinError::Full { busy: true }),
+            }
         };
         let mut lease = StdinLease {
             managed: self,
             fd: Some(fd),
         };
         let (written, result) = match lease.fd.as_ref() {
-            Some(fd) => super::pipe::write_all(fd, data).await,
+            Some(fd) => super::pipe::write_all_until(fd, data, deadline).await,
             None => (0, Ok(())),
         };
         match result {
+            Err(e) if e.kind() == io::ErrorKind::TimedOut && written == 0 => {
+                Err(StdinError::Full { busy: false })
+            }
+            Err(e) if e.kind() == io::ErrorKind::TimedOut => Ok(StdinWritten {
+                written,
+                closed: false,
+            }),
             Ok(()) if eof => {
                 lease.close();
                 Ok(StdinWritten {

@@ -55,6 +55,8 @@ pub const STRIPPED_VARS: [&str; 3] = ["LD_PRELOAD", "LD_LIBRARY_PATH", "DYLD_INS
 /// One terminal session.
 pub struct Session {
     pub id: String,
+    /// The caller identity that created it: the only one that may see or use it.
+    pub owner: String,
     pub pid: i32,
     /// Unix time of creation.
     pub created_at: f64,
@@ -156,6 +158,8 @@ impl Session {
 
 /// What `create` needs.
 pub struct NewSession {
+    /// The identity creating it.
+    pub owner: String,
     pub shell: String,
     pub cols: u16,
     pub rows: u16,
@@ -226,6 +230,7 @@ impl Sessions {
             };
             let session = Arc::new(Session {
                 id: id.clone(),
+                owner: request.owner,
                 pid: child.pid(),
                 created_at,
                 master,
@@ -245,21 +250,36 @@ impl Sessions {
         Ok(session)
     }
 
-    pub fn get(&self, id: &str) -> Option<Arc<Session>> {
-        lock(&self.table).get(id).cloned()
+    /// `owner`'s session `id`. Another identity's session is not found, exactly like an
+    /// unknown id, so ids cannot be probed across identities.
+    pub fn get(&self, id: &str, owner: &str) -> Option<Arc<Session>> {
+        lock(&self.table)
+            .get(id)
+            .filter(|s| s.owner == owner)
+            .cloned()
     }
 
-    /// Every session, oldest first.
-    pub fn list(&self) -> Vec<Arc<Session>> {
-        let mut sessions: Vec<Arc<Session>> = lock(&self.table).values().cloned().collect();
+    /// `owner`'s sessions, oldest first.
+    pub fn list(&self, owner: &str) -> Vec<Arc<Session>> {
+        let mut sessions: Vec<Arc<Session>> = lock(&self.table)
+            .values()
+            .filter(|s| s.owner == owner)
+            .cloned()
+            .collect();
         sessions.sort_by(|a, b| a.created_at.total_cmp(&b.created_at));
         sessions
     }
 
-    /// Removes a session; the caller kills its processes ([`Session::kill`], off the
-    /// event loop). Its sockets are told at once.
-    pub fn remove(&self, id: &str) -> Option<Arc<Session>> {
-        let removed = lock(&self.table).remove(id);
+    /// Removes `owner`'s session `id`; the caller kills its processes
+    /// ([`Session::kill`], off the event loop). Its sockets are told at once.
+    pub fn remove(&self, id: &str, owner: &str) -> Option<Arc<Session>> {
+        let removed = {
+            let mut table = lock(&self.table);
+            match table.get(id) {
+                Some(s) if s.owner == owner => table.remove(id),
+                _ => None,
+            }
+        };
         if let Some(session) = &removed {
             session.changed.notify();
         }

@@ -987,3 +987,126 @@ fn codex_calls_a_sandbox_tool_through_mcp() {
     );
     assert_eq!(output_text(&response), "done");
 }
+/// The server's `VmRSS` or `VmHWM` in KiB.
+fn status_kib(pid: u32, field: &str) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix(field)?.strip_prefix(':'))
+        .and_then(|v| v.split_whitespace().next()?.parse().ok())
+        .unwrap()
+}
+
+/// Conversations alone reach the store's caps (no turn runs): per identity, in bytes
+/// (429) and per object (413), in OpenAI's envelope, and memory stays bounded by them
+/// (40 requests of 9 MB reached 449 MB before; listings copied every item).
+fn the_store_caps_each_identity(driver: &'static str) {
+    let home = TempDir::new("agents-caps");
+    let policy = home.path().join("policy.yaml");
+    std::fs::write(
+        &policy,
+        "groups: {agents: true}\nidentities:\n  - {id: alice, scopes: [\"*\"], token_env: ALICE_TOKEN}\n  - {id: bob, scopes: [\"*\"], token_env: BOB_TOKEN}\n",
+    )
+    .unwrap();
+    let server = Launch::new(driver)
+        .env("ABX_SERVER_POLICY", policy.to_str().unwrap())
+        .env("ALICE_TOKEN", "alice-secret")
+        .env("BOB_TOKEN", "bob-secret")
+        .start();
+    let as_user = |token: &str, method: &str, path: &str, body: Option<&[u8]>| {
+        let auth = format!("Bearer {token}");
+        let reply = server.request(method, path, &[("Authorization", &auth)], body);
+        assert_eq!(reply.header("x-agent-sandbox-local"), Some("1"), "{path}");
+        (reply.status, reply.json())
+    };
+    // Twenty items of 450 KiB: a 9 MB body.
+    let text = "t".repeat(450 * 1024);
+    let items: Vec<Value> = (0..20)
+        .map(|_| json!({"role": "user", "content": text}))
+        .collect();
+    let body = json!({ "items": items }).to_string().into_bytes();
+    let pid = server.child.id();
+    let before = status_kib(pid, "VmRSS");
+    let mut kept = Vec::new();
+    let mut refused = None;
+    for _ in 0..40 {
+        let (status, answer) = as_user("alice-secret", "POST", "/v1/conversations", Some(&body));
+        match status {
+            200 => kept.push(answer["id"].as_str().unwrap().to_string()),
+            429 => refused = Some(answer),
+            other => panic!("{other}: {answer}"),
+        }
+    }
+    let refused = refused.expect("the 64 MiB share was never reached");
+    assert_eq!(kept.len(), 7, "7 conversations of 9 MB fit in 64 MiB");
+    assert_eq!(refused["error"]["type"], "rate_limit_error", "{refused}");
+    assert_eq!(refused["error"]["code"], "agents_store_quota_exceeded");
+    assert!(refused["error"]["message"]
+        .as_str()
+        .unwrap()
+        .contains("64 MiB"));
+    // Bob's share is his own.
+    let (status, answer) = as_user("bob-secret", "POST", "/v1/conversations", Some(&body));
+    assert_eq!(status, 200, "{answer}");
+    // One conversation may not grow past 16 MiB.
+    let more = json!({ "items": items }).to_string().into_bytes();
+    let (status, answer) = as_user(
+        "alice-secret",
+        "POST",
+        &format!("/v1/conversations/{}/items", kept[0]),
+        Some(&more),
+    );
+    assert_eq!(status, 413, "{answer}");
+    assert_eq!(answer["error"]["code"], "agents_object_too_large");
+    assert_eq!(answer["error"]["type"], "invalid_request_error");
+    let (_, listed) = as_user(
+        "alice-secret",
+        "GET",
+        &format!("/v1/conversations/{}/items?limit=100", kept[0]),
+        None,
+    );
+    assert_eq!(
+        listed["data"].as_array().unwrap().len(),
+        20,
+        "nothing was added"
+    );
+    // Listings, eight at once, copy only their page.
+    let lists: Vec<_> = (0..8)
+        .map(|i| {
+            let addr = server.addr;
+            let path = format!("/v1/conversations/{}/items?limit=2", kept[i % kept.len()]);
+            std::thread::spawn(move || {
+                crate::support::request_at(
+                    addr,
+                    "GET",
+                    &path,
+                    &[("Authorization", "Bearer alice-secret")],
+                    None,
+                )
+                .status
+            })
+        })
+        .collect();
+    for list in lists {
+        assert_eq!(list.join().unwrap(), 200);
+    }
+    let peak = status_kib(pid, "VmHWM");
+    let growth = peak.saturating_sub(before);
+    eprintln!("agents store: RSS before {before} KiB, peak {peak} KiB, growth {growth} KiB");
+    assert!(
+        growth < 256 * 1024,
+        "peak RSS grew by {growth} KiB with 128 MiB of shares in use"
+    );
+    // Deleting makes room again.
+    let (status, _) = as_user(
+        "alice-secret",
+        "DELETE",
+        &format!("/v1/conversations/{}", kept[1]),
+        None,
+    );
+    assert_eq!(status, 200);
+    let (status, answer) = as_user("alice-secret", "POST", "/v1/conversations", Some(&body));
+    assert_eq!(status, 200, "{answer}");
+}
+
+crate::on_both_drivers!(the_store_caps_each_identity);

@@ -1721,6 +1721,71 @@ fn archive_never_carries_a_link_swapped_outside(driver: &'static str) {
     assert!(with_link > 0, "the race never showed the inside link");
 }
 
+/// Past the 5,000-entry cap a watch tracks only part of the tree: entries that drop out
+/// of tracking are never reported `deleted` (nor `created` when they come back), the
+/// `overflow` event comes before the other events of its scan, and a real deletion the
+/// watch still covers is still reported.
+fn watch_past_its_cap_reports_no_false_deletions(driver: &'static str) {
+    let server = Server::start(driver);
+    let b = server.base_dir().to_path_buf();
+    let tree = b.join("tree");
+    std::fs::create_dir_all(tree.join("files")).unwrap();
+    for i in 0..4980 {
+        std::fs::write(tree.join(format!("files/f{i:04}")), b"").unwrap();
+    }
+    // Directories that sort last: the ones a capped scan no longer reaches.
+    for i in 0..10 {
+        std::fs::create_dir(tree.join(format!("zz-dir-{i}"))).unwrap();
+    }
+    // 4,991 entries: tracked whole.
+    let mut reader = open_watch(&server, "path=tree&recursive=true&interval=0.2&timeout=6");
+    // Fifty more arrive at once (a rename), sorting before the `zz-dir-*`.
+    let staging = b.join("staging");
+    std::fs::create_dir(&staging).unwrap();
+    for i in 0..50 {
+        std::fs::write(staging.join(format!("g{i:04}")), b"").unwrap();
+    }
+    std::fs::rename(&staging, tree.join("g-dir")).unwrap();
+    std::thread::sleep(Duration::from_millis(1500));
+    // A real deletion inside the tracked part.
+    std::fs::remove_file(tree.join("files/f0000")).unwrap();
+    let mut events = Vec::new();
+    loop {
+        let (name, data) = read_event(&mut reader);
+        if name == "timeout" {
+            break;
+        }
+        events.push((name, data));
+    }
+    let names: Vec<String> = events
+        .iter()
+        .map(|(n, d)| format!("{n} {}", d["name"].as_str().unwrap_or("")))
+        .collect();
+    assert_eq!(
+        events.first().map(|e| e.0.as_str()),
+        Some("overflow"),
+        "overflow first: {names:?}"
+    );
+    assert_eq!(events[0].1["tracked"], 5000);
+    let deleted: Vec<&String> = names.iter().filter(|n| n.starts_with("deleted")).collect();
+    assert_eq!(deleted, ["deleted files/f0000"], "{names:?}");
+    assert!(
+        names.iter().any(|n| n == "created g-dir"),
+        "the new directory is reported: {names:?}"
+    );
+    // Only entries that really are new are `created`: files/f* and zz-dir-* existed.
+    let created_old = names
+        .iter()
+        .filter(|n| n.starts_with("created files/") || n.starts_with("created zz-"))
+        .count();
+    assert_eq!(created_old, 0, "{names:?}");
+    assert_eq!(
+        names.iter().filter(|n| *n == "overflow ").count(),
+        1,
+        "{names:?}"
+    );
+}
+
 on_both_drivers!(
     open_watches_hold_no_pool_threads,
     archive_never_carries_a_link_swapped_outside,
@@ -1750,4 +1815,5 @@ on_both_drivers!(
     watch_reports_create_modify_delete,
     watch_times_out_and_validates,
     python_reference_gives_the_same_answers,
+    watch_past_its_cap_reports_no_false_deletions,
 );

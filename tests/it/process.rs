@@ -1015,6 +1015,233 @@ fn as_pid_1_orphans_are_reaped(driver: &'static str) {
     assert_eq!(zombies_of(server_pid), Vec::<String>::new());
 }
 
+fn processes_belong_to_the_identity_that_started_them(driver: &'static str) {
+    let dir = crate::support::TempDir::new("procowners");
+    let policy = dir.path().join("policy.yaml");
+    std::fs::write(
+        &policy,
+        "identities:\n  - {id: alice, scopes: [\"*\"], token_env: ALICE_TOKEN}\n  - {id: bob, scopes: [\"*\"], token_env: BOB_TOKEN}\n",
+    )
+    .unwrap();
+    let server = Launch::new(driver)
+        .env("ABX_SERVER_POLICY", policy.to_str().unwrap())
+        .env("ALICE_TOKEN", "alice-secret")
+        .env("BOB_TOKEN", "bob-secret")
+        .start();
+    let call = |token: &str, method: &str, path: &str, body: Option<Value>| {
+        let auth = format!("Bearer {token}");
+        let bytes = body.map(|b| b.to_string().into_bytes());
+        let reply = server.request(method, path, &[("Authorization", &auth)], bytes.as_deref());
+        (reply.status, reply.json())
+    };
+    let (status, started) = call(
+        "alice-secret",
+        "POST",
+        "/process/start",
+        Some(json!({"command": "cat", "stdin": true, "capture_output": true})),
+    );
+    assert_eq!(status, 200, "{started}");
+    let pid = started["pid"].as_i64().unwrap();
+
+    let listed = |token: &str| -> Vec<i64> {
+        let (_, body) = call(token, "GET", "/process/list", None);
+        body["processes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|p| p["pid"].as_i64().unwrap())
+            .collect()
+    };
+    assert_eq!(listed("alice-secret"), [pid]);
+    assert_eq!(listed("bob-secret"), Vec::<i64>::new());
+    // Every route of another identity's process answers as for a pid nobody started.
+    let unknown = 999_999_999;
+    for (method, route, body) in [
+        ("GET", "", None),
+        ("POST", "/signal", Some(json!({"signal": 9}))),
+        ("POST", "/stdin", Some(json!({"data": "from bob\n"}))),
+        ("GET", "/output", None),
+    ] {
+        let (status, answer) = call(
+            "bob-secret",
+            method,
+            &format!("/process/{pid}{route}"),
+            body.clone(),
+        );
+        let (_, stranger) = call(
+            "bob-secret",
+            method,
+            &format!("/process/{unknown}{route}"),
+            body,
+        );
+        assert_eq!(status, 404, "{method} {route}: {answer}");
+        assert_eq!(
+            answer["error"]
+                .as_str()
+                .unwrap()
+                .replace(&pid.to_string(), "PID"),
+            stranger["error"]
+                .as_str()
+                .unwrap()
+                .replace(&unknown.to_string(), "PID"),
+            "{method} {route}"
+        );
+    }
+    // Bob's signal and stdin did nothing: the process runs, and got only Alice's input.
+    let (status, row) = call("alice-secret", "GET", &format!("/process/{pid}"), None);
+    assert_eq!(
+        (status, row["state"].clone()),
+        (200, json!("running")),
+        "{row}"
+    );
+    let (status, written) = call(
+        "alice-secret",
+        "POST",
+        &format!("/process/{pid}/stdin"),
+        Some(json!({"data": "from alice\n", "eof": true})),
+    );
+    assert_eq!(
+        (status, written["written"].clone()),
+        (200, json!(11)),
+        "{written}"
+    );
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let output = loop {
+        let (_, out) = call(
+            "alice-secret",
+            "GET",
+            &format!("/process/{pid}/output?wait=1"),
+            None,
+        );
+        if out["state"] == "exited" || Instant::now() > deadline {
+            break out;
+        }
+    };
+    let text: String = output["events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["data"].as_str().unwrap())
+        .collect();
+    assert_eq!(text, "from alice\n", "{output}");
+}
+
+/// A status line of `/proc/<pid>/status` in KiB (`VmRSS`, `VmHWM`).
+fn status_kib(pid: u32, field: &str) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix(field)?.strip_prefix(':'))
+        .and_then(|v| v.split_whitespace().next()?.parse().ok())
+        .unwrap()
+}
+
+fn stdin_to_a_process_that_never_reads_is_bounded(driver: &'static str) {
+    let server = Server::start(driver);
+    let pid = start(&server, json!({"command": "sleep 600", "stdin": true}));
+    let path = format!("/process/{pid}/stdin");
+    // The pipe takes what fits; the answer says how much, and the eof is not applied.
+    let big = "z".repeat(1024 * 1024);
+    let reply = post(&server, &path, json!({"data": big, "eof": true}));
+    assert_eq!(reply.status, 200, "{}", reply.text());
+    let answer = reply.json();
+    let written = answer["written"].as_u64().unwrap();
+    assert!(
+        written > 0 && written < 1024 * 1024,
+        "a partial write: {answer}"
+    );
+    assert_eq!(answer["closed"], false);
+    // Now nothing fits: a documented refusal, not a hang.
+    let reply = post(&server, &path, json!({"data": "more"}));
+    assert_eq!(reply.status, 503, "{}", reply.text());
+    assert_eq!(reply.json()["code"], "stdin_full");
+    assert!(reply.header("retry-after").is_some());
+
+    // Twenty writers that give up and leave: what they sent is freed, and stdin is
+    // still usable afterwards.
+    let rss = || status_kib(server.child.id(), "VmRSS");
+    let before = rss();
+    let body = json!({"data": "w".repeat(8 * 1024 * 1024)}).to_string();
+    let request = format!(
+        "POST {path} HTTP/1.1\r\nHost: t\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    let leavers: Vec<_> = (0..20)
+        .map(|_| {
+            let addr = server.addr;
+            let request = request.clone();
+            std::thread::spawn(move || {
+                let mut stream = TcpStream::connect(addr).unwrap();
+                stream.write_all(request.as_bytes()).unwrap();
+                std::thread::sleep(Duration::from_millis(200));
+            })
+        })
+        .collect();
+    for leaver in leavers {
+        leaver.join().unwrap();
+    }
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let mut now = rss();
+    while now > before + 48 * 1024 && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(200));
+        now = rss();
+    }
+    assert!(
+        now <= before + 48 * 1024,
+        "20 abandoned writes still hold memory: RSS {before} KiB before, {now} KiB after"
+    );
+    let reply = post(&server, &path, json!({"data": "x"}));
+    assert_eq!(reply.status, 503, "{}", reply.text());
+    post(
+        &server,
+        &format!("/process/{pid}/signal"),
+        json!({"signal": 9}),
+    );
+}
+
+/// One `/shell` whose output is 64 MiB: the server's peak resident memory grows by
+/// less than three times the output (it used to grow by about 500 MiB).
+fn a_large_shell_output_costs_less_than_three_times_its_size(driver: &'static str) {
+    let server = Server::start(driver);
+    let size: u64 = 64 * 1024 * 1024;
+    // Coloured text, as tools print it: escape characters, quotes and tabs make the
+    // JSON answer 1.6 times the output.
+    let command =
+        format!(r#"bash -c 'yes "$(printf "\033[31mred\033[0m text\t\"q\"")" | head -c {size}'"#);
+    // Warm up the spawn path and the answer path at a small size first.
+    let (status, _) = shell(&server, json!({"command": "echo warm"}));
+    assert_eq!(status, 200);
+    let pid = server.child.id();
+    let before = status_kib(pid, "VmRSS");
+    let reply = post(&server, "/shell", json!({"command": command}));
+    let peak = status_kib(pid, "VmHWM");
+    assert_eq!(reply.status, 200);
+    let answer = reply.json();
+    assert_eq!(answer["stdout"].as_str().unwrap().len() as u64, size);
+    assert!(answer["stdout"]
+        .as_str()
+        .unwrap()
+        .starts_with("\u{1b}[31mred\u{1b}[0m text\t\"q\"\n\u{1b}"));
+    assert_eq!(
+        (answer["stderr"].clone(), answer["exit_code"].clone()),
+        (json!(""), json!(0))
+    );
+    assert!(
+        answer.get("truncated").is_none(),
+        "64 MiB is within the cap"
+    );
+    let growth = peak.saturating_sub(before);
+    eprintln!(
+        "/shell of {} MiB: RSS before {before} KiB, peak {peak} KiB, growth {growth} KiB",
+        size >> 20
+    );
+    assert!(
+        growth < 3 * size / 1024,
+        "peak RSS grew by {growth} KiB for a {} KiB output",
+        size / 1024
+    );
+}
+
 on_both_drivers!(
     as_pid_1_orphans_are_reaped,
     open_streams_cost_no_threads,
@@ -1034,4 +1261,7 @@ on_both_drivers!(
     output_is_never_lost_between_polls,
     long_polls_return_early_and_never_block_others,
     shutdown_ends_background_processes,
+    processes_belong_to_the_identity_that_started_them,
+    stdin_to_a_process_that_never_reads_is_bounded,
+    a_large_shell_output_costs_less_than_three_times_its_size,
 );

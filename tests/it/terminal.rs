@@ -484,6 +484,176 @@ fn a_client_that_never_reads_costs_no_memory(driver: &'static str) {
     assert_eq!(reply.status, 200);
 }
 
+/// A policy with identities `alice` and `bob` (tokens from the environment), plus
+/// `extra` YAML lines.
+fn two_identities(dir: &TempDir, extra: &str) -> std::path::PathBuf {
+    let policy = dir.path().join("policy.yaml");
+    write_policy(
+        &policy,
+        &format!(
+            "identities:\n  - {{id: alice, scopes: [\"*\"], token_env: ALICE_TOKEN}}\n  - {{id: bob, scopes: [\"*\"], token_env: BOB_TOKEN}}\n{extra}"
+        ),
+    );
+    policy
+}
+
+/// Replaces the policy file atomically, as `docs/policy.md` asks.
+fn write_policy(path: &std::path::Path, text: &str) {
+    let next = path.with_extension("next");
+    std::fs::write(&next, text).unwrap();
+    std::fs::rename(&next, path).unwrap();
+}
+
+/// SIGHUP, then waits until `/capabilities` (as `token`) shows a new revision.
+fn reload(server: &Server, token: &str) {
+    let auth = format!("Bearer {token}");
+    let revision = || {
+        server
+            .request("GET", "/capabilities", &[("Authorization", &auth)], None)
+            .json()["policy"]["revision"]
+            .clone()
+    };
+    let before = revision();
+    let status = std::process::Command::new("kill")
+        .args(["-HUP", &server.child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while revision() == before {
+        assert!(Instant::now() < deadline, "the policy was not reloaded");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// The close code the server sends on an open socket, skipping other messages.
+fn closed_with(ws: &mut Socket) -> u16 {
+    loop {
+        match ws.read() {
+            Ok(Message::Close(Some(frame))) => return u16::from(frame.code),
+            Ok(Message::Close(None)) => return 1005,
+            Ok(_) => continue,
+            Err(e) => panic!("no close frame: {e}"),
+        }
+    }
+}
+
+fn sessions_belong_to_the_identity_that_made_them(driver: &'static str) {
+    let dir = TempDir::new("ptyowners");
+    let policy = two_identities(&dir, "");
+    let server = Launch::new(driver)
+        .env("ABX_SERVER_POLICY", policy.to_str().unwrap())
+        .env("ALICE_TOKEN", "alice-secret")
+        .env("BOB_TOKEN", "bob-secret")
+        .start();
+    let pty = server.pty_addr.expect("the PTY port listens");
+    let home = server.base_dir().to_str().unwrap().to_string();
+    let call = |token: &str, method: &str, path: &str, body: Option<Value>| {
+        let auth = format!("Bearer {token}");
+        let bytes = body.map(|b| b.to_string().into_bytes());
+        let reply = server.request(method, path, &[("Authorization", &auth)], bytes.as_deref());
+        (reply.status, reply.json())
+    };
+    let new = |token: &str| {
+        let (status, body) = call(
+            token,
+            "POST",
+            "/pty/sessions",
+            Some(json!({"shell": "/bin/bash", "env": {"PS1": "$ ", "HOME": home}})),
+        );
+        assert_eq!(status, 200, "{body}");
+        body["session_id"].as_str().unwrap().to_string()
+    };
+    let alices = new("alice-secret");
+    let bobs = new("bob-secret");
+
+    // Bob sees only his own session, and Alice's answers as an unknown id does.
+    let (_, listed) = call("bob-secret", "GET", "/pty/sessions", None);
+    let ids: Vec<&str> = listed["sessions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s["id"].as_str().unwrap())
+        .collect();
+    assert_eq!(ids, [bobs.as_str()], "{listed}");
+    let unknown = call("bob-secret", "GET", "/pty/sessions/000000000000", None);
+    for (method, path, body) in [
+        ("GET", format!("/pty/sessions/{alices}"), None),
+        (
+            "POST",
+            format!("/pty/sessions/{alices}/resize"),
+            Some(json!({"cols": 10, "rows": 10})),
+        ),
+        ("DELETE", format!("/pty/sessions/{alices}"), None),
+    ] {
+        let (status, answer) = call("bob-secret", method, &path, body);
+        assert_eq!(status, 404, "{method} {path}: {answer}");
+        assert_eq!(answer["type"], unknown.1["type"]);
+        assert_eq!(
+            answer["error"].as_str().unwrap().replace(&alices, "ID"),
+            unknown.1["error"]
+                .as_str()
+                .unwrap()
+                .replace("000000000000", "ID")
+        );
+    }
+    let query = format!("session_id={alices}");
+    assert_eq!(
+        close_code(pty, &query, &[("Authorization", "Bearer bob-secret")]),
+        4004,
+        "another identity's session is not found"
+    );
+    let (status, own) = call(
+        "alice-secret",
+        "GET",
+        &format!("/pty/sessions/{alices}"),
+        None,
+    );
+    assert_eq!((status, own["alive"].clone()), (200, json!(true)), "{own}");
+
+    // Both attached; a reload that revokes Bob closes his socket and no more of his
+    // input reaches the shell, while Alice's session goes on.
+    let mut alice_ws = open(pty, &query, &[("Authorization", "Bearer alice-secret")]);
+    assert_eq!(next_event(&mut alice_ws)["event"], "started");
+    let mut bob_ws = open(
+        pty,
+        &format!("session_id={bobs}"),
+        &[("Authorization", "Bearer bob-secret")],
+    );
+    assert_eq!(next_event(&mut bob_ws)["event"], "started");
+    type_text(&mut bob_ws, "echo bob-was-here\n");
+    read_output_until(&mut bob_ws, "bob-was-here\r\n");
+    write_policy(
+        &policy,
+        "identities:\n  - {id: alice, scopes: [\"*\"], token_env: ALICE_TOKEN}\n",
+    );
+    reload(&server, "alice-secret");
+    let marker = server.base_dir().join("bob-typed-after-revocation");
+    let _ = bob_ws.send(Message::text(
+        json!({"type": "input", "data": format!("touch {}\n", marker.display())}).to_string(),
+    ));
+    assert_eq!(
+        closed_with(&mut bob_ws),
+        4001,
+        "a revoked identity's socket closes"
+    );
+    type_text(&mut alice_ws, "echo alice-goes-on\n");
+    read_output_until(&mut alice_ws, "alice-goes-on\r\n");
+    std::thread::sleep(Duration::from_millis(300));
+    assert!(
+        !marker.exists(),
+        "input after the revocation reached the shell"
+    );
+
+    // A reload that turns the terminal group off closes the rest.
+    write_policy(
+        &policy,
+        "identities:\n  - {id: alice, scopes: [\"*\"], token_env: ALICE_TOKEN}\ngroups: {terminal: false}\n",
+    );
+    reload(&server, "alice-secret");
+    assert_eq!(closed_with(&mut alice_ws), 4003, "the group is off");
+}
+
 on_both_drivers!(
     sessions_follow_the_contract,
     typing_echo_resize_signals_and_exit,
@@ -493,4 +663,5 @@ on_both_drivers!(
     deleting_a_session_ends_its_background_jobs,
     the_auth_matrix_and_close_codes,
     a_client_that_never_reads_costs_no_memory,
+    sessions_belong_to_the_identity_that_made_them,
 );

@@ -113,9 +113,18 @@ fn store_error(error: StoreError, kind: &str, id: &str, param: &str) -> ApiError
             "rate_limit_error",
             format!(
                 "This server keeps at most {} {what}; delete some first.",
-                crate::agents::store::MAX_CONVERSATIONS
+                match what {
+                    "items" => crate::agents::store::MAX_ITEMS,
+                    _ => crate::agents::store::MAX_CONVERSATIONS,
+                }
             ),
         ),
+        StoreError::OverQuota(message) => ApiError::new(429, "rate_limit_error", message)
+            .with_code("agents_store_quota_exceeded")
+            .with_header("x-should-retry", "false"),
+        StoreError::TooLarge(message) => ApiError::new(413, "invalid_request_error", message)
+            .with_code("agents_object_too_large")
+            .with_field("param", param.to_string()),
     }
 }
 

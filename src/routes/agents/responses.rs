@@ -505,18 +505,21 @@ async fn create(call: Call) -> Result<Response, ApiError> {
     })?;
     let cancelled = Arc::new(AtomicBool::new(false));
     if store_it {
+        // Refused, the turn is dropped here, which kills the CLI it started.
+        store
+            .insert_response(
+                id.clone(),
+                ResponseRecord {
+                    owner: owner.clone(),
+                    object: response.clone(),
+                    input_items: input_items.clone(),
+                    session: resume.clone().map(|s| (runtime, s)),
+                    running: Some(turn.pgid()),
+                    cancelled: cancelled.clone(),
+                },
+            )
+            .map_err(|e| store_error(e, "response", &id, "input"))?;
         release.response = Some(id.clone());
-        store.insert_response(
-            id.clone(),
-            ResponseRecord {
-                owner: owner.clone(),
-                object: response.clone(),
-                input_items: input_items.clone(),
-                session: resume.clone().map(|s| (runtime, s)),
-                running: Some(turn.pgid()),
-                cancelled: cancelled.clone(),
-            },
-        );
     }
     let run = TurnRun {
         cancelled,
@@ -977,12 +980,15 @@ pub(super) fn list_page(
 
 async fn input_items(call: Call) -> Result<Response, ApiError> {
     let id = response_id(&call);
-    let items = call
+    // The page is built under the store's lock: only its items are copied.
+    let page = call
         .services()
         .agents
-        .with_response(&call.identity.id, &id, |r| r.input_items.clone())
-        .map_err(|e| store_error(e, "response", &id, "response_id"))?;
-    Ok(Response::ok(&list_page(&call, &items, "desc")?))
+        .with_response(&call.identity.id, &id, |r| {
+            list_page(&call, &r.input_items, "desc")
+        })
+        .map_err(|e| store_error(e, "response", &id, "response_id"))??;
+    Ok(Response::ok(&page))
 }
 
 /// A conversation record for `POST /v1/conversations`.

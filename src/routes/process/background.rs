@@ -56,7 +56,14 @@ pub async fn start(call: Call) -> Result<Response, ApiError> {
     })?;
     let child = spawn_in(&call, argv, &request, cwd, stdin, capture).await?;
     let managed = table
-        .insert(slot, child, request.command.clone(), capture, timeout)
+        .insert(
+            slot,
+            child,
+            &call.identity.id,
+            request.command.clone(),
+            capture,
+            timeout,
+        )
         .map_err(|e| crate::api::errno::os_error(&e, None))?;
     Ok(Response::ok(
         &json!({"pid": managed.pid, "command": managed.command}),
@@ -81,6 +88,7 @@ pub async fn list(call: Call) -> Result<Response, ApiError> {
         .processes
         .list_running()
         .iter()
+        .filter(|m| m.owner == call.identity.id)
         .map(|m| {
             json!({"pid": m.pid, "command": m.command, "state": "running", "started_at": m.started_at})
         })
@@ -89,13 +97,15 @@ pub async fn list(call: Call) -> Result<Response, ApiError> {
 }
 
 /// The row named by the `{pid}` segment: 400 when it is not an integer, 404 when this
-/// server did not start it.
+/// server did not start it, or another identity did (a foreign pid is answered exactly
+/// like an unknown one, so its existence does not show).
 fn row(call: &Call) -> Result<Arc<Managed>, ApiError> {
     let text = call.path_param("pid").unwrap_or_default();
     let pid: i32 = text
         .parse()
         .map_err(|_| ApiError::bad_request(format!("pid must be an integer, not '{text}'")))?;
-    call.services().processes.get(pid).ok_or_else(|| {
+    let owned = |m: &Arc<Managed>| m.owner == call.identity.id;
+    call.services().processes.get(pid).filter(owned).ok_or_else(|| {
         ApiError::new(
             404,
             "ValueError",
@@ -141,43 +151,77 @@ pub async fn signal(call: Call) -> Result<Response, ApiError> {
     Ok(Response::ok(&json!({"pid": pid, "signal": number})))
 }
 
+/// The longest a stdin write waits for the process to take its data (and for an
+/// earlier write to the same process to finish).
+pub const STDIN_WAIT: Duration = Duration::from_secs(5);
+
+/// The fields of a stdin body, borrowed from it: the data is not copied until it is
+/// decoded or joined, so a large write holds the body and one buffer at most.
+#[derive(serde::Deserialize)]
+struct StdinBody<'a> {
+    #[serde(borrow, default)]
+    data: Option<&'a serde_json::value::RawValue>,
+    #[serde(borrow, default)]
+    data_base64: Option<&'a serde_json::value::RawValue>,
+    #[serde(borrow, default)]
+    eof: Option<&'a serde_json::value::RawValue>,
+}
+
+/// A string field: `None` when absent or null, 400 `<name> must be a string` otherwise.
+fn text_field<'a>(
+    raw: Option<&'a serde_json::value::RawValue>,
+    name: &str,
+) -> Result<Option<std::borrow::Cow<'a, str>>, ApiError> {
+    match raw.map(|r| r.get()) {
+        None | Some("null") => Ok(None),
+        Some(text) if text.starts_with('"') => serde_json::from_str(text)
+            .map(Some)
+            .map_err(|_| ApiError::bad_request(format!("{name} must be a string"))),
+        Some(_) => Err(ApiError::bad_request(format!("{name} must be a string"))),
+    }
+}
+
 /// `POST /process/{pid}/stdin`.
 pub async fn stdin(call: Call) -> Result<Response, ApiError> {
-    let body: Value = call.json()?;
+    let body: StdinBody<'_> = call.json_borrowed()?;
     let managed = row(&call)?;
-    let mut data = Vec::new();
-    let mut given = false;
-    match body.get("data") {
-        None | Some(Value::Null) => {}
-        Some(Value::String(text)) => {
-            data.extend_from_slice(text.as_bytes());
-            given = true;
-        }
-        Some(_) => return Err(ApiError::bad_request("data must be a string")),
-    }
-    match body.get("data_base64") {
-        None | Some(Value::Null) => {}
-        Some(Value::String(text)) => {
-            let decoded = base64_simd::STANDARD
-                .decode_to_vec(text.as_bytes())
-                .map_err(|_| ApiError::bad_request("data_base64 is not valid base64"))?;
-            data.extend_from_slice(&decoded);
-            given = true;
-        }
-        Some(_) => return Err(ApiError::bad_request("data_base64 must be a string")),
-    }
-    let eof = match body.get("eof") {
-        None | Some(Value::Null) => None,
-        Some(Value::Bool(b)) => Some(*b),
+    let text = text_field(body.data, "data")?;
+    let encoded = text_field(body.data_base64, "data_base64")?;
+    let eof = match body.eof.map(|r| r.get()) {
+        None | Some("null") => None,
+        Some("true") => Some(true),
+        Some("false") => Some(false),
         Some(_) => return Err(ApiError::bad_request("eof must be a boolean")),
     };
-    if !given && eof.is_none() {
+    if text.is_none() && encoded.is_none() && eof.is_none() {
         return Err(ApiError::bad_request(
             "At least one of data, data_base64, or eof is required",
         ));
     }
+    let decoded = match &encoded {
+        Some(encoded) => Some(
+            base64_simd::STANDARD
+                .decode_to_vec(encoded.as_bytes())
+                .map_err(|_| ApiError::bad_request("data_base64 is not valid base64"))?,
+        ),
+        None => None,
+    };
+    let data: std::borrow::Cow<'_, [u8]> = match (&text, decoded) {
+        (Some(text), None) => std::borrow::Cow::Borrowed(text.as_bytes()),
+        (None, Some(bytes)) => std::borrow::Cow::Owned(bytes),
+        (Some(text), Some(bytes)) => {
+            let mut joined = Vec::with_capacity(text.len() + bytes.len());
+            joined.extend_from_slice(text.as_bytes());
+            joined.extend_from_slice(&bytes);
+            std::borrow::Cow::Owned(joined)
+        }
+        (None, None) => std::borrow::Cow::Borrowed(&[]),
+    };
     let pid = managed.pid;
-    match managed.write_stdin(&data, eof == Some(true)).await {
+    match managed
+        .write_stdin(&data, eof == Some(true), STDIN_WAIT)
+        .await
+    {
         Ok(done) => Ok(Response::ok(
             &json!({"pid": pid, "written": done.written, "closed": done.closed}),
         )),
@@ -191,6 +235,23 @@ pub async fn stdin(call: Call) -> Result<Response, ApiError> {
             "ValueError",
             format!("stdin of process {pid} is closed"),
         )),
+        Err(StdinError::Full { busy }) => Err(ApiError::new(
+            503,
+            "BlockingIOError",
+            if busy {
+                format!(
+                    "stdin of process {pid} was busy with another write for {}s; nothing was written, retry",
+                    STDIN_WAIT.as_secs()
+                )
+            } else {
+                format!(
+                    "stdin of process {pid} took nothing in {}s (the process is not reading it); nothing was written, retry later",
+                    STDIN_WAIT.as_secs()
+                )
+            },
+        )
+        .with_code("stdin_full")
+        .with_header("Retry-After", "1")),
         Err(StdinError::Io(error)) => Err(crate::api::errno::os_error(&error, None)),
     }
 }

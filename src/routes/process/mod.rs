@@ -117,7 +117,9 @@ pub fn endpoints() -> Vec<Endpoint> {
         .id("process_stdin")
         .summary("Write to (or close) the stdin of a process started with stdin: true.")
         .returns(schema::stdin())
-        .also_answers(&[404, 409])
+        .also_answers(&[404, 409, 503])
+        .watch_peer()
+        .limit("max_wait_seconds", background::STDIN_WAIT.as_secs())
         .params(&[
             pid.clone(),
             Param::body("data", "string", false),

@@ -153,7 +153,10 @@ async fn create(call: Call) -> Result<Response, ApiError> {
     kill_off_the_loop(services.sessions.take_idle()).await;
     let session = services
         .sessions
-        .create(NewSession { shell: shell.clone(), cols, rows, env, cwd }, &services.children)
+        .create(
+            NewSession { owner: call.identity.id.clone(), shell: shell.clone(), cols, rows, env, cwd },
+            &services.children,
+        )
         .await
         .map_err(|e| match e {
             CreateError::Full => ApiError::new(
@@ -208,7 +211,7 @@ async fn list(call: Call) -> Result<Response, ApiError> {
     let sessions: Vec<Value> = call
         .services()
         .sessions
-        .list()
+        .list(&call.identity.id)
         .iter()
         .map(|s| session_json(&s.info()))
         .collect();
@@ -221,7 +224,7 @@ async fn get(call: Call) -> Result<Response, ApiError> {
     let session = call
         .services()
         .sessions
-        .get(id)
+        .get(id, &call.identity.id)
         .ok_or_else(|| not_found(id))?;
     Ok(Response::ok(&session_json(&session.info())))
 }
@@ -235,7 +238,7 @@ async fn resize(call: Call) -> Result<Response, ApiError> {
     let session = call
         .services()
         .sessions
-        .get(&id)
+        .get(&id, &call.identity.id)
         .ok_or_else(|| not_found(&id))?;
     session
         .resize(cols, rows)
@@ -249,7 +252,7 @@ async fn delete(call: Call) -> Result<Response, ApiError> {
     let session = call
         .services()
         .sessions
-        .remove(&id)
+        .remove(&id, &call.identity.id)
         .ok_or_else(|| not_found(&id))?;
     kill_off_the_loop(vec![session]).await;
     Ok(Response::ok(&json!({"status": "closed", "session_id": id})))

@@ -27,7 +27,8 @@ const MESSAGES_PER_TURN: usize = 64;
 /// reads nothing) before they are refused, so the socket keeps serving signals.
 const INPUT_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
 
-/// Close codes beyond the contract's 4001 (credentials) and 4003 (policy).
+/// Close codes beyond the contract's 4001 (credentials) and 4003 (policy). 4004 is
+/// also what another identity's session gets: it is not found for them.
 const CLOSE_NORMAL: u16 = 1000;
 const CLOSE_BAD_REQUEST: u16 = 4000;
 const CLOSE_NO_SESSION: u16 = 4004;
@@ -48,16 +49,22 @@ pub fn endpoint() -> Endpoint {
 
 async fn serve(upgraded: Upgraded, stream: TcpStream, leftover: Vec<u8>) {
     let mut ws = WebSocket::new(stream, leftover, upgraded.services().write_timeout);
-    if let Err(refusal) = &upgraded.admitted {
-        let _ = ws.close(refusal.close_code, &refusal.reason).await;
-        return;
-    }
+    let owner = match &upgraded.admitted {
+        Ok(identity) => identity.id.clone(),
+        Err(refusal) => {
+            let _ = ws.close(refusal.close_code, &refusal.reason).await;
+            return;
+        }
+    };
+    // Taken before anything else: a reload from here on is seen by the loop.
+    let mut policy_seen = upgraded.reload_version();
     let Some(id) = upgraded.query("session_id").map(str::to_string) else {
         let _ = ws.close(CLOSE_BAD_REQUEST, "session_id is required").await;
         return;
     };
     let sessions = &upgraded.services().sessions;
-    let Some(session) = sessions.get(&id) else {
+    // Another identity's session is closed exactly like an unknown one.
+    let Some(session) = sessions.get(&id, &owner) else {
         let _ = ws
             .close(CLOSE_NO_SESSION, &format!("Session not found: {id}"))
             .await;
@@ -76,11 +83,20 @@ async fn serve(upgraded: Upgraded, stream: TcpStream, leftover: Vec<u8>) {
         let seen = session.changed.version();
         // Read before the output: the reader appends all output before it marks the
         // session exited, so an exit seen here means the page below has the last of it.
-        let ended = session.has_exited() || sessions.get(&id).is_none();
+        let ended = session.has_exited() || sessions.get(&id, &owner).is_none();
         // A bounded batch of the client's messages, then output: a flood of pings or
         // keystrokes cannot hold the worker.
         let mut client_drained = false;
         for _ in 0..MESSAGES_PER_TURN {
+            // Checked before every message: once a reload revokes the caller (or turns
+            // the endpoint off), not one more keystroke reaches the terminal.
+            if upgraded.reload_version() != policy_seen {
+                policy_seen = upgraded.reload_version();
+                if let Err(refusal) = upgraded.readmit() {
+                    let _ = ws.close(refusal.close_code, &refusal.reason).await;
+                    return;
+                }
+            }
             match ws.try_receive() {
                 Ok(Some(Received::Text(text))) => {
                     if let Err(reply) = handle(&session, &text).await {
@@ -141,6 +157,7 @@ async fn serve(upgraded: Upgraded, stream: TcpStream, leftover: Vec<u8>) {
         monoio::select! {
             ready = ws.readable() => if ready.is_err() { return },
             _ = session.changed.changed(seen) => {}
+            _ = upgraded.reloaded(policy_seen) => {}
         }
     }
 }

@@ -1,9 +1,11 @@
-//! A minimal HTTP/1.1 client for one exchange over loopback: the MCP endpoint calls the
+//! A minimal HTTP/1.1 client for exchanges over loopback: the MCP endpoint calls the
 //! server's own routes through it, so a tool call takes exactly the path a plain HTTP
 //! request takes (authentication, policy, body rules, the handler, its error words).
-//! One request per connection (`Connection: close`); the answer is read to its
-//! `Content-Length`, or to the end of the connection.
+//! Each worker thread keeps a few idle keep-alive connections per address (a new
+//! connection per call cost about a third of a `tools/call`); an answer is read to its
+//! `Content-Length`, or to the end of a connection the server closes.
 
+use std::cell::RefCell;
 use std::io;
 use std::net::SocketAddr;
 
@@ -28,6 +30,13 @@ impl Answer {
     }
 }
 
+/// Idle connections a worker thread keeps, across all addresses.
+const IDLE_PER_THREAD: usize = 8;
+
+thread_local! {
+    static IDLE: RefCell<Vec<(SocketAddr, TcpStream)>> = const { RefCell::new(Vec::new()) };
+}
+
 /// Sends `method target` with `headers` and `body` to `addr` and reads the answer, at
 /// most `limit` body bytes (more is an error: the caller asked for something too big to
 /// hand on).
@@ -39,14 +48,10 @@ pub async fn exchange(
     body: Option<&[u8]>,
     limit: usize,
 ) -> io::Result<Answer> {
-    let mut request =
-        format!("{method} {target} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n");
+    let mut request = format!("{method} {target} HTTP/1.1\r\nHost: {addr}\r\n");
     for (name, value) in headers {
         if value.contains(['\r', '\n']) {
-            return Err(io::Error::new(
-                io::ErrorKind::InvalidInput,
-                "a header value holds a line break",
-            ));
+            return Err(io::Error::new(io::ErrorKind::InvalidInput, "a header value holds a line break"));
         }
         request.push_str(&format!("{name}: {value}\r\n"));
     }
@@ -58,19 +63,61 @@ pub async fn exchange(
     if let Some(body) = body {
         bytes.extend_from_slice(body);
     }
-    let mut stream = TcpStream::connect(addr).await?;
+    let idle = IDLE.with(|idle| {
+        let mut idle = idle.borrow_mut();
+        let at = idle.iter().rposition(|(a, _)| *a == addr)?;
+        Some(idle.swap_remove(at).1)
+    });
+    if let Some(stream) = idle {
+        // An idle connection the server has closed meanwhile answers nothing at all: the
+        // request never reached a handler, so it is sent again on a new one.
+        if let Some(answer) = send(stream, bytes.clone(), limit).await? {
+            return Ok(answer);
+        }
+    }
+    let stream = TcpStream::connect(addr).await?;
     let _ = stream.set_nodelay(true);
+    send(stream, bytes, limit).await?.ok_or_else(|| {
+        io::Error::new(io::ErrorKind::UnexpectedEof, "the connection closed before an answer")
+    })
+}
+
+/// One request on `stream` and its answer; `None` when the connection failed or closed
+/// before a single byte came back (then no handler saw the request). A connection the
+/// answer leaves open goes back to the pool.
+async fn send(mut stream: TcpStream, bytes: Vec<u8>, limit: usize) -> io::Result<Option<Answer>> {
+    let addr = stream.peer_addr()?;
     let (written, _) = stream.write_all(bytes).await;
-    written?;
+    if written.is_err() {
+        return Ok(None);
+    }
     let mut received: Vec<u8> = Vec::with_capacity(16 * 1024);
     loop {
         if let Some(answer) = parse(&received, limit)? {
-            return Ok(answer);
+            let reusable = !answer
+                .header("connection")
+                .is_some_and(|v| v.eq_ignore_ascii_case("close"));
+            if reusable {
+                IDLE.with(|idle| {
+                    let mut idle = idle.borrow_mut();
+                    if idle.len() < IDLE_PER_THREAD {
+                        idle.push((addr, stream));
+                    }
+                });
+            }
+            return Ok(Some(answer));
         }
         let chunk = Vec::with_capacity(64 * 1024);
         let (read, chunk) = stream.read(chunk).await;
-        if read? == 0 {
-            return finish_at_close(&received, limit);
+        let read = match read {
+            Err(_) if received.is_empty() => return Ok(None),
+            other => other?,
+        };
+        if read == 0 {
+            if received.is_empty() {
+                return Ok(None);
+            }
+            return finish_at_close(&received, limit).map(Some);
         }
         received.extend_from_slice(&chunk);
         if received.len() > limit + 64 * 1024 {

@@ -6,6 +6,7 @@
 pub mod chunked;
 pub mod conn;
 pub mod head;
+pub mod multipart;
 pub mod response;
 pub mod service;
 pub mod sse;

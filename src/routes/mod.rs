@@ -10,6 +10,7 @@ pub mod commands;
 pub mod core;
 pub mod dev_tools;
 pub mod files;
+pub mod k8s_runtime;
 pub mod process;
 pub mod system;
 pub mod terminal;
@@ -34,5 +35,6 @@ pub fn builtin_endpoints() -> Vec<Endpoint> {
     endpoints.extend(terminal::endpoints());
     endpoints.extend(browser::endpoints());
     endpoints.extend(agents::endpoints());
+    endpoints.extend(k8s_runtime::endpoints());
     endpoints
 }

@@ -9,6 +9,7 @@ mod commands;
 mod core_http;
 mod faults;
 mod files;
+mod k8s;
 mod operations;
 mod policy;
 mod process;

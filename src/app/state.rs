@@ -298,11 +298,9 @@ impl AppState {
             ));
         }
         let current = self.catalog();
-        let file_token = self
-            .file_token
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .clone();
+        // Held until the swap: a token arriving meanwhile waits, rather than being
+        // overwritten by a catalog compiled with the one before it.
+        let file_token = self.file_token.lock().unwrap_or_else(|e| e.into_inner());
         let mut catalog = compile(
             &self.config,
             current.endpoints.clone(),
@@ -330,6 +328,7 @@ impl AppState {
         self.services.environment.hide(&token_vars);
         let revision = catalog.policy.revision.clone();
         self.catalog.replace(catalog);
+        drop(file_token);
         Ok(revision)
     }
 }

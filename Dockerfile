@@ -34,8 +34,9 @@ COPY --from=build /src/target/release/agent-sandbox /usr/local/bin/agent-sandbox
 USER user
 WORKDIR /home/user
 ENV ABX_SERVER_BASE_DIR=/home/user
-# 9000: the HTTP API; 9001: the PTY WebSocket (terminal group).
-EXPOSE 9000 9001
+# 9000: the HTTP API; 9001: the PTY WebSocket (terminal group); 8888: the k8s_runtime
+# group (kubernetes-sigs/agent-sandbox's runtime contract), when enabled.
+EXPOSE 9000 9001 8888
 # The binary probes itself (the image needs no curl), reading the same ABX_* environment
 # as the server: move the port with -e ABX_SERVER_PORT, not with a flag, or the probe
 # asks the default port.

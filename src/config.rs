@@ -35,10 +35,16 @@ pub struct Config {
     pub host: IpAddr,
     pub port: u16,
     pub pty_port: u16,
+    /// The port of the `k8s_runtime` group (kubernetes-sigs/agent-sandbox's runtime
+    /// contract), bound only while that group is on.
+    pub k8s_runtime_port: u16,
     pub workers: usize,
     pub base_dir: PathBuf,
     /// `ABX_SERVER_TOKEN`; `None` (unset or empty) is local mode.
     pub token: Option<String>,
+    /// `ABX_TOKEN_FILE`: a file whose content is the server token, read again whenever
+    /// it changes; while it is missing or empty no route that needs a token answers.
+    pub token_file: Option<PathBuf>,
     /// Opt-in groups named in `ABX_SERVER_ENABLED_GROUPS`.
     pub enabled_groups: Vec<Group>,
     pub max_upload_size: u64,
@@ -79,11 +85,13 @@ impl Default for Config {
             host: IpAddr::from([0, 0, 0, 0]),
             port: 9000,
             pty_port: 9001,
+            k8s_runtime_port: 8888,
             workers: std::thread::available_parallelism()
                 .map(|n| n.get())
                 .unwrap_or(1),
             base_dir: PathBuf::from("/home/user"),
             token: None,
+            token_file: None,
             enabled_groups: Vec::new(),
             max_upload_size: 100 * 1024 * 1024,
             policy_path: None,
@@ -159,6 +167,15 @@ const SETTINGS: &[Setting] = &[
         },
     },
     Setting {
+        flag: Some("k8s-runtime-port"),
+        var: "ABX_K8S_RUNTIME_PORT",
+        default: "`8888`",
+        apply: |c, src, v| {
+            c.k8s_runtime_port = parse_port(src, v)?;
+            Ok(())
+        },
+    },
+    Setting {
         flag: Some("workers"),
         var: "ABX_SERVER_WORKERS",
         default: "available cores",
@@ -213,6 +230,15 @@ const SETTINGS: &[Setting] = &[
         default: "unset: local mode",
         apply: |c, _, v| {
             c.token = Some(v.to_string());
+            Ok(())
+        },
+    },
+    Setting {
+        flag: None,
+        var: "ABX_TOKEN_FILE",
+        default: "unset",
+        apply: |c, _, v| {
+            c.token_file = Some(PathBuf::from(v));
             Ok(())
         },
     },
@@ -468,6 +494,14 @@ impl Config {
                 };
                 (setting.apply)(&mut config, &source, &value)?;
             }
+        }
+        // Two sources of the one server token would leave it unclear which one a
+        // rotation of the file replaces.
+        if config.token_file.is_some() && config.token.as_deref().is_some_and(|t| !t.is_empty()) {
+            return Err(
+                "ABX_TOKEN_FILE and ABX_SERVER_TOKEN are both set; the token comes from one of them"
+                    .into(),
+            );
         }
         if let Some(path) = check_policy {
             config.policy_path = Some(PathBuf::from(path));

@@ -114,7 +114,7 @@ impl Server {
             let spec = &endpoint.spec;
             let method = match spec.listener {
                 Listener::Pty => "WS",
-                Listener::Api => spec.method.as_str(),
+                Listener::Api | Listener::K8sRuntime => spec.method.as_str(),
             };
             let scopes = if decision.scopes.is_empty() {
                 "-".to_string()
@@ -238,12 +238,29 @@ impl Server {
             }
             crate::log::stdout_line(format_args!("pty listening on {pty_bound}"));
         }
+        // The k8s_runtime group's port, the next slot, only while that group is on.
+        if state.catalog().group_enabled(crate::api::Group::K8sRuntime) {
+            let k8s_addr = SocketAddr::new(config.host, config.k8s_runtime_port);
+            let (k8s_listeners, k8s_bound) = runtime::bind_all(k8s_addr, config.workers)
+                .map_err(|e| {
+                    format!("cannot listen on {k8s_addr} (the k8s_runtime port, --k8s-runtime-port): {e}")
+                })?;
+            let slot = slots.len();
+            slots.push(Listener::K8sRuntime);
+            for (worker, listener) in per_worker.iter_mut().zip(k8s_listeners) {
+                worker.push((slot, listener));
+            }
+            crate::log::stdout_line(format_args!("k8s_runtime listening on {k8s_bound}"));
+        }
         crate::log::stdout_line(format_args!("listening on {bound}"));
         let factory = Arc::new(service_factory(state.clone(), shutdown.clone(), slots));
         let workers = runtime::start_workers(per_worker, driver, shutdown.clone(), pool, factory)
             .map_err(|e| format!("cannot start worker threads: {e}"))?;
         if std::process::id() == 1 {
             start_orphan_reaper(state.clone());
+        }
+        if state.config.token_file.is_some() {
+            start_token_watcher(state.clone());
         }
         runtime::memory::spawn_trimmer(shutdown.clone());
         let children_state = state.clone();
@@ -331,6 +348,31 @@ fn start_orphan_reaper(state: Arc<AppState>) {
         });
     if let Err(e) = spawned {
         crate::log!("warning: cannot start the orphan reaper ({e}); orphaned descendants of children will stay zombies");
+    }
+}
+
+/// Watches `ABX_TOKEN_FILE` by reading it twice a second. Polling, not inotify: a
+/// projected Secret is updated by swapping a `..data` symlink in its directory, which a
+/// watch on the file itself never sees, and one small read costs nothing. Never on a
+/// worker: the read is a blocking call.
+fn start_token_watcher(state: Arc<AppState>) {
+    let spawned = std::thread::Builder::new()
+        .name("abx-tokenfile".into())
+        .spawn(move || loop {
+            std::thread::sleep(std::time::Duration::from_millis(500));
+            match state.reload_token() {
+                Ok(true) => crate::log!(
+                    "ABX_TOKEN_FILE changed: auth mode is now {}",
+                    state.catalog().auth.mode()
+                ),
+                Ok(false) => {}
+                Err(why) => crate::log!("ABX_TOKEN_FILE changed but was not applied: {why}"),
+            }
+        });
+    if let Err(e) = spawned {
+        crate::log!(
+            "warning: cannot watch ABX_TOKEN_FILE ({e}); a token written later is not seen"
+        );
     }
 }
 

@@ -55,6 +55,7 @@ class CapabilityGroup(str, enum.Enum):
     DEV_TOOLS = "dev_tools"
     BROWSER = "browser"
     AGENTS = "agents"
+    K8S_RUNTIME = "k8s_runtime"
 
     def __str__(self):
         return self.value

@@ -57,11 +57,12 @@ pub enum Group {
     Browser,
     Agents,
     Mcp,
+    K8sRuntime,
 }
 
 impl Group {
     /// Every group, in the order `/capabilities` lists them.
-    pub const ALL: [Group; 10] = [
+    pub const ALL: [Group; 11] = [
         Group::Core,
         Group::Commands,
         Group::FileOps,
@@ -72,6 +73,7 @@ impl Group {
         Group::Browser,
         Group::Agents,
         Group::Mcp,
+        Group::K8sRuntime,
     ];
 
     pub fn name(self) -> &'static str {
@@ -86,6 +88,7 @@ impl Group {
             Group::Browser => "browser",
             Group::Agents => "agents",
             Group::Mcp => "mcp",
+            Group::K8sRuntime => "k8s_runtime",
         }
     }
 
@@ -95,7 +98,10 @@ impl Group {
 
     /// Groups that stay off until enabled.
     pub fn opt_in(self) -> bool {
-        matches!(self, Group::DevTools | Group::Browser | Group::Agents)
+        matches!(
+            self,
+            Group::DevTools | Group::Browser | Group::Agents | Group::K8sRuntime
+        )
     }
 }
 
@@ -172,6 +178,9 @@ pub enum BodyMode {
     RawOrStreamedJson,
     /// A WebSocket upgrade (listed in `/capabilities` with method `WS`).
     Upgrade,
+    /// A `multipart/form-data` body streamed into the sink the endpoint opens, up to
+    /// `ABX_MAX_UPLOAD_SIZE` (plus the framing).
+    Multipart,
 }
 
 /// Which listening port serves an endpoint.
@@ -181,6 +190,9 @@ pub enum Listener {
     Api,
     /// The PTY WebSocket (`ABX_PTY_PORT`, default 9001).
     Pty,
+    /// kubernetes-sigs/agent-sandbox's runtime contract (`ABX_K8S_RUNTIME_PORT`,
+    /// default 8888).
+    K8sRuntime,
 }
 
 /// Everything the table says about one endpoint except how it is served: what

@@ -63,6 +63,8 @@ pub struct Auth {
     holders: Vec<Holder>,
     /// Identities come from a policy (not only `ABX_SERVER_TOKEN`).
     per_identity: bool,
+    /// A token is expected (`ABX_TOKEN_FILE`) but has not arrived: no local mode.
+    pending: bool,
     anonymous: Arc<Identity>,
 }
 
@@ -167,6 +169,7 @@ impl Auth {
         Auth {
             key,
             holders,
+            pending: false,
             per_identity: !identities.is_empty(),
             anonymous: Arc::new(Identity {
                 id: "anonymous".into(),
@@ -175,12 +178,23 @@ impl Auth {
         }
     }
 
-    /// `"token"` when a token is configured, `"local"` otherwise.
+    /// Closes the server until its token arrives, when it has none yet (a warm pod
+    /// whose `ABX_TOKEN_FILE` is still missing or empty): a caller without a token must
+    /// not find it in local mode.
+    pub fn expecting_token(mut self) -> Auth {
+        self.pending = self.holders.is_empty();
+        self
+    }
+
+    /// `"token"` when a token is configured, `"pending"` while one is awaited,
+    /// `"local"` otherwise.
     pub fn mode(&self) -> &'static str {
-        if self.holders.is_empty() {
-            "local"
-        } else {
+        if !self.holders.is_empty() {
             "token"
+        } else if self.pending {
+            "pending"
+        } else {
+            "local"
         }
     }
 
@@ -203,7 +217,18 @@ impl Auth {
         query_token: Option<&str>,
         required: bool,
     ) -> Result<Arc<Identity>, ApiError> {
-        if self.holders.is_empty() || !required {
+        if !required {
+            return Ok(self.anonymous.clone());
+        }
+        if self.pending {
+            return Err(ApiError::new(
+                401,
+                "AuthError",
+                "unauthorized: the server has no token yet (ABX_TOKEN_FILE is missing or empty)",
+            )
+            .with_code("token_pending"));
+        }
+        if self.holders.is_empty() {
             return Ok(self.anonymous.clone());
         }
         self.identify(&Credentials::presented(headers, query_token)?, required)
@@ -216,6 +241,9 @@ impl Auth {
         credentials: &Credentials,
         required: bool,
     ) -> Result<Arc<Identity>, ApiError> {
+        if self.pending && required {
+            return Err(ApiError::unauthorized());
+        }
         if self.holders.is_empty() || !required {
             return Ok(self.anonymous.clone());
         }

@@ -69,9 +69,14 @@ impl ApiService {
             return Err(render(error, ErrorStyle::Contract).closing());
         }
         let (path, query) = split_target(&head.target);
-        let found = match (self.listener, catalog.router.lookup(method, &path)) {
-            (Listener::Api, Some(found)) => found,
-            _ => {
+        let router = match self.listener {
+            Listener::Api => Some(&catalog.router),
+            Listener::K8sRuntime => Some(&catalog.k8s_router),
+            Listener::Pty => None,
+        };
+        let found = match router.and_then(|r| r.lookup(method, &path)) {
+            Some(found) => found,
+            None => {
                 return Err(render(
                     ApiError::not_found_path(&path),
                     ErrorStyle::Contract,
@@ -249,11 +254,19 @@ impl ApiService {
 
     /// The most body bytes this request may send.
     fn body_limit(&self, index: usize, method: Method, head: &RequestHead) -> u64 {
-        if self.is_raw(index, method, head) {
+        let multipart = self.state.catalog().endpoints[index].spec.body == BodyMode::Multipart;
+        if multipart || self.is_raw(index, method, head) {
             let knob = self.state.catalog().decisions[index].knob_u64("max_upload_bytes");
-            knob.map_or(self.state.services.max_upload_size, |cap| {
+            let limit = knob.map_or(self.state.services.max_upload_size, |cap| {
                 cap.min(self.state.services.max_upload_size)
-            })
+            });
+            // A multipart body carries its framing besides the file; the sink holds the
+            // file itself to the limit.
+            if multipart {
+                limit.saturating_add(64 * 1024)
+            } else {
+                limit
+            }
         } else {
             MAX_JSON_BODY as u64
         }

@@ -69,6 +69,9 @@ pub struct Catalog {
     /// `decisions[i]` is the policy decision for `endpoints[i]`.
     pub decisions: Vec<Decision>,
     pub router: Router,
+    /// The k8s_runtime port's own routes (`/`, `/execute`, ... would clash with none of
+    /// the API's, but are not the API's).
+    pub k8s_router: Router,
     pub policy: Policy,
     pub auth: Auth,
     pub warnings: Vec<String>,
@@ -85,6 +88,8 @@ pub struct AppState {
     /// Bumped after each reload that took effect, so connections admitted under an
     /// older policy (terminal sockets) check themselves again at once.
     reloaded: crate::process::output::Notify,
+    /// The token last read from `ABX_TOKEN_FILE` (`None`: missing or empty).
+    file_token: std::sync::Mutex<Option<String>>,
 }
 
 /// A thread's handle on one generation of the catalog: cloning it costs no atomic
@@ -203,7 +208,14 @@ impl AppState {
             })
             .collect();
         let (commands, replaced) = commands::Registry::new(extras.commands);
-        let mut catalog = compile(&config, endpoints, policy, &extras.group_switches)?;
+        let file_token = config.token_file.as_deref().and_then(read_token_file);
+        let mut catalog = compile(
+            &config,
+            endpoints,
+            policy,
+            &extras.group_switches,
+            file_token.as_deref(),
+        )?;
         for name in replaced {
             catalog.warnings.push(format!(
                 "command '{name}' is registered twice; the later registration wins"
@@ -237,8 +249,35 @@ impl AppState {
             catalog: CatalogCell::new(catalog),
             group_switches: extras.group_switches,
             reloaded: Default::default(),
+            file_token: std::sync::Mutex::new(file_token),
             config,
         })
+    }
+
+    /// Reads `ABX_TOKEN_FILE` again and, when its token changed (arrived, rotated or
+    /// removed), swaps in a catalog with the new credentials for requests from now on.
+    /// Returns whether it changed.
+    pub fn reload_token(&self) -> Result<bool, String> {
+        let Some(path) = self.config.token_file.as_deref() else {
+            return Ok(false);
+        };
+        let token = read_token_file(path);
+        let mut stored = self.file_token.lock().unwrap_or_else(|e| e.into_inner());
+        if *stored == token {
+            return Ok(false);
+        }
+        let current = self.catalog();
+        let mut catalog = compile(
+            &self.config,
+            current.endpoints.clone(),
+            current.policy.clone(),
+            &self.group_switches,
+            token.as_deref(),
+        )?;
+        catalog.warnings = current.warnings.clone();
+        *stored = token;
+        self.catalog.replace(catalog);
+        Ok(true)
     }
 
     /// The current catalog (route table, policy decisions, credentials).
@@ -266,11 +305,15 @@ impl AppState {
             ));
         }
         let current = self.catalog();
+        // Held until the swap: a token arriving meanwhile waits, rather than being
+        // overwritten by a catalog compiled with the one before it.
+        let file_token = self.file_token.lock().unwrap_or_else(|e| e.into_inner());
         let mut catalog = compile(
             &self.config,
             current.endpoints.clone(),
             policy,
             &self.group_switches,
+            file_token.as_deref(),
         )?;
         // Warnings about the build itself (commands registered twice) carry over.
         for warning in &current.warnings {
@@ -293,6 +336,7 @@ impl AppState {
         let revision = catalog.policy.revision.clone();
         self.catalog.replace(catalog);
         self.reloaded.notify();
+        drop(file_token);
         Ok(revision)
     }
 
@@ -303,13 +347,28 @@ impl AppState {
     }
 }
 
+/// The token in `path`: its content without surrounding whitespace (a Secret written
+/// with `echo` ends in a newline); `None` when the file is missing, unreadable or blank.
+/// Small and local, read at startup and by the watcher thread, never on a worker.
+fn read_token_file(path: &std::path::Path) -> Option<String> {
+    let text = std::fs::read(path).ok()?;
+    let token = String::from_utf8_lossy(&text).trim().to_string();
+    (!token.is_empty()).then_some(token)
+}
+
 /// Decides every endpoint under `policy` and builds the credentials it names.
 fn compile(
     config: &Config,
     endpoints: Vec<Endpoint>,
     policy: Policy,
     group_switches: &[(Group, bool)],
+    file_token: Option<&str>,
 ) -> Result<Catalog, String> {
+    // With ABX_TOKEN_FILE the file is the one source of the server token.
+    let token = match config.token_file {
+        Some(_) => file_token,
+        None => config.token.as_deref(),
+    };
     let specs: Vec<_> = endpoints.iter().map(|e| e.spec.clone()).collect();
     let mut warnings = policy
         .validate(&specs)
@@ -341,6 +400,7 @@ fn compile(
         ));
     }
     let router = Router::new(&endpoints, Listener::Api)?;
+    let k8s_router = Router::new(&endpoints, Listener::K8sRuntime)?;
     let identities = policy
         .identities
         .iter()
@@ -365,11 +425,7 @@ fn compile(
         })
         .collect::<Result<Vec<_>, String>>()?;
     // One token, one identity: a repeated token would silently take the first's scopes.
-    let server_token = config
-        .token
-        .as_deref()
-        .filter(|t| !t.is_empty())
-        .map(token_digest);
+    let server_token = token.filter(|t| !t.is_empty()).map(token_digest);
     for (i, identity) in identities.iter().enumerate() {
         let repeated = identities[..i]
             .iter()
@@ -382,11 +438,15 @@ fn compile(
             ));
         }
     }
-    let auth = Auth::with_identities(config.token.as_deref(), &identities);
+    let mut auth = Auth::with_identities(token, &identities);
+    if config.token_file.is_some() {
+        auth = auth.expecting_token();
+    }
     Ok(Catalog {
         endpoints,
         decisions,
         router,
+        k8s_router,
         policy,
         auth,
         warnings,

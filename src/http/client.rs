@@ -51,7 +51,10 @@ pub async fn exchange(
     let mut request = format!("{method} {target} HTTP/1.1\r\nHost: {addr}\r\n");
     for (name, value) in headers {
         if value.contains(['\r', '\n']) {
-            return Err(io::Error::new(io::ErrorKind::InvalidInput, "a header value holds a line break"));
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "a header value holds a line break",
+            ));
         }
         request.push_str(&format!("{name}: {value}\r\n"));
     }
@@ -78,7 +81,10 @@ pub async fn exchange(
     let stream = TcpStream::connect(addr).await?;
     let _ = stream.set_nodelay(true);
     send(stream, bytes, limit).await?.ok_or_else(|| {
-        io::Error::new(io::ErrorKind::UnexpectedEof, "the connection closed before an answer")
+        io::Error::new(
+            io::ErrorKind::UnexpectedEof,
+            "the connection closed before an answer",
+        )
     })
 }
 

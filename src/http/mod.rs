@@ -7,6 +7,7 @@ pub mod chunked;
 pub mod client;
 pub mod conn;
 pub mod head;
+pub mod multipart;
 pub mod response;
 pub mod service;
 pub mod sse;

@@ -10,6 +10,7 @@ pub mod commands;
 pub mod core;
 pub mod dev_tools;
 pub mod files;
+pub mod k8s_runtime;
 pub mod mcp;
 pub mod process;
 pub mod system;
@@ -36,5 +37,6 @@ pub fn builtin_endpoints() -> Vec<Endpoint> {
     endpoints.extend(browser::endpoints());
     endpoints.extend(agents::endpoints());
     endpoints.extend(mcp::endpoints());
+    endpoints.extend(k8s_runtime::endpoints());
     endpoints
 }

@@ -9,6 +9,7 @@ mod commands;
 mod core_http;
 mod faults;
 mod files;
+mod k8s;
 mod mcp;
 mod operations;
 mod policy;

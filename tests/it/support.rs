@@ -158,6 +158,7 @@ impl Launch {
                 .env("ABX_SERVER_HOST", "127.0.0.1")
                 .env("ABX_SERVER_PORT", "0")
                 .env("ABX_PTY_PORT", "0")
+                .env("ABX_K8S_RUNTIME_PORT", "0")
                 .env("ABX_SERVER_WORKERS", "2")
                 .env("ABX_IO_DRIVER", self.driver)
                 .env(
@@ -178,6 +179,8 @@ impl Launch {
             "0",
             "--pty-port",
             "0",
+            "--k8s-runtime-port",
+            "0",
             "--host",
             "127.0.0.1",
             "--workers",
@@ -197,6 +200,7 @@ impl Launch {
             "ABX_SERVER_ENABLED_GROUPS",
             "ABX_SERVER_POLICY",
             "ABX_MAX_UPLOAD_SIZE",
+            "ABX_TOKEN_FILE",
         ] {
             cmd.env_remove(var);
         }
@@ -261,10 +265,15 @@ impl Launch {
             .iter()
             .find_map(|l| l.strip_prefix("pty listening on "))
             .map(|a| a.trim().parse().unwrap());
+        let k8s_addr = lines
+            .iter()
+            .find_map(|l| l.strip_prefix("k8s_runtime listening on "))
+            .map(|a| a.trim().parse().unwrap());
         Server {
             child,
             addr,
             pty_addr,
+            k8s_addr,
             startup: lines,
             output: rx,
             _base: base,
@@ -287,6 +296,8 @@ pub struct Server {
     pub addr: SocketAddr,
     /// The PTY WebSocket's address, when the terminal group listens.
     pub pty_addr: Option<SocketAddr>,
+    /// The k8s_runtime port's address, when that group listens.
+    pub k8s_addr: Option<SocketAddr>,
     pub startup: Vec<String>,
     pub output: mpsc::Receiver<String>,
     _base: TempDir,

@@ -340,7 +340,7 @@ fn truthy(value: Option<&str>) -> bool {
 
 /// Checks a caller path against the base directory, then against the endpoint's
 /// policy `paths` rule.
-fn confine(call: &Call, input: &str) -> Result<crate::fs::CallerPath, ApiError> {
+pub(crate) fn confine(call: &Call, input: &str) -> Result<crate::fs::CallerPath, ApiError> {
     let caller = call.services().base.confine(input).map_err(fs_error)?;
     match paths_refusal(call.decision(), &call.spec().id, &caller) {
         Some(refusal) => Err(refusal),

@@ -129,7 +129,7 @@ fn exists_error(call: &Call, error: crate::fs::FsError) -> ApiError {
     refused_overwrite(error, call.decision().knob_bool("overwrite") != Some(false))
 }
 
-fn refused_overwrite(error: crate::fs::FsError, overwrite: bool) -> ApiError {
+pub(crate) fn refused_overwrite(error: crate::fs::FsError, overwrite: bool) -> ApiError {
     match &error {
         crate::fs::FsError::Io { error: io, path }
             if !overwrite && io.raw_os_error() == Some(libc::EEXIST) =>

@@ -13,7 +13,7 @@ use std::net::SocketAddr;
 
 use serde_json::{json, Map, Value};
 
-use crate::api::{ApiError, BodyMode, Group, Method, ParamIn};
+use crate::api::{ApiError, BodyMode, Group, Listener, Method, ParamIn};
 use crate::app::{handler, Call, Endpoint};
 use crate::http::sse::{channel, SseSender};
 use crate::http::Response;
@@ -130,10 +130,14 @@ async fn post(call: Call) -> Result<Response, ApiError> {
     Ok(rpc(200, answer))
 }
 
-/// Endpoints that are tools: not streams, not WebSockets, not `/mcp` itself.
+/// Endpoints that are tools: served on the API port (the loopback call goes there), not
+/// streams, not WebSockets, not `/mcp` itself.
 fn is_tool(endpoint: &Endpoint) -> bool {
     let spec = &endpoint.spec;
-    spec.group != Group::Mcp && !spec.streaming && spec.body != BodyMode::Upgrade
+    spec.listener == Listener::Api
+        && spec.group != Group::Mcp
+        && !spec.streaming
+        && spec.body != BodyMode::Upgrade
 }
 
 /// The tools `call`'s identity may use under the catalog in force now.

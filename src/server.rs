@@ -150,14 +150,8 @@ impl Server {
             // The policy's token_env variables too; a document that does not load is
             // reported once, by the build below.
             if let Ok(policy) = crate::app::policy::Policy::load(path) {
-                let names: Vec<&str> = policy
-                    .identities
-                    .iter()
-                    .filter_map(|rule| match &rule.token {
-                        crate::app::policy::TokenSource::Env(name) => Some(name.as_str()),
-                        crate::app::policy::TokenSource::Digest(_) => None,
-                    })
-                    .collect();
+                let names = policy.token_env_names();
+                let names: Vec<&str> = names.iter().map(String::as_str).collect();
                 crate::process::secrets::keep(&names);
             }
         }

@@ -199,14 +199,7 @@ impl AppState {
             .base_dir
             .clone()
             .unwrap_or_else(|| config.base_dir.clone());
-        let token_vars: Vec<String> = policy
-            .identities
-            .iter()
-            .filter_map(|rule| match &rule.token {
-                TokenSource::Env(name) => Some(name.clone()),
-                TokenSource::Digest(_) => None,
-            })
-            .collect();
+        let token_vars = policy.token_env_names();
         let (commands, replaced) = commands::Registry::new(extras.commands);
         let file_token = config.token_file.as_deref().and_then(read_token_file);
         let mut catalog = compile(
@@ -323,16 +316,9 @@ impl AppState {
         }
         // A token_env named for the first time is a secret from now on: out of the view
         // children start with, as at startup.
-        let token_vars: Vec<String> = catalog
-            .policy
-            .identities
-            .iter()
-            .filter_map(|rule| match &rule.token {
-                TokenSource::Env(name) => Some(name.clone()),
-                TokenSource::Digest(_) => None,
-            })
-            .collect();
-        self.services.environment.hide(&token_vars);
+        self.services
+            .environment
+            .hide(&catalog.policy.token_env_names());
         let revision = catalog.policy.revision.clone();
         self.catalog.replace(catalog);
         self.reloaded.notify();

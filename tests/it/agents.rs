@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use serde_json::{json, Value};
 
-use crate::support::{pin, read_event, tools, Launch, Server, TempDir};
+use crate::support::{pin, read_event, status_kib, tools, Launch, Server, TempDir};
 
 /// Bodies of the requests the stub received.
 type Seen = Arc<Mutex<Vec<Value>>>;
@@ -986,15 +986,6 @@ fn codex_calls_a_sandbox_tool_through_mcp() {
         "{response}"
     );
     assert_eq!(output_text(&response), "done");
-}
-/// The server's `VmRSS` or `VmHWM` in KiB.
-fn status_kib(pid: u32, field: &str) -> u64 {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix(field)?.strip_prefix(':'))
-        .and_then(|v| v.split_whitespace().next()?.parse().ok())
-        .unwrap()
 }
 
 /// Conversations alone reach the store's caps (no turn runs): per identity, in bytes

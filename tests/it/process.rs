@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use serde_json::{json, Value};
 
 use crate::on_both_drivers;
-use crate::support::{open_event_stream, read_event, Launch, Reply, Server};
+use crate::support::{open_event_stream, read_event, status_kib, Launch, Reply, Server};
 
 fn post(server: &Server, path: &str, body: Value) -> Reply {
     server.post(path, &body.to_string())
@@ -1124,16 +1124,6 @@ fn processes_belong_to_the_identity_that_started_them(driver: &'static str) {
         .map(|e| e["data"].as_str().unwrap())
         .collect();
     assert_eq!(text, "from alice\n", "{output}");
-}
-
-/// A status line of `/proc/<pid>/status` in KiB (`VmRSS`, `VmHWM`).
-fn status_kib(pid: u32, field: &str) -> u64 {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix(field)?.strip_prefix(':'))
-        .and_then(|v| v.split_whitespace().next()?.parse().ok())
-        .unwrap()
 }
 
 fn stdin_to_a_process_that_never_reads_is_bounded(driver: &'static str) {

@@ -90,6 +90,16 @@ pub fn tools() -> &'static Tools {
     })
 }
 
+/// A line of `/proc/<pid>/status` in KiB (`VmRSS`, `VmHWM`).
+pub fn status_kib(pid: u32, field: &str) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix(field)?.strip_prefix(':'))
+        .and_then(|v| v.split_whitespace().next()?.parse().ok())
+        .unwrap()
+}
+
 /// A version `src/pins.env` names.
 pub fn pin(key: &str) -> String {
     let pins = include_str!("../../src/pins.env");

@@ -279,6 +279,18 @@ fn parse_origins(value: &Value) -> Result<Vec<String>, String> {
 }
 
 impl Policy {
+    /// The environment variables the identities take their tokens from (`token_env`):
+    /// secrets, kept from every child.
+    pub fn token_env_names(&self) -> Vec<String> {
+        self.identities
+            .iter()
+            .filter_map(|rule| match &rule.token {
+                TokenSource::Env(name) => Some(name.clone()),
+                TokenSource::Digest(_) => None,
+            })
+            .collect()
+    }
+
     /// The policy in force when no document is configured.
     pub fn empty() -> Policy {
         Policy::from_value(Value::Object(Default::default()), false).expect("empty policy is valid")

@@ -804,7 +804,42 @@ fn url_allow_lists_what_may_be_opened(driver: &'static str) {
     assert!(pages.requests_for("/two").is_empty());
 }
 
+/// `url_deny` of an IPv4 address also refuses that address spelled as IPv6
+/// (`[::ffff:127.0.0.1]`, `[::127.0.0.1]`) and every loopback name, and the page server
+/// is never asked for them.
+fn url_deny_sees_ipv4_in_ipv6_and_localhost(driver: &'static str) {
+    let pages = serve_pages();
+    let port = pages.addr.port();
+    let dir = TempDir::new("browserdeny");
+    let policy = dir.path().join("policy.yaml");
+    std::fs::write(
+        &policy,
+        "groups: {browser: true}\nendpoints:\n  browser_navigate:\n    url_deny: [\"127.0.0.1\"]\n",
+    )
+    .unwrap();
+    let server = Launch::new(driver)
+        .env("ABX_SERVER_POLICY", policy.to_str().unwrap())
+        .start();
+    for url in [
+        format!("http://[::ffff:127.0.0.1]:{port}/one"),
+        format!("http://[::ffff:7f00:1]:{port}/one"),
+        format!("http://[::127.0.0.1]:{port}/one"),
+        format!("http://localhost:{port}/one"),
+        format!("http://app.localhost:{port}/one"),
+        format!("http://[::1]:{port}/one"),
+    ] {
+        let (status, body) = post(&server, "/browser/navigate", json!({"url": url}));
+        assert_eq!(status, 403, "{url}: {body}");
+        assert!(
+            body["error"].as_str().unwrap().contains("url_deny"),
+            "{url}: {body}"
+        );
+    }
+    assert!(pages.requests_for("/one").is_empty());
+}
+
 on_both_drivers!(
+    url_deny_sees_ipv4_in_ipv6_and_localhost,
     navigation_content_and_history,
     input_routes_drive_the_page,
     waits_and_screenshots,

@@ -178,6 +178,9 @@ pub enum BodyMode {
     RawOrStreamedJson,
     /// A WebSocket upgrade (listed in `/capabilities` with method `WS`).
     Upgrade,
+    /// A JSON-RPC message: an object, or an array (a batch), syntax-checked by the
+    /// dispatcher like `Json`.
+    JsonRpc,
     /// A `multipart/form-data` body streamed into the sink the endpoint opens, up to
     /// `ABX_MAX_UPLOAD_SIZE` (plus the framing).
     Multipart,

@@ -394,7 +394,12 @@ impl Service for ApiService {
         let index = accepted.index;
         let catalog = accepted.catalog.clone();
         let endpoint = &catalog.endpoints[index];
-        if accepted.method.takes_json_body() {
+        if accepted.method.takes_json_body() && endpoint.spec.body == BodyMode::JsonRpc {
+            if let Err(e) = serde_json::from_slice::<serde::de::IgnoredAny>(&body) {
+                let error = ApiError::bad_request(format!("Invalid JSON body: {e}"));
+                return self.decorate(index, render(error, endpoint.spec.errors));
+            }
+        } else if accepted.method.takes_json_body() {
             let full_syntax = endpoint.spec.body == BodyMode::Json;
             if let Err(error) = validate_json_object(&body, full_syntax) {
                 return self.decorate(index, render(error, endpoint.spec.errors));

@@ -296,6 +296,12 @@ impl Endpoint {
         }
     }
 
+    /// The body is a JSON-RPC message or batch (see [`BodyMode::JsonRpc`]).
+    pub fn json_rpc(mut self) -> Self {
+        self.spec.body = BodyMode::JsonRpc;
+        self
+    }
+
     /// The handler deserialises the entire JSON body itself (see [`BodyMode::WholeJson`]).
     pub fn whole_json(mut self) -> Self {
         self.spec.body = BodyMode::WholeJson;

@@ -78,6 +78,13 @@ pub fn document(endpoints: &[Endpoint], listener: Listener) -> Value {
                 success(spec.streaming, raw, spec.returns.clone())
             } else if (200..400).contains(&status) {
                 json!({"description": reason(status)})
+            } else if spec.group == crate::api::Group::Mcp && spec.also_answers.contains(&status) {
+                // The transport's own refusals are JSON-RPC error objects, the
+                // dispatcher's (bad JSON) the contract's: both are objects.
+                json!({
+                    "description": reason(status),
+                    "content": {"application/json": {"schema": {"type": "object"}}},
+                })
             } else {
                 let schema = match spec.errors {
                     ErrorStyle::Contract => "#/components/schemas/Error",
@@ -173,6 +180,7 @@ fn success(streaming: bool, raw: bool, schema: Option<Value>) -> Value {
 
 fn reason(status: u16) -> &'static str {
     match status {
+        202 => "Accepted",
         204 => "No content",
         206 => "Partial content",
         304 => "Not modified",

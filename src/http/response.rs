@@ -181,8 +181,11 @@ pub fn write_head(
     out.extend_from_slice(reason_phrase(response.status).as_bytes());
     out.extend_from_slice(b"\r\nServer: agent-sandbox\r\nDate: ");
     out.extend_from_slice(date);
-    out.extend_from_slice(b"\r\nContent-Type: ");
-    out.extend_from_slice(response.content_type.as_bytes());
+    // An empty type is a body-less answer that names none (MCP's 202).
+    if !response.content_type.is_empty() {
+        out.extend_from_slice(b"\r\nContent-Type: ");
+        out.extend_from_slice(response.content_type.as_bytes());
+    }
     match framing {
         Framing::Length(len) => {
             out.extend_from_slice(b"\r\nContent-Length: ");

@@ -117,14 +117,18 @@ fn mcp_post(server: &Server, headers: &[(&str, &str)], body: Value) -> crate::su
 }
 
 fn initialize(server: &Server, token: &str) -> String {
+    initialize_at(server, token, "2025-06-18")
+}
+
+fn initialize_at(server: &Server, token: &str, version: &str) -> String {
     let auth = format!("Bearer {token}");
     let reply = mcp_post(
         server,
         &[("Authorization", &auth)],
-        json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {"protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}}}),
+        json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {"protocolVersion": version, "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}}}),
     );
     assert_eq!(reply.status, 200, "{}", reply.text());
-    assert_eq!(reply.json()["result"]["protocolVersion"], "2025-06-18");
+    assert_eq!(reply.json()["result"]["protocolVersion"], version);
     reply
         .header("mcp-session-id")
         .expect("a session id")

@@ -26,17 +26,21 @@ const SESSION_HEADER: &str = "Mcp-Session-Id";
 pub fn endpoints() -> Vec<Endpoint> {
     vec![
         Endpoint::new(Method::Post, "/mcp", Group::Mcp, handler(post))
+            .json_rpc()
             .id("mcp")
             .summary("Model Context Protocol over Streamable HTTP: this caller's routes and commands as tools (JSON-RPC: initialize, tools/list, tools/call, ping).")
-            .returns(json!({"type": "object"})),
+            .returns(json!({"type": ["object", "array"]}))
+            .also_answers(&[202, 400, 404]),
         Endpoint::new(Method::Get, "/mcp", Group::Mcp, handler(events))
             .id("mcp_events")
             .summary("The MCP session's server stream: notifications/tools/list_changed when a policy reload changes the tools.")
-            .streaming(true),
+            .streaming(true)
+            .also_answers(&[400, 404]),
         Endpoint::new(Method::Delete, "/mcp", Group::Mcp, handler(end))
             .id("mcp_end")
             .summary("Ends an MCP session (Mcp-Session-Id).")
-            .returns(json!({"type": "object"})),
+            .returns(json!({"type": "object"}))
+            .also_answers(&[400, 404]),
     ]
 }
 
@@ -79,13 +83,66 @@ fn session_of(call: &Call, id: &Value) -> Result<(String, &'static str), Respons
     }
 }
 
-/// `POST /mcp`: one JSON-RPC message.
+/// `POST /mcp`: one JSON-RPC message, or a batch where the session's revision has them
+/// (2025-03-26; later revisions removed batching).
 async fn post(call: Call) -> Result<Response, ApiError> {
-    let message: Value = call.json()?;
+    let message: Value = serde_json::from_slice(&call.body)
+        .map_err(|e| ApiError::bad_request(format!("Invalid JSON body: {e}")))?;
+    let Value::Array(batch) = message else {
+        return one(&call, message).await;
+    };
+    let version = match session_of(&call, &Value::Null) {
+        Ok((_, version)) => version,
+        Err(refusal) => return Ok(refusal),
+    };
+    if version != "2025-03-26" || batch.is_empty() {
+        let why = if batch.is_empty() {
+            "an empty batch".to_string()
+        } else {
+            format!("batches are a 2025-03-26 feature; this session speaks {version}")
+        };
+        return Ok(rpc(
+            400,
+            mcp::error(&Value::Null, mcp::INVALID_REQUEST, why),
+        ));
+    }
+    let mut answers = Vec::new();
+    for message in batch {
+        if matches!(mcp::classify(&message), Message::Request { ref method, .. } if method == "initialize")
+        {
+            let id = message.get("id").cloned().unwrap_or(Value::Null);
+            answers.push(mcp::error(
+                &id,
+                mcp::INVALID_REQUEST,
+                "initialize cannot be part of a batch",
+            ));
+            continue;
+        }
+        let answer = one(&call, message).await?;
+        if answer.status != 202 {
+            if let crate::http::response::Body::Full(bytes) = &answer.body {
+                if let Ok(value) = serde_json::from_slice::<Value>(bytes) {
+                    answers.push(value);
+                }
+            }
+        }
+    }
+    if answers.is_empty() {
+        return Ok(Response::raw(
+            202,
+            crate::http::JSON_CONTENT_TYPE,
+            Vec::new(),
+        ));
+    }
+    Ok(Response::ok(&Value::Array(answers)))
+}
+
+/// One JSON-RPC message.
+async fn one(call: &Call, message: Value) -> Result<Response, ApiError> {
     let (id, method, params) = match mcp::classify(&message) {
         Message::Request { id, method, params } => (id, method, params),
         Message::Notification | Message::Response => {
-            if let Err(refusal) = session_of(&call, &Value::Null) {
+            if let Err(refusal) = session_of(call, &Value::Null) {
                 return Ok(refusal);
             }
             return Ok(Response::raw(
@@ -111,13 +168,13 @@ async fn post(call: Call) -> Result<Response, ApiError> {
         );
         return Ok(rpc(200, answer).header(SESSION_HEADER, session));
     }
-    if let Err(refusal) = session_of(&call, &id) {
+    if let Err(refusal) = session_of(call, &id) {
         return Ok(refusal);
     }
     let answer = match method.as_str() {
         "ping" => mcp::result(&id, json!({})),
-        "tools/list" => mcp::result(&id, json!({"tools": tools(&call)})),
-        "tools/call" => match call_tool(&call, &params).await {
+        "tools/list" => mcp::result(&id, json!({"tools": tools(call)})),
+        "tools/call" => match call_tool(call, &params).await {
             Ok(result) => mcp::result(&id, result),
             Err(message) => mcp::error(&id, mcp::INVALID_PARAMS, message),
         },

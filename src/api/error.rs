@@ -142,12 +142,18 @@ impl ApiError {
                         .map(|(_, v)| v.clone())
                         .unwrap_or(Value::Null)
                 };
-                serde_json::json!({"error": {
+                let mut error = serde_json::json!({
                     "message": self.message,
                     "type": self.openai_type(),
                     "param": field("param"),
                     "code": self.code,
-                }})
+                });
+                // A disabled endpoint names the rule that decided, as the contract's
+                // envelope does beside `error`.
+                if let Value::String(rule) = field("rule") {
+                    error["rule"] = Value::String(rule);
+                }
+                serde_json::json!({ "error": error })
             }
         }
     }

@@ -89,8 +89,9 @@ impl ApiService {
         // (credentials, policy, a sink) is looked at: it is never read.
         let limit = self.body_limit(found.index, method, head);
         if head.content_length.is_some_and(|n| n > limit) {
-            let refusal = self.refuse(ProtocolError::body_too_large(limit)).closing();
-            return Err(self.decorate(found.index, refusal));
+            return Err(self
+                .refuse(ProtocolError::body_too_large(limit), Some(head))
+                .closing());
         }
         // origin: a page of another site may read nothing and change nothing
         if method != Method::Get {
@@ -420,10 +421,27 @@ impl Service for ApiService {
         self.invoke(index, handler, call).await
     }
 
-    fn refuse(&self, error: ProtocolError) -> Response {
+    fn refuse(&self, error: ProtocolError, head: Option<&RequestHead>) -> Response {
         let mut api = ApiError::new(error.status, "ValueError", error.message);
         api.code = error.code;
-        render(api, ErrorStyle::Contract)
+        // A refusal of a request whose route is known is worded as that route words its
+        // errors (OpenAI's envelope under /v1), with its headers.
+        let route = head.and_then(|head| {
+            let method = Method::from_http(&head.method)?;
+            let (path, _) = split_target(&head.target);
+            let catalog = self.state.catalog();
+            catalog
+                .router
+                .lookup(method, &path)
+                .map(|found| found.index)
+        });
+        match route {
+            Some(index) => {
+                let style = self.state.catalog().endpoints[index].spec.errors;
+                self.decorate(index, render(api, style))
+            }
+            None => render(api, ErrorStyle::Contract),
+        }
     }
 
     fn unavailable(&self) -> Response {

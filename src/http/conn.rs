@@ -152,7 +152,7 @@ impl<S: Service> Connection<S> {
                 Ok(Some(head)) => head,
                 Ok(None) => return Ok(None),
                 Err(error) => {
-                    let answer = self.service.refuse(error).closing();
+                    let answer = self.service.refuse(error, None).closing();
                     self.queue_response(answer, false).await?;
                     return Ok(None);
                 }
@@ -183,7 +183,7 @@ impl<S: Service> Connection<S> {
                         }
                     }
                     Ok(body) => self.service.respond(call, head, body).await,
-                    Err(error) => self.service.refuse(error).closing(),
+                    Err(error) => self.service.refuse(error, Some(&head)).closing(),
                 },
                 Plan::Stream { limit, sink } => self.stream_body(&head, limit, sink).await?,
                 Plan::Upgrade(upgrade) => return Ok(Some(upgrade)),
@@ -515,7 +515,7 @@ impl<S: Service> Connection<S> {
             sink.abort().await;
             return Ok(self
                 .service
-                .refuse(ProtocolError::body_too_large(limit))
+                .refuse(ProtocolError::body_too_large(limit), Some(head))
                 .closing());
         }
         if let Err(stop) = self.send_continue(head).await {
@@ -559,14 +559,14 @@ impl<S: Service> Connection<S> {
                             }
                         }
                         Ok(None) => break,
-                        Err(error) => return Ok(Err(self.service.refuse(error))),
+                        Err(error) => return Ok(Err(self.service.refuse(error, Some(head)))),
                     }
                 }
                 total += piece.len() as u64;
                 if total > limit {
                     return Ok(Err(self
                         .service
-                        .refuse(ProtocolError::body_too_large(limit))));
+                        .refuse(ProtocolError::body_too_large(limit), Some(head))));
                 }
                 let finished = matches!(&framing, BodyFraming::Chunked(d, _) if d.is_done());
                 if !piece.is_empty() {

@@ -88,8 +88,9 @@ pub trait Service: 'static {
         head: RequestHead,
         body: Vec<u8>,
     ) -> impl Future<Output = Response>;
-    /// Words a refusal of the engine's own in the service's error envelope.
-    fn refuse(&self, error: ProtocolError) -> Response;
+    /// Words a refusal of the engine's own in the service's error envelope; `head` is the
+    /// request it refuses when one was read, so the envelope can be its route's.
+    fn refuse(&self, error: ProtocolError, head: Option<&RequestHead>) -> Response;
     /// The answer for a connection accepted only to be turned away because the process
     /// has no descriptor left to serve it (a full body; the connection closes after it).
     fn unavailable(&self) -> Response;

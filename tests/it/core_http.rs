@@ -907,6 +907,59 @@ fn cross_origin_requests_are_refused(driver: &'static str) {
     }
 }
 
+/// Refusals decided before a handler runs are worded by the route they refuse: under
+/// `/v1`, OpenAI's envelope with `X-Agent-Sandbox-Local: 1`, for a body announced too
+/// large, a malformed chunked body and a disabled endpoint (which names its rule).
+fn refusals_before_the_handler_speak_the_routes_envelope(driver: &'static str) {
+    let raw = |server: &Server, request: &[u8]| {
+        let mut stream = server.connect();
+        stream.write_all(request).unwrap();
+        read_reply(&mut BufReader::new(stream)).unwrap()
+    };
+    let openai = |reply: &crate::support::Reply, status: u16, code: Option<&str>| {
+        assert_eq!(reply.status, status, "{}", reply.text());
+        assert_eq!(
+            reply.header("x-agent-sandbox-local"),
+            Some("1"),
+            "{}",
+            reply.text()
+        );
+        let body = reply.json();
+        assert!(body["error"]["message"].is_string(), "{body}");
+        assert!(body["error"]["type"].is_string(), "{body}");
+        if let Some(code) = code {
+            assert_eq!(body["error"]["code"], code, "{body}");
+        }
+        body
+    };
+    let off = Server::start(driver);
+    let body = openai(
+        &off.post("/v1/conversations", "{}"),
+        404,
+        Some("endpoint_disabled"),
+    );
+    assert_eq!(body["error"]["rule"], "default:opt-in:agents", "{body}");
+
+    let on = Launch::new(driver)
+        .env("ABX_SERVER_ENABLED_GROUPS", "agents")
+        .start();
+    let reply = raw(
+        &on,
+        b"POST /v1/conversations HTTP/1.1\r\nHost: t\r\nContent-Length: 20971520\r\n\r\n",
+    );
+    openai(&reply, 413, Some("payload_too_large"));
+    let reply = raw(&on, b"POST /v1/conversations HTTP/1.1\r\nHost: t\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n{}\r\n0\r\n\r\n");
+    openai(&reply, 400, None);
+    // The contract's routes keep the contract's envelope.
+    let reply = raw(
+        &on,
+        b"POST /files/mkdir HTTP/1.1\r\nHost: t\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n",
+    );
+    assert_eq!(reply.status, 400);
+    assert!(reply.json()["error"].is_string(), "{}", reply.text());
+    assert_eq!(reply.header("x-agent-sandbox-local"), None);
+}
+
 /// Whether the server said a line containing all of `words` at startup (stderr and
 /// stdout are separate pipes, so such a line may arrive after the banner).
 fn said_at_startup(server: &Server, words: &[&str]) -> bool {
@@ -1112,6 +1165,7 @@ on_both_drivers!(
     uncreatable_base_dir_is_a_warning,
     second_server_on_a_held_port_exits_2,
     host_names_resolve,
+    refusals_before_the_handler_speak_the_routes_envelope,
     cross_origin_requests_are_refused,
     missing_base_dir_is_created_and_commands_run_there,
     sigterm_finishes_in_flight_requests,

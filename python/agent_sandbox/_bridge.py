@@ -14,6 +14,8 @@ import sys
 import threading
 import traceback
 
+from ._messages import Request, ServerResponse, SSEResponse
+
 # Events a streaming route may run ahead of the client; the server grants one more per
 # event it has passed on, so a slow client cannot make either side buffer without bound.
 STREAM_WINDOW = 16
@@ -181,8 +183,6 @@ class _Link:
             pass
 
     def call_route(self, call_id, message):
-        from .server import Request, ServerResponse, SSEResponse
-
         route = self.server.table.get(message["route"])
         if route is None:
             return 404, _encode({"error": f"Unknown route: {message['route']}", "type": "ValueError"})

@@ -143,7 +143,7 @@ pub trait RawSink {
     fn abort(self: Box<Self>) -> Pin<Box<dyn Future<Output = ()>>>;
     /// The most bytes one piece should carry (the engine's default: 256 KiB).
     fn piece_size(&self) -> usize {
-        crate::http::conn::STREAM_CHUNK
+        crate::http::service::STREAM_CHUNK
     }
 }
 

@@ -21,7 +21,7 @@ use monoio::net::TcpStream;
 use super::chunked::{ChunkedDecoder, ChunkedError};
 use super::head::{self, ProtocolError, RequestHead};
 use super::response::{write_chunk, write_head, Body, BodyStream, Framing, Response};
-use super::service::{BodySink, Plan, Service, Upgrade};
+use super::service::{BodySink, Plan, Service, Upgrade, STREAM_CHUNK};
 use crate::timefmt::with_http_date;
 
 /// Bodies up to this size are copied behind the head so both leave in one `send`.
@@ -29,8 +29,6 @@ const COALESCE_BODY_BYTES: usize = 16 * 1024;
 /// Pending pipelined output is flushed once it reaches this size.
 const MAX_PENDING_OUTPUT: usize = 64 * 1024;
 const READ_CHUNK: usize = 16 * 1024;
-/// Largest piece of a streamed body held in memory at once.
-pub const STREAM_CHUNK: usize = 256 * 1024;
 /// Most bytes of an unwanted body read (through the connection's small read buffer, so
 /// it costs no memory) and thrown away to keep the connection usable; past this the
 /// connection closes instead. The contract's JSON body cap.

@@ -100,12 +100,6 @@ impl Response {
         }
     }
 
-    /// A `text/event-stream` response fed by `events`.
-    pub fn sse(events: super::sse::SseStream) -> Response {
-        Response::stream(200, SSE_CONTENT_TYPE, Box::new(events))
-            .header("Cache-Control", "no-cache")
-    }
-
     pub fn header(
         mut self,
         name: impl Into<Cow<'static, str>>,

@@ -10,6 +10,9 @@ use monoio::net::TcpStream;
 use super::head::{ProtocolError, RequestHead};
 use super::response::{LocalFuture, Response};
 
+/// Largest piece of a streamed body held in memory at once.
+pub const STREAM_CHUNK: usize = 256 * 1024;
+
 /// Connection timing a service asks of the engine.
 #[derive(Clone, Copy, Debug)]
 pub struct Timeouts {
@@ -32,7 +35,7 @@ pub trait BodySink {
     /// The most bytes one piece should carry: what the sink holds per body on top of
     /// its own buffers.
     fn piece_size(&self) -> usize {
-        super::conn::STREAM_CHUNK
+        STREAM_CHUNK
     }
 }
 

@@ -11,7 +11,16 @@ use futures_channel::{mpsc, oneshot};
 use futures_core::Stream;
 use serde::Serialize;
 
-use super::response::{BodyStream, LocalFuture};
+use super::response::{BodyStream, LocalFuture, Response, SSE_CONTENT_TYPE};
+
+// Beside the stream it wraps, so `response` needs nothing of this module.
+impl Response {
+    /// A `text/event-stream` response fed by `events`.
+    pub fn sse(events: SseStream) -> Response {
+        Response::stream(200, SSE_CONTENT_TYPE, Box::new(events))
+            .header("Cache-Control", "no-cache")
+    }
+}
 
 /// Frames one event exactly as the contract shows it.
 pub fn format_event<T: Serialize + ?Sized>(name: &str, data: &T) -> Vec<u8> {

@@ -146,29 +146,7 @@ impl TextReader {
 /// Writes all of `data` to a non-blocking pipe, waiting on the current worker's driver
 /// whenever the pipe is full. Returns the bytes written before an error, with it.
 pub async fn write_all(fd: &OwnedFd, data: &[u8]) -> (usize, io::Result<()>) {
-    let mut written = 0;
-    let mut ready: Option<Readiness> = None;
-    while written < data.len() {
-        match rustix::io::write(fd, &data[written..]) {
-            Ok(n) => written += n,
-            Err(Errno::AGAIN) => {
-                if ready.is_none() {
-                    match Readiness::new(fd.as_fd()) {
-                        Ok(r) => ready = Some(r),
-                        Err(e) => return (written, Err(e)),
-                    }
-                }
-                if let Some(r) = &ready {
-                    if let Err(e) = r.writable().await {
-                        return (written, Err(e));
-                    }
-                }
-            }
-            Err(Errno::INTR) => {}
-            Err(e) => return (written, Err(e.into())),
-        }
-    }
-    (written, Ok(()))
+    write_all_within(fd, data, None).await
 }
 
 /// Like [`write_all`], but gives up once `deadline` passes with the pipe still full:
@@ -177,6 +155,14 @@ pub async fn write_all_until(
     fd: &OwnedFd,
     data: &[u8],
     deadline: std::time::Instant,
+) -> (usize, io::Result<()>) {
+    write_all_within(fd, data, Some(deadline)).await
+}
+
+async fn write_all_within(
+    fd: &OwnedFd,
+    data: &[u8],
+    deadline: Option<std::time::Instant>,
 ) -> (usize, io::Result<()>) {
     let mut written = 0;
     let mut ready: Option<Readiness> = None;
@@ -191,6 +177,12 @@ pub async fn write_all_until(
                     }
                 }
                 let Some(r) = &ready else { continue };
+                let Some(deadline) = deadline else {
+                    if let Err(e) = r.writable().await {
+                        return (written, Err(e));
+                    }
+                    continue;
+                };
                 let left = deadline.saturating_duration_since(std::time::Instant::now());
                 let timed_out = monoio::select! {
                     writable = r.writable() => match writable {

@@ -93,12 +93,11 @@ impl ApiService {
                 .refuse(ProtocolError::body_too_large(limit), Some(head))
                 .closing());
         }
-        // origin: a page of another site may read nothing and change nothing
-        if method != Method::Get {
-            if let Some(error) = cross_origin_refusal(head, &catalog.policy.allow_origins) {
-                let error = error.with_field("endpoint", endpoint.spec.id.clone());
-                return Err(self.decorate(found.index, render(error, style)));
-            }
+        // origin: a page of another site may drive nothing (GET routes run programs too:
+        // git, pip)
+        if let Some(error) = cross_origin_refusal(head, &catalog.policy.allow_origins) {
+            let error = error.with_field("endpoint", endpoint.spec.id.clone());
+            return Err(self.decorate(found.index, render(error, style)));
         }
         // authenticate
         let identity = catalog
@@ -613,11 +612,30 @@ fn cross_origin_refusal(head: &RequestHead, allow: &[String]) -> Option<ApiError
         .unwrap_or_default()
         .trim()
         .to_ascii_lowercase();
-    let own = origin.as_deref().is_some_and(|origin| {
-        origin.split_once("://").is_some_and(|(scheme, authority)| {
-            matches!(scheme, "http" | "https") && authority == host
-        })
-    });
+    // A name that is not this machine's own could be rebound to it: a page of
+    // `http://rebind.example:9000` whose name later resolves to 127.0.0.1 sends its own
+    // origin as Host and Origin. So only an address, a `localhost` name, or a host the
+    // policy lists counts as the server's own.
+    let hostname = host
+        .strip_prefix('[')
+        .and_then(|h| h.split_once(']').map(|(ip, _)| ip))
+        .unwrap_or_else(|| {
+            host.rsplit_once(':')
+                .map_or(host.as_str(), |(name, _)| name)
+        });
+    let host_is_ours = hostname.parse::<std::net::IpAddr>().is_ok()
+        || hostname == "localhost"
+        || hostname.ends_with(".localhost")
+        || allow.iter().any(|o| {
+            o.split_once("://")
+                .is_some_and(|(_, authority)| authority == host || authority == hostname)
+        });
+    let own = host_is_ours
+        && origin.as_deref().is_some_and(|origin| {
+            origin.split_once("://").is_some_and(|(scheme, authority)| {
+                matches!(scheme, "http" | "https") && authority == host
+            })
+        });
     let foreign_origin = origin.as_deref().is_some_and(|o| !own && !listed(o));
     let foreign_site = matches!(fetch_site.as_deref(), Some("cross-site" | "same-site"))
         && !own

@@ -301,7 +301,8 @@ fn host_spellings(host: &str) -> Vec<String> {
     } else if let Ok(v4) = host.parse::<Ipv4Addr>() {
         ip = Some(IpAddr::V4(v4));
     }
-    let loopback = ip.is_some_and(|ip| ip.is_loopback())
+    // 0.0.0.0 and [::] reach this machine too on Linux.
+    let loopback = ip.is_some_and(|ip| ip.is_loopback() || ip.is_unspecified())
         || host == "localhost"
         || host.ends_with(".localhost");
     if loopback {
@@ -595,6 +596,8 @@ mod tests {
         for url in [
             "http://127.0.0.1:8080/",
             "http://[::1]/",
+            "http://0.0.0.0/",
+            "http://[::]/",
             "http://localhost/",
             "http://LOCALHOST./",
             "http://app.localhost/",
@@ -687,6 +690,8 @@ mod tests {
             "http://[::ffff:7f00:1]/",
             "http://[::127.0.0.1]/",
             "http://[::1]/",
+            "http://0.0.0.0/",
+            "http://[::]/",
             "http://localhost/",
             "http://app.localhost:8080/",
             "http://127.1/",

@@ -20,10 +20,11 @@
 //! 2. [`environment`] drops every `GIT_*` variable and every code-loading variable of
 //!    the shared environment, ignores the global and system configuration, and forbids
 //!    prompts and optional locks.
-//! 3. [`config_argv`] reads the repository's configuration with `git config --list`
+//! 3. [`config_overrides`] reads the repository's configuration with `git config --list`
 //!    (which runs nothing) and answers `-c` overrides that blank every program-naming
 //!    key it holds, plus fixed ones for the keys git would consult by default; command
-//!    line `-c` outranks every configuration file. The dev tools also pass
+//!    line `-c` outranks every configuration file (given as `GIT_CONFIG_KEY_n`, which has
+//!    `-c`'s precedence without its `=` splitting). The dev tools also pass
 //!    `--no-ext-diff`, `--no-textconv`, `--no-pager` and `--ignore-submodules=all` (a
 //!    submodule has a configuration of its own).
 //!
@@ -116,16 +117,32 @@ fn check_common_dir(beneath: &Beneath<'_>, git_dir: &Path) -> Result<(), RepoErr
         common = resolve_named(beneath, git_dir, text.trim())?;
     }
     for dir in [git_dir.to_path_buf(), common] {
-        let objects = dir.join("objects");
-        let alternates = objects.join("info/alternates");
-        if exists(beneath, &alternates)? {
-            for line in read_small(beneath, &alternates)?.lines() {
-                let line = line.trim();
-                if !line.is_empty() && !line.starts_with('#') {
-                    resolve_named(beneath, &objects, line)?;
-                }
-            }
+        check_alternates(beneath, &dir.join("objects"), 0)?;
+    }
+    Ok(())
+}
+
+/// An object directory's `info/alternates`, and theirs in turn (git follows them five
+/// deep): every entry must lie beneath the base. A quoted entry (git unquotes C-style
+/// escapes) is refused rather than unquoted here.
+fn check_alternates(beneath: &Beneath<'_>, objects: &Path, depth: usize) -> Result<(), RepoError> {
+    let alternates = objects.join("info/alternates");
+    if !exists(beneath, &alternates)? {
+        return Ok(());
+    }
+    if depth > 5 {
+        return Err(RepoError::Outside(beneath.display(&alternates)));
+    }
+    for line in read_small(beneath, &alternates)?.lines() {
+        let line = line.trim();
+        if line.is_empty() || line.starts_with('#') {
+            continue;
         }
+        if line.starts_with('"') {
+            return Err(RepoError::Outside(beneath.display(&alternates)));
+        }
+        let next = resolve_named(beneath, objects, line)?;
+        check_alternates(beneath, &next, depth + 1)?;
     }
     Ok(())
 }
@@ -196,6 +213,8 @@ pub fn environment(
     set("GIT_TERMINAL_PROMPT", "0".as_ref());
     set("GIT_OPTIONAL_LOCKS", "0".as_ref());
     set("LC_ALL", "C".as_ref());
+    // Never fetch a missing object (a "partial clone"'s promisor remote).
+    set("GIT_NO_LAZY_FETCH", "1".as_ref());
     if let Some(repo) = repo {
         set("GIT_DIR", repo.git_dir.as_os_str());
         set("GIT_WORK_TREE", repo.work_tree.as_os_str());
@@ -204,31 +223,54 @@ pub fn environment(
 }
 
 /// Overrides every dev-tools git run carries, whatever the configuration says.
-pub const FIXED_OVERRIDES: [&str; 12] = [
-    "core.fsmonitor=false",
-    "core.hooksPath=/dev/null",
-    "core.pager=cat",
-    "core.editor=false",
-    "core.sshCommand=false",
-    "core.gitProxy=",
-    "core.askPass=",
-    "core.attributesFile=/dev/null",
-    "diff.external=",
-    "credential.helper=",
-    "submodule.recurse=false",
-    "status.submoduleSummary=false",
+pub const FIXED_OVERRIDES: [(&str, &str); 13] = [
+    ("core.fsmonitor", "false"),
+    ("core.hooksPath", "/dev/null"),
+    ("core.pager", "cat"),
+    ("core.editor", "false"),
+    ("core.sshCommand", "false"),
+    ("core.gitProxy", ""),
+    ("core.askPass", ""),
+    ("core.attributesFile", "/dev/null"),
+    ("diff.external", ""),
+    ("credential.helper", ""),
+    ("submodule.recurse", "false"),
+    ("status.submoduleSummary", "false"),
+    // No transport at all: a "partial clone" would fetch missing objects through a
+    // remote whose upload-pack command the repository names.
+    ("protocol.allow", "never"),
 ];
 
-/// `-c` arguments for `git`: [`FIXED_OVERRIDES`], then a blank for every key of
-/// `config_list` (the NUL-separated output of `git config --null --list`) that names a
-/// program to run. A blank command is one git skips (`filter.<d>.required` is lifted
-/// too, or a blanked filter would fail the operation).
-pub fn config_argv(config_list: &str) -> Vec<String> {
-    let mut argv = Vec::new();
-    for fixed in FIXED_OVERRIDES {
-        argv.push("-c".to_string());
-        argv.push(fixed.to_string());
+/// Why a repository's configuration cannot be neutralised, so git must not run on it.
+#[derive(Debug, PartialEq, Eq)]
+pub enum ConfigRefusal {
+    /// A key that is not UTF-8 cannot be named back exactly.
+    NotUtf8,
+    /// The listing was cut: keys past the cut would go unseen.
+    TooLarge,
+}
+
+/// The overrides for `git`, as `(key, value)` pairs that [`environment`] passes as
+/// `GIT_CONFIG_COUNT`/`GIT_CONFIG_KEY_n`/`GIT_CONFIG_VALUE_n` (the same precedence as
+/// `-c`, and no `=` splitting: a driver named `a=b` is named exactly):
+/// [`FIXED_OVERRIDES`], then a blank for every key of `config_list` (the NUL-separated
+/// output of `git config --null --list`) that names a program to run. A blank command
+/// is one git skips (`filter.<d>.required` is lifted too, or a blanked filter would
+/// fail the operation).
+pub fn config_overrides(
+    config_list: &str,
+    truncated: bool,
+) -> Result<Vec<(String, String)>, ConfigRefusal> {
+    if truncated {
+        return Err(ConfigRefusal::TooLarge);
     }
+    if config_list.contains('\u{FFFD}') {
+        return Err(ConfigRefusal::NotUtf8);
+    }
+    let mut pairs: Vec<(String, String)> = FIXED_OVERRIDES
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
     for entry in config_list.split('\0') {
         let key = entry.split('\n').next().unwrap_or_default();
         let lower = key.to_ascii_lowercase();
@@ -242,18 +284,26 @@ pub fn config_argv(config_list: &str) -> Vec<String> {
             "merge" => variable == "driver",
             "pager" | "alias" => true,
             "gpg" => variable == "program",
+            "remote" => matches!(variable, "uploadpack" | "receivepack" | "vcs"),
             _ => false,
         };
         if blank {
-            argv.push("-c".to_string());
-            argv.push(format!("{key}="));
+            pairs.push((key.to_string(), String::new()));
         }
         if section == "filter" && variable == "required" {
-            argv.push("-c".to_string());
-            argv.push(format!("{key}=false"));
+            pairs.push((key.to_string(), "false".to_string()));
         }
     }
-    argv
+    Ok(pairs)
+}
+
+/// Adds `pairs` to `env` as command-line-scope configuration.
+pub fn add_overrides(env: &mut Vec<(OsString, OsString)>, pairs: &[(String, String)]) {
+    env.push(("GIT_CONFIG_COUNT".into(), pairs.len().to_string().into()));
+    for (n, (key, value)) in pairs.iter().enumerate() {
+        env.push((format!("GIT_CONFIG_KEY_{n}").into(), key.into()));
+        env.push((format!("GIT_CONFIG_VALUE_{n}").into(), value.into()));
+    }
 }
 
 #[cfg(test)]
@@ -262,20 +312,35 @@ mod tests {
 
     #[test]
     fn every_program_naming_key_is_blanked() {
-        let list = "core.bare\nfalse\0filter.Evil.clean\ntouch /tmp/x\0filter.Evil.required\ntrue\0diff.pdf.textconv\npdftotext\0diff.x.command\nrun\0user.name\nme\0pager.status\nless\0";
-        let argv = config_argv(list);
-        for expected in [
-            "filter.Evil.clean=",
-            "filter.Evil.required=false",
-            "diff.pdf.textconv=",
-            "diff.x.command=",
-            "pager.status=",
-            "core.fsmonitor=false",
+        let list = "core.bare\nfalse\0filter.Evil.clean\ntouch /tmp/x\0filter.Evil.required\ntrue\0diff.pdf.textconv\npdftotext\0diff.x.command\nrun\0user.name\nme\0pager.status\nless\0filter.a=b.clean\nrun\0remote.origin.uploadpack\nrun\0";
+        let pairs = config_overrides(list, false).unwrap();
+        let has = |k: &str, v: &str| pairs.iter().any(|(pk, pv)| pk == k && pv == v);
+        for (key, value) in [
+            ("filter.Evil.clean", ""),
+            ("filter.Evil.required", "false"),
+            ("diff.pdf.textconv", ""),
+            ("diff.x.command", ""),
+            ("pager.status", ""),
+            ("filter.a=b.clean", ""),
+            ("remote.origin.uploadpack", ""),
+            ("core.fsmonitor", "false"),
+            ("protocol.allow", "never"),
         ] {
-            assert!(argv.iter().any(|a| a == expected), "{expected}: {argv:?}");
+            assert!(has(key, value), "{key}: {pairs:?}");
         }
-        assert!(!argv.iter().any(|a| a.starts_with("user.name")), "{argv:?}");
-        assert!(argv.chunks(2).all(|pair| pair[0] == "-c"));
+        assert!(
+            !pairs.iter().any(|(k, _)| k.starts_with("user.name")),
+            "{pairs:?}"
+        );
+        assert_eq!(
+            config_overrides("filter.\u{FFFD}.clean\nx\0", false),
+            Err(ConfigRefusal::NotUtf8)
+        );
+        assert_eq!(config_overrides("", true), Err(ConfigRefusal::TooLarge));
+        let mut env = Vec::new();
+        add_overrides(&mut env, &pairs[..1]);
+        assert_eq!(env[0], ("GIT_CONFIG_COUNT".into(), "1".into()));
+        assert_eq!(env[1], ("GIT_CONFIG_KEY_0".into(), "core.fsmonitor".into()));
     }
 
     #[test]

@@ -33,8 +33,13 @@ impl Answer {
 /// Idle connections a worker thread keeps, across all addresses.
 const IDLE_PER_THREAD: usize = 8;
 
+/// How long an idle connection is reused: far below the server's own keep-alive
+/// timeout, so the server never closes one the pool still holds.
+const IDLE_REUSE: std::time::Duration = std::time::Duration::from_secs(10);
+
 thread_local! {
-    static IDLE: RefCell<Vec<(SocketAddr, TcpStream)>> = const { RefCell::new(Vec::new()) };
+    static IDLE: RefCell<Vec<(SocketAddr, TcpStream, std::time::Instant)>> =
+        const { RefCell::new(Vec::new()) };
 }
 
 /// Sends `method target` with `headers` and `body` to `addr` and reads the answer, at
@@ -68,14 +73,21 @@ pub async fn exchange(
     }
     let idle = IDLE.with(|idle| {
         let mut idle = idle.borrow_mut();
-        let at = idle.iter().rposition(|(a, _)| *a == addr)?;
+        idle.retain(|(_, _, since)| since.elapsed() < IDLE_REUSE);
+        let at = idle.iter().rposition(|(a, _, _)| *a == addr)?;
         Some(idle.swap_remove(at).1)
     });
     if let Some(stream) = idle {
-        // An idle connection the server has closed meanwhile answers nothing at all: the
-        // request never reached a handler, so it is sent again on a new one.
+        // A pooled connection that answers nothing at all is sent the request again on
+        // a new one only for a GET: a request that changes something might have run.
         if let Some(answer) = send(stream, bytes.clone(), limit).await? {
             return Ok(answer);
+        }
+        if method != "GET" {
+            return Err(io::Error::new(
+                io::ErrorKind::UnexpectedEof,
+                "the connection closed before an answer",
+            ));
         }
     }
     let stream = TcpStream::connect(addr).await?;
@@ -107,7 +119,7 @@ async fn send(mut stream: TcpStream, bytes: Vec<u8>, limit: usize) -> io::Result
                 IDLE.with(|idle| {
                     let mut idle = idle.borrow_mut();
                     if idle.len() < IDLE_PER_THREAD {
-                        idle.push((addr, stream));
+                        idle.push((addr, stream, std::time::Instant::now()));
                     }
                 });
             }

@@ -12,7 +12,7 @@ use std::sync::{Arc, RwLock};
 /// "load this too" options. A request's `env` naming one is 400 and `POST /env` 403
 /// (`docs/api.md` lists them); the terminal strips the contract's three instead.
 pub const CODE_LOADING_PREFIXES: [&str; 3] = ["LD_", "DYLD_", "BASH_FUNC_"];
-pub const CODE_LOADING_VARS: [&str; 22] = [
+pub const CODE_LOADING_VARS: [&str; 24] = [
     "BASH_ENV",
     "ENV",
     "SHELLOPTS",
@@ -35,6 +35,8 @@ pub const CODE_LOADING_VARS: [&str; 22] = [
     "_JAVA_OPTIONS",
     "GCONV_PATH",
     "OPENSSL_CONF",
+    "GLIBC_TUNABLES",
+    "MALLOC_CONF",
 ];
 
 /// Whether `name` is one of [`CODE_LOADING_VARS`] or starts with one of

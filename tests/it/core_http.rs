@@ -887,9 +887,23 @@ fn cross_origin_requests_are_refused(driver: &'static str) {
     let reply = local.request("POST", "/v1/conversations", &refused[0], Some(b"{}"));
     assert_eq!(reply.status, 403, "{}", reply.text());
     assert_eq!(reply.json()["error"]["code"], "cross_origin_refused");
-    // Reads, the own origin, no origin, and a listed origin pass.
-    let reply = local.request("GET", "/health", &refused[0], None);
-    assert_eq!(reply.status, 200);
+    // GET routes run programs too (git, pip): a foreign page gets none of them.
+    let reply = local.request("GET", "/system/info", &refused[0], None);
+    assert_eq!(reply.status, 403, "{}", reply.text());
+    // A name that is not this machine's own could be rebound to it: its origin is not
+    // the server's own, even when Host and Origin agree.
+    let reply = local.request(
+        "POST",
+        "/shell",
+        &[
+            ("Host", "rebind.example:9000"),
+            ("Origin", "http://rebind.example:9000"),
+            ("Sec-Fetch-Site", "same-origin"),
+        ],
+        Some(shell),
+    );
+    assert_eq!(reply.status, 403, "{}", reply.text());
+    // The own origin (an address), no origin, and a listed origin pass.
     for headers in [
         vec![
             ("Host", own_host.as_str()),

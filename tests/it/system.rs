@@ -611,6 +611,7 @@ fn git_stays_inside_the_base_and_runs_nothing(driver: &'static str) {
     std::fs::create_dir(&repo).unwrap();
     git(&repo, &["init", "-q"]);
     std::fs::write(repo.join("a.txt"), "one\n").unwrap();
+    std::fs::write(repo.join("second.txt"), "one\n").unwrap();
     git(&repo, &["add", "."]);
     git(&repo, &["commit", "-qm", "first"]);
     let outside_tree = top.path().join("tree");
@@ -619,6 +620,7 @@ fn git_stays_inside_the_base_and_runs_nothing(driver: &'static str) {
     let config = format!(
         "[core]\n\tfsmonitor = touch {fsmonitor}\n\thooksPath = {hooks}\n\tpager = touch {pager}\n\tworktree = {tree}\n\
          [filter \"evil\"]\n\tclean = tee {clean}\n\tsmudge = tee {smudge}\n\trequired = true\n\
+         [filter \"a=b\"]\n\tclean = tee {clean_eq}\n\
          [diff]\n\texternal = touch {external}\n[diff \"tc\"]\n\ttextconv = touch {textconv}\n",
         fsmonitor = marker("fsmonitor"),
         hooks = markers.display(),
@@ -626,13 +628,19 @@ fn git_stays_inside_the_base_and_runs_nothing(driver: &'static str) {
         tree = outside_tree.display(),
         clean = marker("clean"),
         smudge = marker("smudge"),
+        clean_eq = marker("clean-eq"),
         external = marker("external"),
         textconv = marker("textconv"),
     );
     let mut existing = std::fs::read_to_string(repo.join(".git/config")).unwrap();
     existing.push_str(&config);
     std::fs::write(repo.join(".git/config"), existing).unwrap();
-    std::fs::write(repo.join(".gitattributes"), "* filter=evil diff=tc\n").unwrap();
+    std::fs::write(
+        repo.join(".gitattributes"),
+        "* filter=evil diff=tc\nsecond.txt filter=a=b\n",
+    )
+    .unwrap();
+    std::fs::write(repo.join("second.txt"), "one\ntwo\n").unwrap();
     std::fs::write(
         base.join(".gitconfig"),
         format!("[core]\n\tfsmonitor = touch {}\n", marker("global")),

@@ -171,7 +171,6 @@ async fn code_run(call: Call) -> Result<Response, ApiError> {
 struct GitRun {
     cwd: std::os::fd::OwnedFd,
     env: Vec<(std::ffi::OsString, std::ffi::OsString)>,
-    overrides: Vec<String>,
 }
 
 async fn prepare_git(call: &Call, path: Option<&str>) -> Result<GitRun, ApiError> {
@@ -208,7 +207,7 @@ async fn prepare_git(call: &Call, path: Option<&str>) -> Result<GitRun, ApiError
             return Err(crate::api::errno::os_error(&error, Some(&path)))
         }
     };
-    let env = repo::environment(&call.services().environment.snapshot(), Some(&repository));
+    let mut env = repo::environment(&call.services().environment.snapshot(), Some(&repository));
     let argv = ["git", "config", "--null", "--list"]
         .map(String::from)
         .to_vec();
@@ -223,11 +222,20 @@ async fn prepare_git(call: &Call, path: Option<&str>) -> Result<GitRun, ApiError
         )
         .await?,
     )?;
-    Ok(GitRun {
-        cwd,
-        env,
-        overrides: repo::config_argv(&listed.0),
-    })
+    let overrides = repo::config_overrides(&listed.0, listed.1).map_err(|why| {
+        let why = match why {
+            repo::ConfigRefusal::NotUtf8 => "names a key that is not UTF-8",
+            repo::ConfigRefusal::TooLarge => "is larger than 1 MiB",
+        };
+        ApiError::new(
+            403,
+            "PermissionError",
+            format!("The repository's configuration {why}; git does not run on it here"),
+        )
+        .with_code("path_not_allowed")
+    })?;
+    repo::add_overrides(&mut env, &overrides);
+    Ok(GitRun { cwd, env })
 }
 
 fn dup(fd: &std::os::fd::OwnedFd) -> Result<std::os::fd::OwnedFd, ApiError> {
@@ -244,7 +252,6 @@ async fn run_git(
     limit: usize,
 ) -> Result<(String, bool), ApiError> {
     let mut argv = vec!["git".to_string(), "--no-pager".into()];
-    argv.extend(prepared.overrides.iter().cloned());
     argv.extend(
         ["-c", "core.quotepath=off", "-c", "color.ui=false"]
             .iter()

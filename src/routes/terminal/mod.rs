@@ -139,6 +139,12 @@ async fn create(call: Call) -> Result<Response, ApiError> {
         Some(Value::Object(map)) => env_overrides(map)?,
         Some(_) => return Err(ApiError::bad_request("env must be an object of strings")),
     };
+    // Besides the contract's three (stripped below from every source), the caller's
+    // `env` loses every other variable that loads code, the list the other routes refuse:
+    // a terminal's program could otherwise be made to load an uploaded library, or under
+    // ABX_CHILD_USER the helper while it is still root.
+    let mut overrides = overrides;
+    overrides.retain(|(name, _)| !crate::process::env::loads_code(name));
     let services = call.services();
     let mut env: Vec<(OsString, OsString)> = services
         .environment

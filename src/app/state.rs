@@ -247,6 +247,19 @@ impl AppState {
         })
     }
 
+    /// The server token in force now: `ABX_TOKEN_FILE`'s when that is set (it may
+    /// arrive or change after startup), else `ABX_SERVER_TOKEN`.
+    pub fn server_token(&self) -> Option<String> {
+        match self.config.token_file {
+            Some(_) => self
+                .file_token
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .clone(),
+            None => self.config.token.clone(),
+        }
+    }
+
     /// Reads `ABX_TOKEN_FILE` again and, when its token changed (arrived, rotated or
     /// removed), swaps in a catalog with the new credentials for requests from now on.
     /// Returns whether it changed.

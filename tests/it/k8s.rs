@@ -281,6 +281,19 @@ out["run"] = status(lambda: sb.commands.run("true"))
     }
     assert_eq!(client(&url(&server), None, probe)["run"], 401);
     assert_eq!(client(&url(&server), Some("other"), probe)["run"], 401);
+    // A terminal's ws_url carries the token that arrived, as it would ABX_SERVER_TOKEN.
+    let reply = server.request(
+        "POST",
+        "/pty/sessions",
+        &[("X-Access-Token", "claimed-token")],
+        Some(br#"{"shell": "/bin/bash"}"#),
+    );
+    assert_eq!(reply.status, 200, "{}", reply.text());
+    let ws_url = reply.json()["ws_url"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
+    assert!(ws_url.ends_with("&token=claimed%2Dtoken"), "{ws_url}");
 }
 
 on_both_drivers!(

@@ -179,9 +179,9 @@ async fn create(call: Call) -> Result<Response, ApiError> {
     );
     // With a policy's identities, each caller has a token of their own: none is handed out.
     let shared_token = (!call.catalog().auth.per_identity())
-        .then(|| call.state.config.token.as_deref())
+        .then(|| call.state.server_token())
         .flatten();
-    if let Some(token) = shared_token.filter(|t| !t.is_empty()) {
+    if let Some(token) = shared_token.as_deref().filter(|t| !t.is_empty()) {
         ws_url.push_str("&token=");
         ws_url.extend(percent_encoding::utf8_percent_encode(
             token,

@@ -992,18 +992,7 @@ fn codex_calls_a_sandbox_tool_through_mcp() {
 /// (429) and per object (413), in OpenAI's envelope, and memory stays bounded by them
 /// (40 requests of 9 MB reached 449 MB before; listings copied every item).
 fn the_store_caps_each_identity(driver: &'static str) {
-    let home = TempDir::new("agents-caps");
-    let policy = home.path().join("policy.yaml");
-    std::fs::write(
-        &policy,
-        "groups: {agents: true}\nidentities:\n  - {id: alice, scopes: [\"*\"], token_env: ALICE_TOKEN}\n  - {id: bob, scopes: [\"*\"], token_env: BOB_TOKEN}\n",
-    )
-    .unwrap();
-    let server = Launch::new(driver)
-        .env("ABX_SERVER_POLICY", policy.to_str().unwrap())
-        .env("ALICE_TOKEN", "alice-secret")
-        .env("BOB_TOKEN", "bob-secret")
-        .start();
+    let (server, _policy) = crate::support::alice_and_bob(driver, "groups: {agents: true}\n");
     let as_user = |token: &str, method: &str, path: &str, body: Option<&[u8]>| {
         let auth = format!("Bearer {token}");
         let reply = server.request(method, path, &[("Authorization", &auth)], body);

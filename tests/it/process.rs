@@ -1016,18 +1016,7 @@ fn as_pid_1_orphans_are_reaped(driver: &'static str) {
 }
 
 fn processes_belong_to_the_identity_that_started_them(driver: &'static str) {
-    let dir = crate::support::TempDir::new("procowners");
-    let policy = dir.path().join("policy.yaml");
-    std::fs::write(
-        &policy,
-        "identities:\n  - {id: alice, scopes: [\"*\"], token_env: ALICE_TOKEN}\n  - {id: bob, scopes: [\"*\"], token_env: BOB_TOKEN}\n",
-    )
-    .unwrap();
-    let server = Launch::new(driver)
-        .env("ABX_SERVER_POLICY", policy.to_str().unwrap())
-        .env("ALICE_TOKEN", "alice-secret")
-        .env("BOB_TOKEN", "bob-secret")
-        .start();
+    let (server, _policy) = crate::support::alice_and_bob(driver, "");
     let call = |token: &str, method: &str, path: &str, body: Option<Value>| {
         let auth = format!("Bearer {token}");
         let bytes = body.map(|b| b.to_string().into_bytes());

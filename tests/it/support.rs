@@ -100,6 +100,25 @@ pub fn status_kib(pid: u32, field: &str) -> u64 {
         .unwrap()
 }
 
+/// A server whose policy (`rules` first, then two identities) knows `alice` and `bob`,
+/// each with every scope, whose tokens are `alice-secret` and `bob-secret`; with the
+/// directory that holds the policy, kept as long as the server.
+pub fn alice_and_bob(driver: &'static str, rules: &str) -> (Server, TempDir) {
+    let dir = TempDir::new("two-identities");
+    let policy = dir.path().join("policy.yaml");
+    std::fs::write(
+        &policy,
+        format!("{rules}identities:\n  - {{id: alice, scopes: [\"*\"], token_env: ALICE_TOKEN}}\n  - {{id: bob, scopes: [\"*\"], token_env: BOB_TOKEN}}\n"),
+    )
+    .unwrap();
+    let server = Launch::new(driver)
+        .env("ABX_SERVER_POLICY", policy.to_str().unwrap())
+        .env("ALICE_TOKEN", "alice-secret")
+        .env("BOB_TOKEN", "bob-secret")
+        .start();
+    (server, dir)
+}
+
 /// A version `src/pins.env` names.
 pub fn pin(key: &str) -> String {
     let pins = include_str!("../../src/pins.env");

@@ -103,15 +103,7 @@ fn next_event(ws: &mut Socket) -> Value {
 
 /// The close code of a socket the server closes right away.
 fn close_code(addr: SocketAddr, query: &str, headers: &[(&str, &str)]) -> u16 {
-    let mut ws = open(addr, query, headers);
-    loop {
-        match ws.read() {
-            Ok(Message::Close(Some(frame))) => return u16::from(frame.code),
-            Ok(Message::Close(None)) => return 1005,
-            Ok(_) => continue,
-            Err(e) => panic!("no close frame: {e}"),
-        }
-    }
+    closed_with(&mut open(addr, query, headers))
 }
 
 fn sessions_follow_the_contract(driver: &'static str) {

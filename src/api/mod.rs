@@ -6,10 +6,12 @@
 
 pub mod errno;
 mod error;
+pub mod fields;
 
 use serde_json::{Map, Value};
 
 pub use error::{ApiError, ErrorStyle};
+pub use fields::{Args, Param, UnknownFields};
 
 /// The HTTP methods the contract's dispatcher serves; anything else is 405.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -123,43 +125,6 @@ impl ParamIn {
     }
 }
 
-/// One parameter of an endpoint, as `/capabilities` describes it.
-#[derive(Clone, Debug)]
-pub struct Param {
-    pub name: &'static str,
-    pub location: ParamIn,
-    /// JSON type name: string, integer, number, boolean, object, array, or `any`.
-    pub kind: &'static str,
-    pub required: bool,
-}
-
-impl Param {
-    pub const fn query(name: &'static str, kind: &'static str, required: bool) -> Param {
-        Param {
-            name,
-            location: ParamIn::Query,
-            kind,
-            required,
-        }
-    }
-    pub const fn body(name: &'static str, kind: &'static str, required: bool) -> Param {
-        Param {
-            name,
-            location: ParamIn::Body,
-            kind,
-            required,
-        }
-    }
-    pub const fn path(name: &'static str) -> Param {
-        Param {
-            name,
-            location: ParamIn::Path,
-            kind: "string",
-            required: true,
-        }
-    }
-}
-
 /// How an endpoint takes its request body. The dispatcher plans the body from this
 /// before the handler runs, so a refused request never has its body read.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -225,6 +190,8 @@ pub struct EndpointSpec {
     /// The engine watches the caller's socket while the handler runs, and a caller
     /// that hangs up drops the handler (what it holds is freed at once).
     pub watch_peer: bool,
+    /// What a body field no param declares gets: ignored, or refused.
+    pub unknown_fields: UnknownFields,
 }
 
 impl EndpointSpec {
@@ -249,6 +216,7 @@ impl EndpointSpec {
             returns: None,
             also_answers: Vec::new(),
             watch_peer: false,
+            unknown_fields: UnknownFields::Ignore,
         }
     }
 
@@ -283,10 +251,7 @@ impl EndpointSpec {
     pub fn params_json(&self) -> Value {
         let mut map = Map::new();
         for p in &self.params {
-            map.insert(
-                p.name.to_string(),
-                serde_json::json!({"in": p.location.name(), "type": p.kind, "required": p.required}),
-            );
+            map.insert(p.name.to_string(), p.capability());
         }
         Value::Object(map)
     }

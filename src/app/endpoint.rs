@@ -12,12 +12,15 @@ use std::sync::Arc;
 
 use serde::de::DeserializeOwned;
 use serde::Deserialize;
-use serde_json::Value;
+use serde_json::{Map, Value};
 
 use super::auth::Identity;
 use super::policy::Decision;
 use super::state::{Catalog, Services};
-use crate::api::{ApiError, BodyMode, EndpointSpec, Group, Listener, Method, Param};
+use crate::api::{
+    ApiError, Args, BodyMode, EndpointSpec, ErrorStyle, Group, Listener, Method, Param,
+    UnknownFields,
+};
 use crate::http::{LocalFuture, Response};
 
 /// What a handler receives: the request, the caller, its endpoint's spec and policy
@@ -104,6 +107,24 @@ impl Call {
         parse_json(&self.body)
     }
 
+    /// The endpoint's declared fields, read from the query and the JSON body and checked
+    /// against their declarations (see [`crate::api::fields`]); a refusal is worded in
+    /// the endpoint's error style.
+    pub fn args(&self) -> Result<Args, ApiError> {
+        let spec = self.spec();
+        let body = match spec.method.takes_json_body() {
+            true => Some(body_object(&self.body, spec.errors)?),
+            false => None,
+        };
+        crate::api::fields::parse(
+            &spec.params,
+            spec.errors,
+            spec.unknown_fields,
+            &self.query,
+            body,
+        )
+    }
+
     /// Moves the body out, e.g. to parse it on the blocking pool.
     pub fn take_body(&mut self) -> Vec<u8> {
         std::mem::take(&mut self.body)
@@ -119,6 +140,31 @@ pub fn parse_json<'a, T: Deserialize<'a>>(body: &'a [u8]) -> Result<T, ApiError>
         }
         _ => ApiError::bad_request(format!("Invalid JSON body: {e}")),
     })
+}
+
+/// The body as a JSON object (empty is `{}`), refused in `style`.
+fn body_object(body: &[u8], style: ErrorStyle) -> Result<Map<String, Value>, ApiError> {
+    match style {
+        ErrorStyle::Contract => parse_json(body),
+        ErrorStyle::OpenAi => {
+            if is_blank(body) {
+                return Ok(Map::new());
+            }
+            match serde_json::from_slice::<Value>(body) {
+                Ok(Value::Object(map)) => Ok(map),
+                Ok(_) => Err(crate::api::fields::refusal(
+                    style,
+                    "body",
+                    "The request body must be a JSON object.".into(),
+                )),
+                Err(e) => Err(crate::api::fields::refusal(
+                    style,
+                    "body",
+                    format!("The request body is not valid JSON: {e}"),
+                )),
+            }
+        }
+    }
 }
 
 /// Whether a body is empty for the contract's purposes (only whitespace).
@@ -359,6 +405,11 @@ impl Endpoint {
     }
     pub fn params(mut self, params: &[Param]) -> Self {
         self.spec.params = params.to_vec();
+        self
+    }
+    /// Body fields no param declares are refused (400 `unsupported_parameter`).
+    pub fn refuse_unknown_fields(mut self) -> Self {
+        self.spec.unknown_fields = UnknownFields::Refuse;
         self
     }
     /// The JSON Schema of the success body, for the OpenAPI document.

@@ -24,12 +24,7 @@ pub fn document(endpoints: &[Endpoint], listener: Listener) -> Value {
         let mut body_properties = Map::new();
         let mut body_required = Vec::new();
         for param in &spec.params {
-            // `any`: a parameter that takes every JSON value (`evaluate`'s `arg`).
-            let schema = if param.kind == "any" {
-                json!({})
-            } else {
-                json!({"type": param.kind})
-            };
+            let schema = param.schema();
             match param.location {
                 ParamIn::Body => {
                     body_properties.insert(param.name.into(), schema);

@@ -170,8 +170,16 @@ pub fn input_schema(params: &[Param]) -> Value {
     let mut properties = Map::new();
     let mut required = Vec::new();
     for param in params {
-        let mut schema = schema_of(param.kind);
-        schema["description"] = json!(format!("{} parameter", param.location.name()));
+        let mut schema = param.schema();
+        if param.doc.is_empty() {
+            schema["description"] = json!(format!("{} parameter", param.location.name()));
+        } else {
+            schema["description"] = json!(format!(
+                "{} ({} parameter)",
+                param.doc,
+                param.location.name()
+            ));
+        }
         properties.insert(param.name.to_string(), schema);
         if param.required || param.location == ParamIn::Path {
             required.push(param.name);

@@ -21,25 +21,17 @@ const ALLOWED_SIGNALS: [(i32, rustix::process::Signal); 5] = [
     (20, rustix::process::Signal::TSTP),
 ];
 
-fn flag(body: &Value, name: &str) -> Result<bool, ApiError> {
-    match body.get(name) {
-        None | Some(Value::Null) => Ok(false),
-        Some(Value::Bool(b)) => Ok(*b),
-        Some(_) => Err(ApiError::bad_request(format!("{name} must be a boolean"))),
-    }
-}
-
 /// `POST /process/start`.
 pub async fn start(call: Call) -> Result<Response, ApiError> {
-    let body: Value = call.json()?;
-    let request = RunRequest::parse(&body)?;
-    let capture = flag(&body, "capture_output")?;
-    let stdin = flag(&body, "stdin")?;
-    // A background process runs until it ends unless the caller asks for a limit.
-    let timeout = match body.get("timeout") {
-        Some(Value::Number(_)) => Some(timeout_duration(request.timeout_secs())),
-        _ => None,
-    };
+    let args = call.args()?;
+    let request = RunRequest::parse(&args)?;
+    let capture = args.flag("capture_output");
+    let stdin = args.flag("stdin");
+    // A background process runs until it ends unless the caller asks for a limit (a
+    // non-positive one is the contract's 300 s).
+    let timeout = args
+        .sent("timeout")
+        .then(|| timeout_duration(request.timeout_secs()));
     let argv = split(&request.command, 400)?;
     check_command(&call, &argv)?;
     // A bad cwd is 403 even when the table is full.

@@ -23,17 +23,27 @@ pub const SHELL_MAX_OUTPUT_BYTES: usize = 64 * 1024 * 1024;
 pub fn endpoints() -> Vec<Endpoint> {
     let run_params = || {
         vec![
-            Param::body("command", "string", true),
-            Param::body("cwd", "string", false),
-            Param::body("env", "object", false),
-            Param::body("timeout", "number", false),
+            Param::body("command", "string", true)
+                .blank_is_absent()
+                .doc("The command line, split as shlex.split does; no shell runs it."),
+            Param::body("cwd", "string", false)
+                .doc("Working directory inside the allowed directories (default: the base)."),
+            Param::body("env", "string_map", false)
+                .doc("Variables added to the server's environment for this command."),
+            Param::body("timeout", "number", false)
+                .above(0.0)
+                .lenient()
+                .default("300")
+                .doc("Seconds; a non-positive or non-numeric value is replaced with 300."),
         ]
     };
     let pid = Param::path("pid");
     let mut start_params = run_params();
     start_params.extend([
-        Param::body("capture_output", "boolean", false),
-        Param::body("stdin", "boolean", false),
+        Param::body("capture_output", "boolean", false)
+            .doc("Keep stdout and stderr for GET /process/{pid}/output."),
+        Param::body("stdin", "boolean", false)
+            .doc("Keep stdin open for POST /process/{pid}/stdin."),
     ]);
     vec![
         Endpoint::new(
@@ -158,59 +168,32 @@ struct RunRequest {
 }
 
 impl RunRequest {
-    fn parse(body: &Value) -> Result<RunRequest, ApiError> {
-        let command = match body.get("command") {
-            Some(Value::String(s)) if !s.trim().is_empty() => s.clone(),
-            Some(Value::String(_)) | None | Some(Value::Null) => {
-                return Err(ApiError::bad_request("command is required"))
+    /// The shared fields, already checked against their declarations; what a type
+    /// cannot say (a variable name with `=`, one that loads code) is checked here.
+    fn parse(args: &crate::api::Args) -> Result<RunRequest, ApiError> {
+        let env = args.pairs("env");
+        for (name, value) in &env {
+            if name.is_empty() || name.contains('=') || name.contains('\0') || value.contains('\0')
+            {
+                return Err(ApiError::bad_request(format!(
+                    "env: '{name}' cannot be set (names must be non-empty without '=', and neither may contain NUL)"
+                )));
             }
-            Some(_) => return Err(ApiError::bad_request("command must be a string")),
-        };
-        let cwd = match body.get("cwd") {
-            None | Some(Value::Null) => None,
-            Some(Value::String(s)) => Some(s.clone()),
-            Some(_) => return Err(ApiError::bad_request("cwd must be a string")),
-        };
-        let env = match body.get("env") {
-            None | Some(Value::Null) => Vec::new(),
-            Some(Value::Object(map)) => {
-                let mut env = Vec::with_capacity(map.len());
-                for (name, value) in map {
-                    let Value::String(value) = value else {
-                        return Err(ApiError::bad_request("env must be an object of strings"));
-                    };
-                    if name.is_empty()
-                        || name.contains('=')
-                        || name.contains('\0')
-                        || value.contains('\0')
-                    {
-                        return Err(ApiError::bad_request(format!(
-                            "env: '{name}' cannot be set (names must be non-empty without '=', and neither may contain NUL)"
-                        )));
-                    }
-                    if crate::process::env::loads_code(name) {
-                        return Err(ApiError::bad_request(format!(
-                            "env: '{name}' cannot be set: it makes a program load code it was not asked to run (LD_*, DYLD_*, BASH_ENV, ENV, NODE_OPTIONS, PYTHONPATH, ... : see docs/api.md)"
-                        ))
-                        .with_code("variable_not_allowed"));
-                    }
-                    env.push((name.clone(), value.clone()));
-                }
-                env
+            if crate::process::env::loads_code(name) {
+                return Err(ApiError::bad_request(format!(
+                    "env: '{name}' cannot be set: it makes a program load code it was not asked to run (LD_*, DYLD_*, BASH_ENV, ENV, NODE_OPTIONS, PYTHONPATH, ... : see docs/api.md)"
+                ))
+                .with_code("variable_not_allowed"));
             }
-            Some(_) => return Err(ApiError::bad_request("env must be an object of strings")),
-        };
-        let timeout = match body.get("timeout") {
-            Some(Value::Number(n)) if n.as_f64().is_some_and(|t| t > 0.0) => {
-                Value::Number(n.clone())
-            }
-            _ => json!(DEFAULT_TIMEOUT_SECS as u64),
-        };
+        }
         Ok(RunRequest {
-            command,
-            cwd,
+            command: args.string("command"),
+            cwd: args.str("cwd").map(str::to_string),
             env,
-            timeout,
+            timeout: args
+                .value("timeout")
+                .cloned()
+                .unwrap_or(json!(DEFAULT_TIMEOUT_SECS as u64)),
         })
     }
 
@@ -224,11 +207,6 @@ impl RunRequest {
             "TimeoutError",
             format!("Command timed out after {}s", dumps_sorted(&self.timeout)),
         )
-    }
-
-    /// Whether the caller gave a timeout.
-    fn timeout_given(body: &Value) -> bool {
-        matches!(body.get("timeout"), Some(Value::Number(n)) if n.as_f64().is_some_and(|t| t > 0.0))
     }
 
     /// The timeout as the policy allows it: the error names the seconds that applied.

@@ -26,9 +26,9 @@ const ANSWER_PIECE: usize = 256 * 1024;
 
 /// `POST /shell`: run to completion and answer with both outputs and the exit code.
 pub async fn shell(call: Call) -> Result<Response, ApiError> {
-    let body: Value = call.json()?;
-    let request = RunRequest::parse(&body)?;
-    let seconds = effective_timeout(&call, &request, RunRequest::timeout_given(&body));
+    let args = call.args()?;
+    let request = RunRequest::parse(&args)?;
+    let seconds = effective_timeout(&call, &request, args.given("timeout"));
     let request = request.with_timeout(seconds);
     // Python's shlex failure escapes the handler here: the contract's 500.
     let argv = split(&request.command, 500)?;
@@ -64,9 +64,9 @@ pub async fn shell(call: Call) -> Result<Response, ApiError> {
 /// `POST /shell/stream`: one event per output line as the child writes it, then
 /// `exit` (or `error` on timeout). See `docs/api.md` for the event format.
 pub async fn shell_stream(call: Call) -> Result<Response, ApiError> {
-    let body: Value = call.json()?;
-    let request = RunRequest::parse(&body)?;
-    let seconds = effective_timeout(&call, &request, RunRequest::timeout_given(&body));
+    let args = call.args()?;
+    let request = RunRequest::parse(&args)?;
+    let seconds = effective_timeout(&call, &request, args.given("timeout"));
     let request = request.with_timeout(seconds);
     let argv = split(&request.command, 400)?;
     check_command(&call, &argv)?;

@@ -215,11 +215,11 @@ impl Server {
         let shutdown = Arc::new(Shutdown::default());
         let pool = BlockingPool::new(config.blocking_threads, config.blocking_idle_timeout);
         // Slot 0 of every worker is the API port; the PTY WebSocket's port is slot 1,
-        // listening only while the terminal group is on.
+        // listening only while an endpoint it serves is on.
         let mut slots = vec![Listener::Api];
         let mut per_worker: Vec<Vec<(usize, std::net::TcpListener)>> =
             listeners.into_iter().map(|l| vec![(0, l)]).collect();
-        if state.catalog().group_enabled(crate::api::Group::Terminal) {
+        if state.catalog().listener_enabled(Listener::Pty) {
             let pty_addr = SocketAddr::new(config.host, config.pty_port);
             let (pty_listeners, pty_bound) =
                 runtime::bind_all(pty_addr, config.workers).map_err(|e| {
@@ -232,8 +232,8 @@ impl Server {
             }
             crate::log::stdout_line(format_args!("pty listening on {pty_bound}"));
         }
-        // The k8s_runtime group's port, the next slot, only while that group is on.
-        if state.catalog().group_enabled(crate::api::Group::K8sRuntime) {
+        // The k8s_runtime port, the next slot, only while an endpoint it serves is on.
+        if state.catalog().listener_enabled(Listener::K8sRuntime) {
             let k8s_addr = SocketAddr::new(config.host, config.k8s_runtime_port);
             let (k8s_listeners, k8s_bound) = runtime::bind_all(k8s_addr, config.workers)
                 .map_err(|e| {

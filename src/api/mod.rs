@@ -192,6 +192,25 @@ pub struct EndpointSpec {
     pub watch_peer: bool,
     /// What a body field no param declares gets: ignored, or refused.
     pub unknown_fields: UnknownFields,
+    /// Headers every answer of the endpoint carries, its refusals included.
+    pub headers: Vec<(&'static str, &'static str)>,
+    /// The endpoint-level policy knobs (`endpoints.<id>.<knob>`) its handler applies;
+    /// a knob set on an endpoint that does not apply it is a published warning.
+    pub enforces: Vec<&'static str>,
+    /// What the endpoint does to the sandbox, for the `read-only` preset.
+    pub effect: Effect,
+    /// Whether the `locked-down` preset leaves it on.
+    pub kept_locked_down: bool,
+}
+
+/// What an endpoint does to the sandbox, as the presets see it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Effect {
+    /// Reads only: on under `read-only`.
+    Reads,
+    /// Writes a file, starts a program, changes the environment or navigates: off under
+    /// `read-only`.
+    Changes,
 }
 
 impl EndpointSpec {
@@ -217,6 +236,15 @@ impl EndpointSpec {
             also_answers: Vec::new(),
             watch_peer: false,
             unknown_fields: UnknownFields::Ignore,
+            headers: Vec::new(),
+            enforces: Vec::new(),
+            // A route that takes a body is taken to change something unless declared
+            // otherwise, so a custom POST is off under `read-only`.
+            effect: match method {
+                Method::Get => Effect::Reads,
+                _ => Effect::Changes,
+            },
+            kept_locked_down: false,
         }
     }
 

@@ -12,7 +12,7 @@ use super::auth::Identity;
 use super::endpoint::{Call, Handler, RawSink, Serve};
 use super::request::{split_target, validate_json_object};
 use super::state::AppState;
-use crate::api::{ApiError, BodyMode, ErrorStyle, Group, Listener, Method};
+use crate::api::{ApiError, BodyMode, ErrorStyle, Listener, Method};
 use crate::config::MAX_JSON_BODY;
 use crate::http::conn::{describe_panic, CatchPanic};
 use crate::http::{
@@ -287,12 +287,12 @@ impl ApiService {
         }
     }
 
-    /// Headers a whole group carries on every answer, errors included.
-    fn decorate(&self, index: usize, response: Response) -> Response {
-        match self.state.catalog().endpoints[index].spec.group {
-            Group::Agents => response.header("X-Agent-Sandbox-Local", "1"),
-            _ => response,
+    /// The headers the endpoint declares for every answer, errors included.
+    fn decorate(&self, index: usize, mut response: Response) -> Response {
+        for (name, value) in &self.state.catalog().endpoints[index].spec.headers {
+            response = response.header(*name, *value);
         }
+        response
     }
 
     /// Runs a handler, turning an error or a panic into its rendered answer.
@@ -356,14 +356,10 @@ impl Service for ApiService {
             Serve::Sinks { raw: Some(raw), .. } if self.is_raw(index, accepted.method, head) => raw,
             Serve::Sinks { json, .. } if accepted.method.takes_json_body() => json,
             _ => {
-                // The browser's one page and an agent's turn are held for their caller
-                // alone: when the caller hangs up, the work stops.
-                let watch_peer = endpoint.spec.watch_peer
-                    || matches!(endpoint.spec.group, Group::Browser | Group::Agents);
                 return Plan::Read {
                     limit,
                     call: accepted,
-                    watch_peer,
+                    watch_peer: endpoint.spec.watch_peer,
                 };
             }
         };

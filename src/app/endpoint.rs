@@ -348,6 +348,13 @@ impl Endpoint {
         self
     }
 
+    /// The body is `multipart/form-data`, streamed into the sink (see
+    /// [`BodyMode::Multipart`]); for [`Endpoint::streamed`] ones.
+    pub fn multipart(mut self) -> Self {
+        self.spec.body = BodyMode::Multipart;
+        self
+    }
+
     /// The handler deserialises the entire JSON body itself (see [`BodyMode::WholeJson`]).
     pub fn whole_json(mut self) -> Self {
         self.spec.body = BodyMode::WholeJson;
@@ -405,6 +412,31 @@ impl Endpoint {
     }
     pub fn params(mut self, params: &[Param]) -> Self {
         self.spec.params = params.to_vec();
+        self
+    }
+    /// A header every answer carries, refusals included.
+    pub fn header(mut self, name: &'static str, value: &'static str) -> Self {
+        self.spec.headers.push((name, value));
+        self
+    }
+    /// The endpoint-level policy knobs its handler applies.
+    pub fn enforces(mut self, knobs: &[&'static str]) -> Self {
+        self.spec.enforces.extend_from_slice(knobs);
+        self
+    }
+    /// It writes, runs or navigates though it is a GET: off under `read-only`.
+    pub fn changes(mut self) -> Self {
+        self.spec.effect = crate::api::Effect::Changes;
+        self
+    }
+    /// It takes a body yet only reads: on under `read-only`.
+    pub fn only_reads(mut self) -> Self {
+        self.spec.effect = crate::api::Effect::Reads;
+        self
+    }
+    /// `locked-down` leaves it on.
+    pub fn kept_locked_down(mut self) -> Self {
+        self.spec.kept_locked_down = true;
         self
     }
     /// Body fields no param declares are refused (400 `unsupported_parameter`).

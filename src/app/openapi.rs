@@ -73,7 +73,9 @@ pub fn document(endpoints: &[Endpoint], listener: Listener) -> Value {
                 success(spec.streaming, raw, spec.returns.clone())
             } else if (200..400).contains(&status) {
                 json!({"description": reason(status)})
-            } else if spec.group == crate::api::Group::Mcp && spec.also_answers.contains(&status) {
+            } else if spec.body == crate::api::BodyMode::JsonRpc
+                && spec.also_answers.contains(&status)
+            {
                 // The transport's own refusals are JSON-RPC error objects, the
                 // dispatcher's (bad JSON) the contract's: both are objects.
                 json!({

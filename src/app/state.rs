@@ -492,6 +492,14 @@ impl Catalog {
     }
 
     /// Whether any endpoint of `group` is enabled.
+    /// Whether any endpoint served on `listener` is on (the port is bound only then).
+    pub fn listener_enabled(&self, listener: Listener) -> bool {
+        self.endpoints
+            .iter()
+            .zip(&self.decisions)
+            .any(|(e, d)| e.spec.listener == listener && d.enabled)
+    }
+
     pub fn group_enabled(&self, group: Group) -> bool {
         self.endpoints
             .iter()

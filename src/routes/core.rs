@@ -33,6 +33,7 @@ pub fn endpoints() -> Vec<Endpoint> {
             handler(capabilities_check),
         )
         .id("capabilities_check")
+        .only_reads()
         .summary("Whether this caller may use an endpoint (and a path), without calling it.")
         .params(&[
             Param::body("endpoint", "string", true),

@@ -53,6 +53,7 @@ pub fn endpoints() -> Vec<Endpoint> {
             sink_handler(open_upload),
         )
         .id("k8s_upload")
+        .multipart()
         .summary("Write a file: multipart field 'file', its filename the path beneath the base directory.")
         .also_answers(&[403, 409]),
         Endpoint::new(
@@ -89,9 +90,6 @@ pub fn endpoints() -> Vec<Endpoint> {
     ];
     for endpoint in &mut endpoints {
         endpoint.spec.listener = Listener::K8sRuntime;
-    }
-    if let Some(upload) = endpoints.iter_mut().find(|e| e.spec.id == "k8s_upload") {
-        upload.spec.body = crate::api::BodyMode::Multipart;
     }
     endpoints
 }

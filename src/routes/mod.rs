@@ -40,3 +40,99 @@ pub fn builtin_endpoints() -> Vec<Endpoint> {
     endpoints.extend(k8s_runtime::endpoints());
     endpoints
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::api::Effect;
+
+    fn ids(pick: impl Fn(&crate::api::EndpointSpec) -> bool) -> Vec<String> {
+        let mut ids: Vec<String> = builtin_endpoints()
+            .into_iter()
+            .filter(|e| pick(&e.spec))
+            .map(|e| e.spec.id)
+            .collect();
+        ids.sort();
+        ids
+    }
+
+    /// The presets read the declarations; these are the sets docs/policy.md promises.
+    #[test]
+    fn presets_follow_the_declarations() {
+        assert_eq!(
+            ids(|s| s.kept_locked_down),
+            [
+                "commands_list",
+                "commands_run",
+                "download",
+                "files_archive",
+                "files_download_stream",
+                "files_list",
+                "files_search",
+                "files_stat",
+                "files_watch",
+            ]
+        );
+        let off = ids(|s| s.effect == Effect::Changes && s.group != crate::api::Group::K8sRuntime);
+        for id in [
+            "upload",
+            "files_mkdir",
+            "files_delete",
+            "files_move",
+            "files_upload_stream",
+            "shell",
+            "shell_stream",
+            "process_start",
+            "process_signal",
+            "process_stdin",
+            "commands_run",
+            "env_set",
+            "packages",
+            "code_run",
+            "git_status",
+            "git_diff",
+            "pty_create",
+            "pty_resize",
+            "pty_delete",
+            "pty_connect",
+            "browser_navigate",
+            "browser_screenshot",
+            "responses_create",
+        ] {
+            assert!(
+                off.contains(&id.to_string()),
+                "{id} stays on under read-only"
+            );
+        }
+        for id in [
+            "files_search",
+            "files_archive",
+            "capabilities_check",
+            "download",
+        ] {
+            assert!(
+                !off.contains(&id.to_string()),
+                "{id} is off under read-only"
+            );
+        }
+    }
+
+    /// A knob an endpoint declares it applies must be one a policy can set, or the
+    /// "accepted but not applied" warning would never fire for a misspelt one.
+    #[test]
+    fn enforced_knobs_are_policy_knobs() {
+        for endpoint in builtin_endpoints() {
+            for knob in &endpoint.spec.enforces {
+                assert!(
+                    crate::app::policy::is_knob(knob),
+                    "{} enforces unknown knob {knob}",
+                    endpoint.spec.id
+                );
+            }
+        }
+        assert_eq!(
+            ids(|s| s.enforces.contains(&"commands")),
+            ["process_start", "shell", "shell_stream"]
+        );
+    }
+}

@@ -158,51 +158,10 @@ const KNOBS: [(&str, KnobKind); 19] = [
     ("commands", KnobKind::AllowDeny),
 ];
 
-/// Which endpoints apply which knob in this build.
-const ENFORCED: [(&str, &[&str]); 18] = [
-    (
-        "paths",
-        &[
-            "upload",
-            "download",
-            "files_list",
-            "files_stat",
-            "files_mkdir",
-            "files_delete",
-            "files_move",
-            "files_search",
-            "files_upload_stream",
-            "files_download_stream",
-            "files_archive",
-            "files_watch",
-            "shell",
-            "shell_stream",
-            "process_start",
-            "code_run",
-            "git_status",
-            "git_diff",
-            "packages",
-            "pty_create",
-        ],
-    ),
-    ("overwrite", &["upload", "files_upload_stream"]),
-    ("max_files", &["files_archive", "files_search"]),
-    ("max_bytes", &["files_archive"]),
-    ("max_depth", &["files_search", "files_list"]),
-    ("max_duration_seconds", &["files_search"]),
-    ("allow_extensions", &["upload", "files_upload_stream"]),
-    ("deny_extensions", &["upload", "files_upload_stream"]),
-    ("max_upload_bytes", &["upload", "files_upload_stream"]),
-    ("timeout_seconds", &["shell", "shell_stream", "code_run"]),
-    ("max_output_bytes", &["shell"]),
-    ("commands", &["shell", "shell_stream", "process_start"]),
-    ("languages", &["code_run"]),
-    ("allow_vars", &["env_get", "env_set"]),
-    ("deny_vars", &["env_get", "env_set"]),
-    ("url_allow", &["browser_navigate"]),
-    ("url_deny", &["browser_navigate"]),
-    ("block_private_networks", &["browser_navigate"]),
-];
+/// Whether `name` is an endpoint-level knob a policy document may set.
+pub fn is_knob(name: &str) -> bool {
+    name == "rate_limit" || KNOBS.iter().any(|(knob, _)| *knob == name)
+}
 
 /// Checks one knob's value; `Err` is the message after the key.
 fn check_knob(kind: &KnobKind, value: &Value) -> Result<(), &'static str> {
@@ -441,15 +400,13 @@ impl Policy {
                 Some(e) if e.group == Group::Core && rule.enabled == Some(false) => {
                     return Err(format!("endpoints.{id}: core endpoints cannot be disabled"));
                 }
-                Some(_) => {
+                Some(endpoint) => {
                     // Said out loud: a limit that is listed but not applied would read as
                     // a protection that is not there.
                     for knob in rule.knobs.keys() {
                         // The dispatcher applies rate limits to every endpoint.
-                        let enforced = knob == "rate_limit"
-                            || ENFORCED
-                                .iter()
-                                .any(|(name, ids)| name == knob && ids.contains(&id.as_str()));
+                        let enforced =
+                            knob == "rate_limit" || endpoint.enforces.contains(&knob.as_str());
                         if !enforced {
                             warnings.push(format!(
                                 "policy endpoints.{id}.{knob} is accepted but not applied by this build of agent-sandbox (docs/policy.md lists what is)"
@@ -878,6 +835,16 @@ mod tests {
     fn ep(id: &str, group: Group) -> EndpointSpec {
         let mut spec = EndpointSpec::new(Method::Get, "/x", group);
         spec.id = id.to_string();
+        // What the real declarations say of the ids these tests name (the table
+        // itself is pinned by `routes::tests::presets_follow_the_declarations`).
+        match id {
+            "upload" | "files_mkdir" | "shell" => {
+                spec.method = Method::Post;
+                spec.effect = crate::api::Effect::Changes;
+            }
+            "download" | "files_list" => spec.kept_locked_down = true,
+            _ => {}
+        }
         spec
     }
 
@@ -961,8 +928,7 @@ mod tests {
             read_only.decide(&search, None, &[]).enabled,
             "a read that takes a body"
         );
-        let mut custom = ep("POST /custom", Group::Commands);
-        custom.method = Method::Post;
+        let custom = EndpointSpec::new(Method::Post, "/custom", Group::Commands);
         assert!(!read_only.decide(&custom, None, &[]).enabled);
         assert!(Policy::from_value(json!({"preset": "lenient"}), true).is_err());
     }

@@ -31,6 +31,11 @@ fn route(method: Method, path: &str, id: &str, summary: &str, h: crate::app::Han
         .scopes(&[SCOPE])
         .errors(ErrorStyle::OpenAi)
         .also_answers(&[400, 404, 409, 500, 503])
+        // Answered here, not by OpenAI: clients can tell.
+        .header("X-Agent-Sandbox-Local", "1")
+        // A turn runs programs; it is held for its caller alone.
+        .changes()
+        .watch_peer()
 }
 
 pub fn endpoints() -> Vec<Endpoint> {

@@ -31,6 +31,10 @@ fn post(path: &str, id: &str, summary: &str, f: fn(Call) -> Handled) -> Endpoint
         .id(id)
         .summary(summary)
         .also_answers(&[400, 408, 429, 500, 503])
+        // Every route drives the one shared page: off under `read-only`, and held for
+        // its caller alone (a caller that hangs up stops the work).
+        .changes()
+        .watch_peer()
 }
 
 fn get(path: &str, id: &str, summary: &str, f: fn(Call) -> Handled) -> Endpoint {
@@ -38,6 +42,10 @@ fn get(path: &str, id: &str, summary: &str, f: fn(Call) -> Handled) -> Endpoint 
         .id(id)
         .summary(summary)
         .also_answers(&[400, 408, 429, 500, 503])
+        // Every route drives the one shared page: off under `read-only`, and held for
+        // its caller alone (a caller that hangs up stops the work).
+        .changes()
+        .watch_peer()
 }
 
 type Handled = std::pin::Pin<Box<dyn std::future::Future<Output = Result<Response, ApiError>>>>;
@@ -68,7 +76,8 @@ pub fn endpoints() -> Vec<Endpoint> {
             .returns(schema_object(&["url", "title", "status"], json!({
                 "url": {"type": "string"}, "title": {"type": "string"}, "status": {"type": ["integer", "null"]},
             })))
-            .also_answers(&[403]),
+            .also_answers(&[403])
+            .enforces(&["url_allow", "url_deny", "block_private_networks"]),
         post("/browser/screenshot", "browser_screenshot", "PNG of the viewport, the full page, or one element.", |c| boxed(screenshot(c)))
             .params(&[Param::body("selector", "string", false), Param::body("full_page", "boolean", false), timeout_param()])
             .returns(schema_object(&["content_base64", "format", "width", "height", "bytes"], json!({

@@ -22,10 +22,13 @@ pub fn endpoints() -> Vec<Endpoint> {
     vec![
         Endpoint::new(Method::Get, "/commands", Group::Commands, handler(list))
             .id("commands_list")
+            .kept_locked_down()
             .summary("Visible named commands with their arguments (hidden ones and those the caller lacks scopes for are left out).")
             .returns(schema_object(&["commands"], json!({"commands": {"type": "array"}}))),
         Endpoint::new(Method::Post, "/commands/{name}", Group::Commands, handler(run))
             .id("commands_run")
+            .changes()
+            .kept_locked_down()
             .summary("Run a named command with a JSON object of arguments; answers {\"result\": ...}.")
             .params(&[Param::path("name")])
             .returns(schema_object(&["result"], json!({"result": {}})))

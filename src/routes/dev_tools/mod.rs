@@ -28,6 +28,8 @@ pub fn endpoints() -> Vec<Endpoint> {
     vec![
         Endpoint::new(Method::Post, "/code/run", Group::DevTools, handler(code_run))
             .id("code_run")
+            .enforces(&["paths", "timeout_seconds", "languages"])
+            .changes()
             .summary("Run a snippet of Python, Node.js or bash and answer with its output.")
             .params(&[
                 Param::body("code", "string", true),
@@ -46,6 +48,8 @@ pub fn endpoints() -> Vec<Endpoint> {
             .also_answers(&[400, 408, 500]),
         Endpoint::new(Method::Get, "/git/status", Group::DevTools, handler(git_status))
             .id("git_status")
+            .enforces(&["paths"])
+            .changes()
             .summary("Branch and changed files of the repository containing path.")
             .params(&[Param::query("path", "string", false)])
             .returns(schema_object(&["branch", "clean", "files"], json!({
@@ -54,6 +58,8 @@ pub fn endpoints() -> Vec<Endpoint> {
             .also_answers(&[400, 403, 408, 500]),
         Endpoint::new(Method::Get, "/git/diff", Group::DevTools, handler(git_diff))
             .id("git_diff")
+            .enforces(&["paths"])
+            .changes()
             .summary("Unified diff (cut at 1 MiB) and its stats, of the worktree or the index.")
             .params(&[
                 Param::query("path", "string", false),

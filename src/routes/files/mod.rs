@@ -25,6 +25,14 @@ pub fn endpoints() -> Vec<Endpoint> {
             sink_handler(transfer::open_json_upload),
         )
         .id("upload")
+        .enforces(&[
+            "paths",
+            "overwrite",
+            "allow_extensions",
+            "deny_extensions",
+            "max_upload_bytes",
+        ])
+        .changes()
         .returns(schema::path_bytes())
         .also_answers(&[503])
         .summary("Write a file from base64 content (atomic; parent directories created).")
@@ -39,6 +47,8 @@ pub fn endpoints() -> Vec<Endpoint> {
             handler(transfer::download),
         )
         .id("download")
+        .enforces(&["paths"])
+        .kept_locked_down()
         .returns(schema::download())
         .also_answers(&[503])
         .summary("Read a file as base64.")
@@ -50,6 +60,8 @@ pub fn endpoints() -> Vec<Endpoint> {
             handler(tree::list),
         )
         .id("files_list")
+        .enforces(&["paths", "max_depth"])
+        .kept_locked_down()
         .returns(schema::list())
         .also_answers(&[503])
         .summary("List a directory (recursive to depth 3 with recursive=true).")
@@ -62,6 +74,8 @@ pub fn endpoints() -> Vec<Endpoint> {
             handler(tree::stat),
         )
         .id("files_stat")
+        .enforces(&["paths"])
+        .kept_locked_down()
         .returns(schema::stat())
         .also_answers(&[503])
         .summary("Metadata of a path; exists is false when nothing is there.")
@@ -73,6 +87,8 @@ pub fn endpoints() -> Vec<Endpoint> {
             handler(tree::mkdir),
         )
         .id("files_mkdir")
+        .enforces(&["paths"])
+        .changes()
         .returns(schema::mkdir())
         .also_answers(&[503])
         .summary("Create a directory and its parents.")
@@ -84,6 +100,8 @@ pub fn endpoints() -> Vec<Endpoint> {
             handler(tree::delete),
         )
         .id("files_delete")
+        .enforces(&["paths"])
+        .changes()
         .returns(schema::delete())
         .also_answers(&[503])
         .summary("Delete a file or a directory tree.")
@@ -95,6 +113,8 @@ pub fn endpoints() -> Vec<Endpoint> {
             handler(tree::move_path),
         )
         .id("files_move")
+        .enforces(&["paths"])
+        .changes()
         .returns(schema::r#move())
         .also_answers(&[503])
         .summary("Move or rename a file or directory.")
@@ -109,6 +129,9 @@ pub fn endpoints() -> Vec<Endpoint> {
             handler(search::search),
         )
         .id("files_search")
+        .enforces(&["paths", "max_files", "max_depth", "max_duration_seconds"])
+        .only_reads()
+        .kept_locked_down()
         .returns(schema::search())
         .also_answers(&[503])
         .summary("Find files whose name matches an fnmatch pattern.")
@@ -129,6 +152,14 @@ pub fn endpoints() -> Vec<Endpoint> {
             sink_handler(transfer::open_json_upload),
         )
         .id("files_upload_stream")
+        .enforces(&[
+            "paths",
+            "overwrite",
+            "allow_extensions",
+            "deny_extensions",
+            "max_upload_bytes",
+        ])
+        .changes()
         .returns(schema::path_bytes())
         .also_answers(&[503])
         .summary("Upload as /upload does, or stream a raw application/octet-stream body to disk.")
@@ -145,6 +176,8 @@ pub fn endpoints() -> Vec<Endpoint> {
             handler(transfer::download_stream),
         )
         .id("files_download_stream")
+        .enforces(&["paths"])
+        .kept_locked_down()
         .returns(schema::download_stream())
         .also_answers(&[206, 304, 416])
         .also_answers(&[503])
@@ -157,6 +190,9 @@ pub fn endpoints() -> Vec<Endpoint> {
             handler(archive::archive),
         )
         .id("files_archive")
+        .enforces(&["paths", "max_files", "max_bytes"])
+        .only_reads()
+        .kept_locked_down()
         .returns(schema::archive())
         .also_answers(&[503])
         .summary("Pack paths into a tar.gz or zip archive, returned as base64.")
@@ -174,6 +210,8 @@ pub fn endpoints() -> Vec<Endpoint> {
             handler(watch::watch),
         )
         .id("files_watch")
+        .enforces(&["paths"])
+        .kept_locked_down()
         .summary("Server-sent events for changes below a directory.")
         .streaming(true)
         .params(&[

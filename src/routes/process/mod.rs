@@ -53,6 +53,8 @@ pub fn endpoints() -> Vec<Endpoint> {
             handler(shell::shell),
         )
         .id("shell")
+        .enforces(&["paths", "timeout_seconds", "max_output_bytes", "commands"])
+        .changes()
         .summary("Run a command (shlex-split, no shell) and return its output and exit code.")
         .returns(schema::shell())
         .also_answers(&[403, 503])
@@ -66,6 +68,8 @@ pub fn endpoints() -> Vec<Endpoint> {
             handler(shell::shell_stream),
         )
         .id("shell_stream")
+        .enforces(&["paths", "timeout_seconds", "commands"])
+        .changes()
         .summary("Run a command and stream its output lines as server-sent events.")
         .streaming(true)
         .also_answers(&[403, 503])
@@ -79,6 +83,8 @@ pub fn endpoints() -> Vec<Endpoint> {
             handler(background::start),
         )
         .id("process_start")
+        .enforces(&["paths", "commands"])
+        .changes()
         .summary("Start a background process, optionally capturing output and keeping stdin open.")
         .returns(schema::started())
         .also_answers(&[403, 429, 503])
@@ -112,6 +118,7 @@ pub fn endpoints() -> Vec<Endpoint> {
             handler(background::signal),
         )
         .id("process_signal")
+        .changes()
         .summary(
             "Send SIGINT, SIGKILL, SIGTERM, SIGCONT or SIGTSTP to a background process's group.",
         )
@@ -125,6 +132,7 @@ pub fn endpoints() -> Vec<Endpoint> {
             handler(background::stdin),
         )
         .id("process_stdin")
+        .changes()
         .summary("Write to (or close) the stdin of a process started with stdin: true.")
         .returns(schema::stdin())
         .also_answers(&[404, 409, 503])

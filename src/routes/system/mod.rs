@@ -52,11 +52,14 @@ pub fn endpoints() -> Vec<Endpoint> {
             )),
         Endpoint::new(Method::Get, "/env", Group::System, handler(env_get))
             .id("env_get")
+            .enforces(&["allow_vars", "deny_vars"])
             .summary("The environment children start with; names that look like secrets are left out.")
             .params(&[Param::query("filter", "string", false)])
             .returns(schema_object(&["variables"], json!({"variables": {"type": "object"}}))),
         Endpoint::new(Method::Post, "/env", Group::System, handler(env_set))
             .id("env_set")
+            .enforces(&["allow_vars", "deny_vars"])
+            .changes()
             .summary("Set variables for every child started from now on.")
             .params(&[Param::body("vars", "object", true)])
             .returns(schema_object(&["updated"], json!({"updated": {"type": "array"}})))
@@ -67,6 +70,8 @@ pub fn endpoints() -> Vec<Endpoint> {
             .returns(schema_object(&["listening"], json!({"listening": {"type": "array"}}))),
         Endpoint::new(Method::Get, "/packages", Group::System, handler(packages))
             .id("packages")
+            .enforces(&["paths"])
+            .changes()
             .summary("Installed pip or npm packages.")
             .params(&[Param::query("manager", "string", false)])
             .returns(schema_object(&["manager", "packages"], json!({"manager": {"type": "string"}, "packages": {"type": "array"}})))

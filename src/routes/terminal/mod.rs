@@ -33,6 +33,8 @@ pub fn endpoints() -> Vec<Endpoint> {
     vec![
         Endpoint::new(Method::Post, "/pty/sessions", Group::Terminal, handler(create))
             .id("pty_create")
+            .enforces(&["paths"])
+            .changes()
             .summary("Start a shell on a new terminal; answers its WebSocket URL.")
             .params(&[
                 Param::body("shell", "string", false),
@@ -57,12 +59,14 @@ pub fn endpoints() -> Vec<Endpoint> {
             .also_answers(&[404]),
         Endpoint::new(Method::Post, "/pty/sessions/{id}/resize", Group::Terminal, handler(resize))
             .id("pty_resize")
+            .changes()
             .summary("Set a terminal's size (1-1000 columns and rows).")
             .params(&[id.clone(), Param::body("cols", "integer", true), Param::body("rows", "integer", true)])
             .returns(session_schema())
             .also_answers(&[400, 404]),
         Endpoint::new(Method::Delete, "/pty/sessions/{id}", Group::Terminal, handler(delete))
             .id("pty_delete")
+            .changes()
             .summary("End a terminal session and its processes.")
             .params(&[id])
             .returns(schema_object(&["status", "session_id"], json!({

@@ -40,6 +40,7 @@ pub fn endpoint() -> Endpoint {
         Arc::new(|upgraded, stream, leftover| Box::pin(serve(upgraded, stream, leftover))),
     )
     .id("pty_connect")
+    .changes()
     .summary("PTY WebSocket on ABX_PTY_PORT (input, resize, signal; output and events).")
     .params(&[
         Param::query("session_id", "string", true),

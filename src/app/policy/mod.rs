@@ -159,7 +159,8 @@ const KNOBS: [(&str, KnobKind); 19] = [
 ];
 
 /// Whether `name` is an endpoint-level knob a policy document may set.
-pub fn is_knob(name: &str) -> bool {
+#[cfg(test)]
+pub(crate) fn is_knob(name: &str) -> bool {
     name == "rate_limit" || KNOBS.iter().any(|(knob, _)| *knob == name)
 }
 

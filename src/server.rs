@@ -87,6 +87,7 @@ impl Server {
         let extras = Extras {
             commands: self.commands,
             group_switches: self.group_switches,
+            registrars: crate::routes::builtin_registrars(),
             ..Extras::default()
         };
         let state = AppState::build(
@@ -179,6 +180,7 @@ impl Server {
         let mut extras = Extras {
             commands: self.commands,
             group_switches: self.group_switches,
+            registrars: crate::routes::builtin_registrars(),
             ..Extras::default()
         };
         if let Some(app) = &self.config.python_app {
@@ -281,6 +283,7 @@ impl Server {
                 if let Some(bridge) = &bridge {
                     bridge.stop();
                 }
+                children_state.services.groups.shut_down();
                 children_state.services.browser.stop();
                 // Terminal jobs live in process groups of their own, out of the registry.
                 for session in children_state.services.sessions.all() {

@@ -84,6 +84,11 @@ impl Call {
         &self.state.services
     }
 
+    /// The state of type `T` a group registered (see [`super::groups`]).
+    pub fn group_state<T: Send + Sync + 'static>(&self) -> Result<&T, ApiError> {
+        self.state.services.groups.require::<T>()
+    }
+
     /// The server's settings.
     pub fn config(&self) -> &crate::config::Config {
         &self.state.config
@@ -238,6 +243,11 @@ impl Upgraded {
 
     pub fn services(&self) -> &Services {
         &self.state.services
+    }
+
+    /// The state of type `T` a group registered (see [`super::groups`]).
+    pub fn group_state<T: Send + Sync + 'static>(&self) -> Result<&T, ApiError> {
+        self.state.services.groups.require::<T>()
     }
 
     /// The policy reloads seen so far; [`Upgraded::reloaded`] waits for the next.

@@ -5,6 +5,7 @@
 pub mod auth;
 pub mod dispatch;
 pub mod endpoint;
+pub mod groups;
 pub mod openapi;
 pub mod policy;
 pub mod request;
@@ -12,4 +13,5 @@ pub mod router;
 pub mod state;
 
 pub use endpoint::{handler, sink_handler, Call, Endpoint, Handler, RawSink, Upgraded};
+pub use groups::{GroupSetup, Registrar};
 pub use state::AppState;

@@ -51,6 +51,8 @@ pub struct Services {
     /// Where the API listens once bound (the MCP endpoint calls routes there).
     pub bound_api: std::sync::OnceLock<std::net::SocketAddr>,
     pub started: Instant,
+    /// What each group registered for its handlers (see [`super::groups`]).
+    pub groups: super::groups::GroupStates,
 }
 
 impl Services {
@@ -166,6 +168,8 @@ pub struct Extras {
     pub bridge: Option<Arc<Bridge>>,
     /// The registry the bridge's worker was registered in, if it already exists.
     pub children: Option<Arc<ChildRegistry>>,
+    /// Each group's state, registered in order (see [`super::groups`]).
+    pub registrars: Vec<super::groups::Registrar>,
 }
 
 /// Whether a caller may use an endpoint, and if not, the refusal's code, rule and reason.
@@ -215,6 +219,12 @@ impl AppState {
             ));
         }
         let children: Arc<ChildRegistry> = extras.children.unwrap_or_default();
+        let groups = super::groups::GroupStates::build(
+            extras.registrars,
+            &config,
+            &children,
+            &mut catalog.warnings,
+        );
         Ok(AppState {
             services: Services {
                 base: BaseDir::new(base_dir),
@@ -238,6 +248,7 @@ impl AppState {
                 bound_pty_port: std::sync::OnceLock::new(),
                 bound_api: std::sync::OnceLock::new(),
                 started: Instant::now(),
+                groups,
             },
             catalog: CatalogCell::new(catalog),
             group_switches: extras.group_switches,

@@ -16,12 +16,19 @@ pub mod process;
 pub mod system;
 pub mod terminal;
 
-use crate::app::Endpoint;
+use crate::app::{Endpoint, Registrar};
 
 /// A JSON Schema object with `required` fields and `properties`, for the OpenAPI
 /// document's success bodies.
 fn schema_object(required: &[&str], properties: serde_json::Value) -> serde_json::Value {
     serde_json::json!({"type": "object", "required": required, "properties": properties})
+}
+
+/// The built-in groups' state registrars (see [`crate::app::groups`]), in the order
+/// their shutdown hooks run. The commands group's is [`commands::registrar`]: it
+/// takes the embedding program's commands.
+pub fn builtin_registrars() -> Vec<Registrar> {
+    Vec::new()
 }
 
 /// Every built-in endpoint, in the order `/capabilities` lists them.

@@ -74,6 +74,33 @@ pub struct Config {
     pub browser_path: Option<PathBuf>,
     /// `ABX_AGENTS_DEFAULT`: the agent runtime `/v1` requests use when they name none.
     pub agents_default: Option<String>,
+    /// `ABX_STATE_DIR`: what the server keeps across restarts (the runtimes it
+    /// installed), mode 0700.
+    pub state_dir: PathBuf,
+    /// `ABX_AGENTS_AUTO_INSTALL`: install a runtime's pinned CLI on first use.
+    pub agents_auto_install: bool,
+    /// `ABX_AGENTS_PATH_CLI=any`: a CLI on `PATH` at another version than the pin is
+    /// used (by default only the pinned version is).
+    pub agents_any_path_cli: bool,
+    /// `ABX_AGENTS_INSTALL_WAIT`: how long a request that is not streamed waits for an
+    /// install before it is answered 503 with `Retry-After`.
+    pub agents_install_wait: Duration,
+    /// `ABX_AGENTS_NPM_REGISTRY`: the registry installs use (npm's own configuration
+    /// when unset).
+    pub agents_npm_registry: Option<String>,
+}
+
+/// `ABX_STATE_DIR`'s default: `$XDG_STATE_HOME/agent-sandbox`, else
+/// `$HOME/.local/state/agent-sandbox`, else `/var/lib/agent-sandbox`.
+pub fn default_state_dir() -> PathBuf {
+    let from = |var: &str, tail: &str| {
+        std::env::var_os(var)
+            .filter(|v| !v.is_empty() && std::path::Path::new(v).is_absolute())
+            .map(|v| PathBuf::from(v).join(tail))
+    };
+    from("XDG_STATE_HOME", "agent-sandbox")
+        .or_else(|| from("HOME", ".local/state/agent-sandbox"))
+        .unwrap_or_else(|| PathBuf::from("/var/lib/agent-sandbox"))
 }
 
 /// Raw JSON body cap from the contract (413 `payload_too_large`).
@@ -106,6 +133,11 @@ impl Default for Config {
             bridge_hang_timeout: Duration::from_secs(10),
             browser_path: None,
             agents_default: None,
+            state_dir: default_state_dir(),
+            agents_auto_install: true,
+            agents_any_path_cli: false,
+            agents_install_wait: Duration::from_secs(120),
+            agents_npm_registry: None,
         }
     }
 }
@@ -326,6 +358,66 @@ const SETTINGS: &[Setting] = &[
                 return Err(format!("{src}: '{v}' is not an agent runtime (codex, qwen-code, qwen, qwencode, claude-code, cursor, command)"));
             }
             c.agents_default = Some(v.to_string());
+            Ok(())
+        },
+    },
+    Setting {
+        flag: None,
+        var: "ABX_STATE_DIR",
+        default: "`$XDG_STATE_HOME/agent-sandbox`, else `$HOME/.local/state/agent-sandbox`",
+        apply: |c, src, v| {
+            let path = PathBuf::from(v);
+            if !path.is_absolute() {
+                return Err(format!("{src}: '{v}' is not an absolute path"));
+            }
+            c.state_dir = path;
+            Ok(())
+        },
+    },
+    Setting {
+        flag: None,
+        var: "ABX_AGENTS_AUTO_INSTALL",
+        default: "`1`",
+        apply: |c, src, v| {
+            c.agents_auto_install = match v.trim().to_ascii_lowercase().as_str() {
+                "1" | "true" | "yes" | "on" => true,
+                "0" | "false" | "no" | "off" => false,
+                _ => return Err(format!("{src}: '{v}' is not 1 or 0")),
+            };
+            Ok(())
+        },
+    },
+    Setting {
+        flag: None,
+        var: "ABX_AGENTS_PATH_CLI",
+        default: "`pinned`",
+        apply: |c, src, v| {
+            c.agents_any_path_cli = match v.trim() {
+                "pinned" => false,
+                "any" => true,
+                _ => return Err(format!("{src}: '{v}' is not pinned or any")),
+            };
+            Ok(())
+        },
+    },
+    Setting {
+        flag: None,
+        var: "ABX_AGENTS_INSTALL_WAIT",
+        default: "`120` seconds",
+        apply: |c, src, v| {
+            c.agents_install_wait = parse_seconds(src, v)?;
+            Ok(())
+        },
+    },
+    Setting {
+        flag: None,
+        var: "ABX_AGENTS_NPM_REGISTRY",
+        default: "npm's own configuration",
+        apply: |c, src, v| {
+            if !(v.starts_with("http://") || v.starts_with("https://")) {
+                return Err(format!("{src}: '{v}' is not an http:// or https:// URL"));
+            }
+            c.agents_npm_registry = Some(v.to_string());
             Ok(())
         },
     },

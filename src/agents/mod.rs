@@ -9,6 +9,7 @@
 //! `--resume <session_id>` for the next turn. Both read the prompt on stdin (no argv
 //! length limit) and run in the base directory, in their own process group.
 
+pub mod install;
 pub mod store;
 pub mod turn;
 

@@ -30,7 +30,7 @@ use crate::runtime::{blocking, AsyncFile, FileStream};
 const DEFAULT_TIMEOUT_SECS: f64 = 300.0;
 
 pub fn endpoints() -> Vec<Endpoint> {
-    let path = Param::path("path");
+    let path = Param::path("path").doc("A path beneath the base directory (percent-decoded).");
     let mut endpoints = vec![
         Endpoint::new(Method::Get, "/", Group::K8sRuntime, handler(health))
             .id("k8s_health")
@@ -41,8 +41,12 @@ pub fn endpoints() -> Vec<Endpoint> {
             .summary("Run a command (shlex-split, no shell) in the base directory: stdout, stderr, exit_code.")
             .also_answers(&[403])
             .params(&[
-                Param::body("command", "string", true),
-                Param::body("timeout_seconds", "number", false),
+                Param::body("command", "string", true)
+                    .doc("The command line, split as shlex.split does; no shell runs it."),
+                Param::body("timeout_seconds", "number", false)
+                    .above(0.0)
+                    .invalid("timeout_seconds must be a positive number")
+                    .doc("Seconds above 0; without it 300, or the policy's timeout_seconds, which also caps it."),
             ])
             .limit("timeout_seconds", DEFAULT_TIMEOUT_SECS as u64)
             .limit("max_output_bytes", super::process::SHELL_MAX_OUTPUT_BYTES),
@@ -55,6 +59,10 @@ pub fn endpoints() -> Vec<Endpoint> {
         .id("k8s_upload")
         .multipart()
         .summary("Write a file: multipart field 'file', its filename the path beneath the base directory.")
+        // Read by the multipart scanner as the body streams in, not by `Call::args`.
+        .params(&[Param::body("file", "string", true).doc(
+            "The multipart/form-data part holding the file's bytes; its filename is the path to write, beneath the base directory.",
+        )])
         .also_answers(&[403, 409]),
         Endpoint::new(
             Method::Get,
@@ -114,23 +122,9 @@ fn not_run(why: impl std::fmt::Display) -> Response {
 
 /// `POST /execute {command, timeout_seconds?}`.
 async fn execute(call: Call) -> Result<Response, ApiError> {
-    let body: Value = call.json()?;
-    let command = match body.get("command") {
-        Some(Value::String(s)) => s.clone(),
-        Some(_) => return Err(ApiError::bad_request("command must be a string")),
-        None => return Err(ApiError::bad_request("command is required")),
-    };
-    let asked = match body.get("timeout_seconds") {
-        None | Some(Value::Null) => None,
-        Some(Value::Number(n)) if n.as_f64().is_some_and(|t| t > 0.0 && t.is_finite()) => {
-            n.as_f64()
-        }
-        Some(_) => {
-            return Err(ApiError::bad_request(
-                "timeout_seconds must be a positive number",
-            ))
-        }
-    };
+    let args = call.args()?;
+    let command = args.string("command");
+    let asked = args.number("timeout_seconds");
     let cap = call.decision().knob_seconds("timeout_seconds");
     let seconds = match (asked, cap) {
         (Some(asked), Some(cap)) => asked.min(cap),
@@ -409,5 +403,33 @@ impl RawSink for MultipartUpload {
                 upload.abort().await;
             }
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    #[test]
+    fn execute_fields() {
+        let read = |body| crate::routes::declared_args(&endpoints(), "k8s_execute", &[], body);
+        assert_eq!(read(json!({})).unwrap_err(), "command is required");
+        assert_eq!(
+            read(json!({"command": 1})).unwrap_err(),
+            "command must be a string"
+        );
+        for timeout in [json!(0), json!(-2), json!("5")] {
+            assert_eq!(
+                read(json!({"command": "ls", "timeout_seconds": timeout})).unwrap_err(),
+                "timeout_seconds must be a positive number"
+            );
+        }
+        let args = read(json!({"command": "", "timeout_seconds": null})).unwrap();
+        assert_eq!(
+            (args.str("command"), args.number("timeout_seconds")),
+            (Some(""), None)
+        );
     }
 }

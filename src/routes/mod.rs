@@ -48,6 +48,33 @@ pub fn builtin_endpoints() -> Vec<Endpoint> {
     endpoints
 }
 
+/// What endpoint `id` of `endpoints` makes of a request with `query` and the JSON
+/// object `body`, read against its declared fields as `Call::args` reads them: the
+/// fields, or the refusal's sentence.
+#[cfg(test)]
+pub(crate) fn declared_args(
+    endpoints: &[Endpoint],
+    id: &str,
+    query: &[(&str, &str)],
+    body: serde_json::Value,
+) -> Result<crate::api::Args, String> {
+    let spec = &endpoints
+        .iter()
+        .find(|e| e.spec.id == id)
+        .unwrap_or_else(|| panic!("no endpoint {id}"))
+        .spec;
+    let query: Vec<(String, String)> = query
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+    let body = match body {
+        serde_json::Value::Object(map) => Some(map),
+        _ => None,
+    };
+    crate::api::fields::parse(&spec.params, spec.errors, spec.unknown_fields, &query, body)
+        .map_err(|e| e.message)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -6,10 +6,10 @@
 use std::net::ToSocketAddrs;
 use std::time::Duration;
 
-use serde_json::{json, Map, Value};
+use serde_json::{json, Value};
 
 use super::schema_object;
-use crate::api::{ApiError, Group, Method, Param};
+use crate::api::{ApiError, Args, Group, Method, Param};
 use crate::app::{handler, Call, Endpoint};
 use crate::browser::guard::{self, Refusal, Verdict};
 use crate::browser::{
@@ -54,8 +54,26 @@ fn boxed(f: impl std::future::Future<Output = Result<Response, ApiError>> + 'sta
     Box::pin(f)
 }
 
-fn timeout_param() -> Param {
-    Param::body("timeout", "number", false)
+/// The `timeout` of every route but `info` and `close`: a body field, or a query
+/// parameter on the GET routes.
+fn timeout_param(location: fn(&'static str, &str, bool) -> Param) -> Param {
+    location("timeout", "number", false)
+        .above(0.0)
+        .at_most(MAX_TIMEOUT_MS as f64)
+        .default("30000")
+        .invalid(TIMEOUT_SENTENCE)
+        .doc("Milliseconds the call may take on the page, above 0 and at most 600000.")
+}
+
+/// What a `timeout` out of its bounds (or not a number) is told.
+const TIMEOUT_SENTENCE: &str = "timeout must be milliseconds above 0 and at most 600000";
+
+fn selector_param(required: bool, doc: &'static str) -> Param {
+    let param = Param::body("selector", "string", required).doc(doc);
+    match required {
+        true => param.missing("selector is required (a CSS selector)"),
+        false => param,
+    }
 }
 
 fn ok_schema() -> Value {
@@ -72,62 +90,121 @@ fn location_schema() -> Value {
 pub fn endpoints() -> Vec<Endpoint> {
     vec![
         post("/browser/navigate", "browser_navigate", "Open a URL in the shared page (policy: url_allow, url_deny, block_private_networks).", |c| boxed(navigate(c)))
-            .params(&[Param::body("url", "string", true), Param::body("wait_until", "string", false), timeout_param()])
+            .params(&[
+                Param::body("url", "string", true).doc("The URL to open (policy: url_allow, url_deny, block_private_networks)."),
+                Param::body("wait_until", "string", false)
+                    .default("\"load\"")
+                    .doc("load, domcontentloaded, networkidle (no connections for 500 ms) or commit: when the navigation counts as done."),
+                timeout_param(Param::body),
+            ])
             .returns(schema_object(&["url", "title", "status"], json!({
                 "url": {"type": "string"}, "title": {"type": "string"}, "status": {"type": ["integer", "null"]},
             })))
             .also_answers(&[403])
             .enforces(&["url_allow", "url_deny", "block_private_networks"]),
         post("/browser/screenshot", "browser_screenshot", "PNG of the viewport, the full page, or one element.", |c| boxed(screenshot(c)))
-            .params(&[Param::body("selector", "string", false), Param::body("full_page", "boolean", false), timeout_param()])
+            .params(&[
+                selector_param(false, "CSS selector of the element to capture; without it the viewport or the full page."),
+                Param::body("full_page", "boolean", false)
+                    .default("false")
+                    .invalid("full_page must be true or false")
+                    .doc("Capture the whole page at its layout size instead of the viewport."),
+                timeout_param(Param::body),
+            ])
             .returns(schema_object(&["content_base64", "format", "width", "height", "bytes"], json!({
                 "content_base64": {"type": "string"}, "format": {"type": "string"},
                 "width": {"type": "integer"}, "height": {"type": "integer"}, "bytes": {"type": "integer"},
             })))
             .also_answers(&[404]),
         post("/browser/click", "browser_click", "Scroll an element into view, wait until it is visible, click its centre.", |c| boxed(click(c)))
-            .params(&[Param::body("selector", "string", true), Param::body("button", "string", false), Param::body("click_count", "integer", false), timeout_param()])
+            .params(&[
+                selector_param(true, "CSS selector of the element to click (the first match)."),
+                Param::body("button", "string", false)
+                    .default("\"left\"")
+                    .doc("left, right or middle."),
+                Param::body("click_count", "integer", false)
+                    .range(1.0, MAX_CLICKS as f64)
+                    .default("1")
+                    .invalid("click_count must be a whole number from 1 to 10")
+                    .doc("Clicks in a row, 1 to 10 (2 is a double click)."),
+                timeout_param(Param::body),
+            ])
             .returns(ok_schema())
             .also_answers(&[404]),
         post("/browser/fill", "browser_fill", "Set an input's value and fire input and change.", |c| boxed(fill(c)))
-            .params(&[Param::body("selector", "string", true), Param::body("value", "string", true), timeout_param()])
+            .params(&[
+                selector_param(true, "CSS selector of the input, textarea, select or contenteditable element."),
+                Param::body("value", "string", true).doc("The value to set."),
+                timeout_param(Param::body),
+            ])
             .returns(ok_schema())
             .also_answers(&[404]),
         post("/browser/type", "browser_type", "Type text key by key, into the focused element or selector.", |c| boxed(type_text(c)))
-            .params(&[Param::body("selector", "string", false), Param::body("text", "string", true), Param::body("delay_ms", "number", false), timeout_param()])
+            .params(&[
+                selector_param(false, "CSS selector of the element to focus first; without it the focused element."),
+                Param::body("text", "string", true).doc("The text to type, one key at a time (\\n is Enter, \\t Tab)."),
+                Param::body("delay_ms", "number", false)
+                    .range(0.0, 10_000.0)
+                    .default("0")
+                    .invalid("delay_ms must be from 0 to 10000")
+                    .doc("Milliseconds to wait between keys, 0 to 10000."),
+                timeout_param(Param::body),
+            ])
             .returns(ok_schema())
             .also_answers(&[404]),
         post("/browser/press", "browser_press", "Press a key or chord (Enter, Control+A), optionally on an element.", |c| boxed(press(c)))
-            .params(&[Param::body("key", "string", true), Param::body("selector", "string", false), timeout_param()])
+            .params(&[
+                Param::body("key", "string", true).doc("A key or chord in Playwright's names: Enter, Control+A, Shift+ArrowDown."),
+                selector_param(false, "CSS selector of the element to focus first."),
+                timeout_param(Param::body),
+            ])
             .returns(ok_schema())
             .also_answers(&[404]),
         post("/browser/scroll", "browser_scroll", "Scroll an element into view, or the page by dx, dy.", |c| boxed(scroll(c)))
-            .params(&[Param::body("selector", "string", false), Param::body("dx", "number", false), Param::body("dy", "number", false), timeout_param()])
+            .params(&[
+                selector_param(false, "CSS selector of the element to scroll into view (not with dx, dy)."),
+                Param::body("dx", "number", false).doc("Pixels to scroll the page right by (0 when only dy is given)."),
+                Param::body("dy", "number", false).doc("Pixels to scroll the page down by (0 when only dx is given)."),
+                timeout_param(Param::body),
+            ])
             .returns(schema_object(&["scroll_x", "scroll_y"], json!({"scroll_x": {"type": "number"}, "scroll_y": {"type": "number"}})))
             .also_answers(&[404]),
         post("/browser/evaluate", "browser_evaluate", "Evaluate JavaScript in the page; a function is called with arg; promises are awaited.", |c| boxed(evaluate(c)))
-            .params(&[Param::body("expression", "string", true), Param::body("arg", "any", false), timeout_param()])
+            .params(&[
+                Param::body("expression", "string", true).doc("JavaScript evaluated in the page; a function is called with arg."),
+                Param::body("arg", "any", false).doc("The argument a function expression is called with (any JSON value)."),
+                timeout_param(Param::body),
+            ])
             .returns(schema_object(&["result"], json!({"result": {}}))),
         post("/browser/wait", "browser_wait", "Wait until a selector is attached, detached, visible or hidden.", |c| boxed(wait(c)))
-            .params(&[Param::body("selector", "string", true), Param::body("state", "string", false), timeout_param()])
+            .params(&[
+                selector_param(true, "CSS selector to wait for."),
+                Param::body("state", "string", false)
+                    .default("\"visible\"")
+                    .doc("attached, detached, visible or hidden: what to wait for."),
+                timeout_param(Param::body),
+            ])
             .returns(ok_schema()),
         get("/browser/content", "browser_content", "The page's URL, title and HTML.", |c| boxed(content(c)))
-            .params(&[Param::query("timeout", "number", false)])
+            .params(&[timeout_param(Param::query)])
             .returns(schema_object(&["url", "title", "html"], json!({
                 "url": {"type": "string"}, "title": {"type": "string"}, "html": {"type": "string"},
             }))),
         get("/browser/text", "browser_text", "The visible text of the page or of one element.", |c| boxed(text(c)))
-            .params(&[Param::query("selector", "string", false), Param::query("timeout", "number", false)])
+            .params(&[
+                Param::query("selector", "string", false).doc("CSS selector of the element whose text to read; without it the page's body."),
+                timeout_param(Param::query),
+            ])
             .returns(schema_object(&["text"], json!({"text": {"type": "string"}})))
             .also_answers(&[404]),
         post("/browser/back", "browser_back", "Go back one history entry.", |c| boxed(history(c, HistoryStep::Back)))
-            .params(&[timeout_param()])
+            .params(&[timeout_param(Param::body)])
             .returns(location_schema()),
         post("/browser/forward", "browser_forward", "Go forward one history entry.", |c| boxed(history(c, HistoryStep::Forward)))
-            .params(&[timeout_param()])
+            .params(&[timeout_param(Param::body)])
             .returns(location_schema()),
         post("/browser/reload", "browser_reload", "Reload the page.", |c| boxed(history(c, HistoryStep::Reload)))
-            .params(&[timeout_param()])
+            .params(&[timeout_param(Param::body)])
             .returns(location_schema()),
         get("/browser/info", "browser_info", "Whether Chromium runs, its page's URL and title, version and viewport.", |c| boxed(info(c)))
             .returns(schema_object(&["running", "url", "title", "version", "viewport"], json!({
@@ -139,85 +216,19 @@ pub fn endpoints() -> Vec<Endpoint> {
     ]
 }
 
-/// The JSON body as an object (an empty body is `{}`).
-fn body(call: &Call) -> Result<Map<String, Value>, ApiError> {
-    match call.json::<Option<Value>>()? {
-        None | Some(Value::Null) => Ok(Map::new()),
-        Some(Value::Object(map)) => Ok(map),
-        Some(_) => Err(ApiError::bad_request("the body must be a JSON object")),
-    }
-}
-
-fn string(body: &Map<String, Value>, name: &str) -> Result<Option<String>, ApiError> {
-    match body.get(name) {
-        None | Some(Value::Null) => Ok(None),
-        Some(Value::String(s)) => Ok(Some(s.clone())),
-        Some(_) => Err(ApiError::bad_request(format!("{name} must be a string"))),
-    }
-}
-
-fn required(body: &Map<String, Value>, name: &str) -> Result<String, ApiError> {
-    string(body, name)?.ok_or_else(|| ApiError::bad_request(format!("{name} is required")))
-}
-
-fn selector(body: &Map<String, Value>, required_here: bool) -> Result<Option<String>, ApiError> {
-    let selector = string(body, "selector")?;
-    match selector {
+/// The `selector` field, refused when blank (a CSS selector of only spaces matches
+/// nothing a caller meant).
+fn selector(args: &Args) -> Result<Option<String>, ApiError> {
+    match args.str("selector") {
         Some(s) if s.trim().is_empty() => Err(ApiError::bad_request("selector must not be empty")),
-        None if required_here => Err(ApiError::bad_request(
-            "selector is required (a CSS selector)",
-        )),
-        other => Ok(other),
+        other => Ok(other.map(str::to_string)),
     }
 }
 
-fn number(body: &Map<String, Value>, name: &str) -> Result<Option<f64>, ApiError> {
-    match body.get(name) {
-        None | Some(Value::Null) => Ok(None),
-        Some(Value::Number(n)) => n
-            .as_f64()
-            .filter(|v| v.is_finite())
-            .map(Some)
-            .ok_or_else(|| ApiError::bad_request(format!("{name} must be a finite number"))),
-        Some(_) => Err(ApiError::bad_request(format!("{name} must be a number"))),
-    }
-}
-
-fn boolean(body: &Map<String, Value>, name: &str) -> Result<bool, ApiError> {
-    match body.get(name) {
-        None | Some(Value::Null) => Ok(false),
-        Some(Value::Bool(b)) => Ok(*b),
-        Some(_) => Err(ApiError::bad_request(format!(
-            "{name} must be true or false"
-        ))),
-    }
-}
-
-fn timeout_from(value: Option<f64>) -> Result<Duration, ApiError> {
-    match value {
-        None => Ok(Duration::from_millis(DEFAULT_TIMEOUT_MS)),
-        Some(ms) if ms > 0.0 && ms <= MAX_TIMEOUT_MS as f64 => {
-            Ok(Duration::from_secs_f64(ms / 1000.0))
-        }
-        Some(_) => Err(ApiError::bad_request(format!(
-            "timeout must be milliseconds above 0 and at most {MAX_TIMEOUT_MS}"
-        ))),
-    }
-}
-
-fn body_timeout(body: &Map<String, Value>) -> Result<Duration, ApiError> {
-    timeout_from(number(body, "timeout")?)
-}
-
-fn query_timeout(call: &Call) -> Result<Duration, ApiError> {
-    match call.query("timeout") {
-        None | Some("") => timeout_from(None),
-        Some(text) => {
-            timeout_from(Some(text.parse::<f64>().map_err(|_| {
-                ApiError::bad_request("timeout must be a number of milliseconds")
-            })?))
-        }
-    }
+/// The declared `timeout` (milliseconds, default 30000).
+fn timeout(args: &Args) -> Duration {
+    let ms = args.number("timeout").unwrap_or(DEFAULT_TIMEOUT_MS as f64);
+    Duration::from_secs_f64(ms / 1000.0)
 }
 
 /// The contract's envelope for each browser failure.
@@ -266,20 +277,18 @@ fn url_refused(message: String) -> ApiError {
 }
 
 async fn navigate(call: Call) -> Result<Response, ApiError> {
-    let body = body(&call)?;
-    let url = required(&body, "url")?;
+    let args = call.args()?;
+    let url = args.string("url");
     if url.trim().is_empty() {
         return Err(ApiError::bad_request("url must not be empty"));
     }
-    let wait_until = match string(&body, "wait_until")? {
-        None => WaitUntil::Load,
-        Some(name) => WaitUntil::parse(&name).ok_or_else(|| {
-            ApiError::bad_request(format!(
-                "wait_until must be load, domcontentloaded, networkidle or commit, not {name:?}"
-            ))
-        })?,
-    };
-    let timeout = body_timeout(&body)?;
+    let name = args.str("wait_until").unwrap_or("load");
+    let wait_until = WaitUntil::parse(name).ok_or_else(|| {
+        ApiError::bad_request(format!(
+            "wait_until must be load, domcontentloaded, networkidle or commit, not {name:?}"
+        ))
+    })?;
+    let timeout = timeout(&args);
     let decision = call.decision();
     let allow = decision.knob_list("url_allow");
     let deny = decision.knob_list("url_deny");
@@ -321,82 +330,65 @@ async fn navigate(call: Call) -> Result<Response, ApiError> {
 }
 
 async fn screenshot(call: Call) -> Result<Response, ApiError> {
-    let body = body(&call)?;
+    let args = call.args()?;
     let op = Op::Screenshot {
-        selector: selector(&body, false)?,
-        full_page: boolean(&body, "full_page")?,
+        selector: selector(&args)?,
+        full_page: args.flag("full_page"),
     };
-    run(&call, op, body_timeout(&body)?).await
+    run(&call, op, timeout(&args)).await
 }
 
 async fn click(call: Call) -> Result<Response, ApiError> {
-    let body = body(&call)?;
-    let button = match string(&body, "button")? {
-        None => MouseButton::Left,
-        Some(name) => MouseButton::parse(&name).ok_or_else(|| {
-            ApiError::bad_request(format!(
-                "button must be left, right or middle, not {name:?}"
-            ))
-        })?,
-    };
-    let click_count = match body.get("click_count") {
-        None | Some(Value::Null) => 1,
-        Some(v) => v
-            .as_u64()
-            .filter(|n| (1..=MAX_CLICKS).contains(n))
-            .ok_or_else(|| {
-                ApiError::bad_request(format!(
-                    "click_count must be a whole number from 1 to {MAX_CLICKS}"
-                ))
-            })? as u32,
-    };
+    let args = call.args()?;
+    let name = args.str("button").unwrap_or("left");
+    let button = MouseButton::parse(name).ok_or_else(|| {
+        ApiError::bad_request(format!(
+            "button must be left, right or middle, not {name:?}"
+        ))
+    })?;
     let op = Op::Click {
-        selector: selector(&body, true)?.unwrap_or_default(),
+        selector: selector(&args)?.unwrap_or_default(),
         button,
-        click_count,
+        // Declared from 1 to MAX_CLICKS.
+        click_count: args.uint("click_count").unwrap_or(1) as u32,
     };
-    run(&call, op, body_timeout(&body)?).await
+    run(&call, op, timeout(&args)).await
 }
 
 async fn fill(call: Call) -> Result<Response, ApiError> {
-    let body = body(&call)?;
+    let args = call.args()?;
     let op = Op::Fill {
-        selector: selector(&body, true)?.unwrap_or_default(),
-        value: required(&body, "value")?,
+        selector: selector(&args)?.unwrap_or_default(),
+        value: args.string("value"),
     };
-    run(&call, op, body_timeout(&body)?).await
+    run(&call, op, timeout(&args)).await
 }
 
 async fn type_text(call: Call) -> Result<Response, ApiError> {
-    let body = body(&call)?;
-    let delay = match number(&body, "delay_ms")? {
-        None => Duration::ZERO,
-        Some(ms) if (0.0..=10_000.0).contains(&ms) => Duration::from_secs_f64(ms / 1000.0),
-        Some(_) => return Err(ApiError::bad_request("delay_ms must be from 0 to 10000")),
-    };
+    let args = call.args()?;
     let op = Op::Type {
-        selector: selector(&body, false)?,
-        text: required(&body, "text")?,
-        delay,
+        selector: selector(&args)?,
+        text: args.string("text"),
+        delay: Duration::from_secs_f64(args.number("delay_ms").unwrap_or(0.0) / 1000.0),
     };
-    run(&call, op, body_timeout(&body)?).await
+    run(&call, op, timeout(&args)).await
 }
 
 async fn press(call: Call) -> Result<Response, ApiError> {
-    let body = body(&call)?;
-    let key = required(&body, "key")?;
-    let chord = keys::parse_chord(&key).map_err(ApiError::bad_request)?;
+    let args = call.args()?;
+    let chord =
+        keys::parse_chord(args.str("key").unwrap_or_default()).map_err(ApiError::bad_request)?;
     let op = Op::Press {
         chord,
-        selector: selector(&body, false)?,
+        selector: selector(&args)?,
     };
-    run(&call, op, body_timeout(&body)?).await
+    run(&call, op, timeout(&args)).await
 }
 
 async fn scroll(call: Call) -> Result<Response, ApiError> {
-    let body = body(&call)?;
-    let target = selector(&body, false)?;
-    let (dx, dy) = (number(&body, "dx")?, number(&body, "dy")?);
+    let args = call.args()?;
+    let target = selector(&args)?;
+    let (dx, dy) = (args.number("dx"), args.number("dy"));
     let op = match (target, dx, dy) {
         (Some(_), Some(_), _) | (Some(_), _, Some(_)) => {
             return Err(ApiError::bad_request(
@@ -414,56 +406,52 @@ async fn scroll(call: Call) -> Result<Response, ApiError> {
             dy: dy.unwrap_or(0.0),
         },
     };
-    run(&call, op, body_timeout(&body)?).await
+    run(&call, op, timeout(&args)).await
 }
 
 async fn evaluate(call: Call) -> Result<Response, ApiError> {
-    let body = body(&call)?;
-    let expression = required(&body, "expression")?;
+    let mut args = call.args()?;
+    let expression = args.string("expression");
     if expression.trim().is_empty() {
         return Err(ApiError::bad_request("expression must not be empty"));
     }
+    let timeout = timeout(&args);
     let op = Op::Evaluate {
         expression,
-        arg: body.get("arg").cloned(),
+        arg: args.take("arg"),
     };
-    run(&call, op, body_timeout(&body)?).await
+    run(&call, op, timeout).await
 }
 
 async fn wait(call: Call) -> Result<Response, ApiError> {
-    let body = body(&call)?;
-    let state = match string(&body, "state")? {
-        None => ElementState::Visible,
-        Some(name) => ElementState::parse(&name).ok_or_else(|| {
-            ApiError::bad_request(format!(
-                "state must be attached, detached, visible or hidden, not {name:?}"
-            ))
-        })?,
-    };
+    let args = call.args()?;
+    let name = args.str("state").unwrap_or("visible");
+    let state = ElementState::parse(name).ok_or_else(|| {
+        ApiError::bad_request(format!(
+            "state must be attached, detached, visible or hidden, not {name:?}"
+        ))
+    })?;
     let op = Op::Wait {
-        selector: selector(&body, true)?.unwrap_or_default(),
+        selector: selector(&args)?.unwrap_or_default(),
         state,
     };
-    run(&call, op, body_timeout(&body)?).await
+    run(&call, op, timeout(&args)).await
 }
 
 async fn content(call: Call) -> Result<Response, ApiError> {
-    let timeout = query_timeout(&call)?;
-    run(&call, Op::Content, timeout).await
+    let args = call.args()?;
+    run(&call, Op::Content, timeout(&args)).await
 }
 
 async fn text(call: Call) -> Result<Response, ApiError> {
-    let selector = match call.query("selector") {
-        None | Some("") => None,
-        Some(s) => Some(s.to_string()),
-    };
-    let timeout = query_timeout(&call)?;
-    run(&call, Op::Text { selector }, timeout).await
+    let args = call.args()?;
+    let selector = args.str("selector").map(str::to_string);
+    run(&call, Op::Text { selector }, timeout(&args)).await
 }
 
 async fn history(call: Call, step: HistoryStep) -> Result<Response, ApiError> {
-    let body = body(&call)?;
-    run(&call, Op::History(step), body_timeout(&body)?).await
+    let args = call.args()?;
+    run(&call, Op::History(step), timeout(&args)).await
 }
 
 async fn info(call: Call) -> Result<Response, ApiError> {
@@ -472,4 +460,136 @@ async fn info(call: Call) -> Result<Response, ApiError> {
 
 async fn close(call: Call) -> Result<Response, ApiError> {
     run(&call, Op::Close, Duration::from_millis(DEFAULT_TIMEOUT_MS)).await
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    fn refusal(id: &str, query: &[(&str, &str)], body: Value) -> String {
+        match crate::routes::declared_args(&endpoints(), id, query, body) {
+            Ok(_) => panic!("{id} took it"),
+            Err(sentence) => sentence,
+        }
+    }
+
+    /// The declarations keep the sentences the hand-written checks said.
+    #[test]
+    fn refusals_keep_their_sentences() {
+        assert_eq!(
+            refusal("browser_navigate", &[], json!({})),
+            "url is required"
+        );
+        assert_eq!(
+            refusal("browser_navigate", &[], json!({"url": 1})),
+            "url must be a string"
+        );
+        assert_eq!(
+            refusal(
+                "browser_navigate",
+                &[],
+                json!({"url": "x", "wait_until": 2})
+            ),
+            "wait_until must be a string"
+        );
+        for timeout in [json!(0), json!(-1), json!(600_001), json!("soon")] {
+            assert_eq!(
+                refusal("browser_back", &[], json!({"timeout": timeout})),
+                TIMEOUT_SENTENCE
+            );
+        }
+        assert_eq!(
+            refusal("browser_content", &[("timeout", "soon")], json!(null)),
+            TIMEOUT_SENTENCE
+        );
+        assert_eq!(
+            refusal("browser_text", &[("timeout", "0")], json!(null)),
+            TIMEOUT_SENTENCE
+        );
+        assert!(TIMEOUT_SENTENCE.ends_with(&format!("at most {MAX_TIMEOUT_MS}")));
+        assert_eq!(
+            refusal("browser_click", &[], json!({})),
+            "selector is required (a CSS selector)"
+        );
+        assert_eq!(
+            refusal("browser_screenshot", &[], json!({"selector": 1})),
+            "selector must be a string"
+        );
+        for count in [json!(0), json!(11), json!(1.5), json!("2")] {
+            assert_eq!(
+                refusal(
+                    "browser_click",
+                    &[],
+                    json!({"selector": "a", "click_count": count})
+                ),
+                format!("click_count must be a whole number from 1 to {MAX_CLICKS}")
+            );
+        }
+        assert_eq!(
+            refusal("browser_screenshot", &[], json!({"full_page": "yes"})),
+            "full_page must be true or false"
+        );
+        assert_eq!(
+            refusal("browser_fill", &[], json!({"selector": "a"})),
+            "value is required"
+        );
+        assert_eq!(
+            refusal(
+                "browser_type",
+                &[],
+                json!({"text": "a", "delay_ms": 10_001})
+            ),
+            "delay_ms must be from 0 to 10000"
+        );
+        assert_eq!(refusal("browser_type", &[], json!({})), "text is required");
+        assert_eq!(refusal("browser_press", &[], json!({})), "key is required");
+        assert_eq!(
+            refusal("browser_scroll", &[], json!({"dx": "1"})),
+            "dx must be a number"
+        );
+        assert_eq!(
+            refusal("browser_evaluate", &[], json!({"arg": 1})),
+            "expression is required"
+        );
+        assert_eq!(
+            refusal(
+                "browser_wait",
+                &[],
+                json!({"selector": "a", "state": false})
+            ),
+            "state must be a string"
+        );
+    }
+
+    #[test]
+    fn defaults_are_the_old_ones() {
+        let args = crate::routes::declared_args(
+            &endpoints(),
+            "browser_click",
+            &[],
+            json!({"selector": "a"}),
+        )
+        .unwrap();
+        assert_eq!(timeout(&args), Duration::from_millis(DEFAULT_TIMEOUT_MS));
+        assert_eq!(args.uint("click_count"), Some(1));
+        assert_eq!(args.str("button"), Some("left"));
+        let args = crate::routes::declared_args(
+            &endpoints(),
+            "browser_text",
+            &[("timeout", "250")],
+            json!(null),
+        )
+        .unwrap();
+        assert_eq!(timeout(&args), Duration::from_millis(250));
+        let args = crate::routes::declared_args(
+            &endpoints(),
+            "browser_evaluate",
+            &[],
+            json!({"expression": "x", "arg": [1]}),
+        )
+        .unwrap();
+        assert_eq!(args.value("arg"), Some(&json!([1])));
+    }
 }

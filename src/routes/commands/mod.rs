@@ -30,7 +30,9 @@ pub fn endpoints() -> Vec<Endpoint> {
             .changes()
             .kept_locked_down()
             .summary("Run a named command with a JSON object of arguments; answers {\"result\": ...}.")
-            .params(&[Param::path("name")])
+            // The body is the command's own arguments, bound by the registry's rules
+            // (`crate::commands::coerce`), not declared here.
+            .params(&[Param::path("name").doc("The command's name, as GET /commands lists it.")])
             .returns(schema_object(&["result"], json!({"result": {}})))
             .also_answers(&[400, 403, 404, 500, 503]),
     ]

@@ -32,9 +32,15 @@ pub fn endpoints() -> Vec<Endpoint> {
             .changes()
             .summary("Run a snippet of Python, Node.js or bash and answer with its output.")
             .params(&[
-                Param::body("code", "string", true),
-                Param::body("language", "string", false),
-                Param::body("timeout", "number", false),
+                Param::body("code", "string", true).doc("The snippet to run."),
+                Param::body("language", "string", false)
+                    .default("\"python\"")
+                    .doc("python (python3 -c), node (node -e) or bash (bash -c); a policy's languages list may allow fewer."),
+                Param::body("timeout", "number", false)
+                    .above(0.0)
+                    .default("30")
+                    .invalid("timeout must be a number of seconds above 0 (at most 300 are used)")
+                    .doc("Seconds above 0; more than 300 (or the policy's timeout_seconds) is cut to it."),
             ])
             .limit("timeout_seconds", CODE_MAX_TIMEOUT as u64)
             .returns(schema_object(
@@ -51,7 +57,7 @@ pub fn endpoints() -> Vec<Endpoint> {
             .enforces(&["paths"])
             .changes()
             .summary("Branch and changed files of the repository containing path.")
-            .params(&[Param::query("path", "string", false)])
+            .params(&[git_path()])
             .returns(schema_object(&["branch", "clean", "files"], json!({
                 "branch": {"type": "string"}, "clean": {"type": "boolean"}, "files": {"type": "array"},
             })))
@@ -62,9 +68,12 @@ pub fn endpoints() -> Vec<Endpoint> {
             .changes()
             .summary("Unified diff (cut at 1 MiB) and its stats, of the worktree or the index.")
             .params(&[
-                Param::query("path", "string", false),
-                Param::query("staged", "string", false),
-                Param::query("file", "string", false),
+                git_path(),
+                // The contract's words, not the general truthy ones (`on` is not one).
+                Param::query("staged", "string", false)
+                    .doc("true, yes or 1 (any case) diffs the index against HEAD instead of the work tree."),
+                Param::query("file", "string", false)
+                    .doc("A pathspec limiting the diff (one file or directory)."),
             ])
             .returns(schema_object(&["diff", "stats"], json!({
                 "diff": {"type": "string"}, "stats": {"type": "object"},
@@ -73,21 +82,20 @@ pub fn endpoints() -> Vec<Endpoint> {
     ]
 }
 
+fn git_path() -> Param {
+    Param::query("path", "string", false)
+        .doc("A directory beneath the base, inside the repository (default: the base directory).")
+}
+
 /// `POST /code/run`.
 async fn code_run(call: Call) -> Result<Response, ApiError> {
-    let body: Value = call.json()?;
-    let code = match body.get("code") {
-        Some(Value::String(code)) if !code.is_empty() => code.clone(),
-        Some(Value::String(_)) | None | Some(Value::Null) => {
-            return Err(ApiError::bad_request("code is required"))
-        }
-        Some(_) => return Err(ApiError::bad_request("code must be a string")),
-    };
-    let language = match body.get("language") {
-        None | Some(Value::Null) => "python".to_string(),
-        Some(Value::String(l)) => l.clone(),
-        Some(_) => return Err(ApiError::bad_request("language must be a string")),
-    };
+    let args = call.args()?;
+    let code = args.string("code");
+    // An empty snippet is no snippet (the contract's `if not code`); blanks still run.
+    if code.is_empty() {
+        return Err(ApiError::bad_request("code is required"));
+    }
+    let language = args.string("language");
     let (program, flag) = match language.as_str() {
         "python" => ("python3", "-c"),
         "node" => ("node", "-e"),
@@ -111,18 +119,10 @@ async fn code_run(call: Call) -> Result<Response, ApiError> {
             .with_code("language_not_allowed"));
         }
     }
-    let timeout = match body.get("timeout") {
-        None | Some(Value::Null) => CODE_DEFAULT_TIMEOUT,
-        Some(Value::Number(n)) if n.as_f64().is_some_and(|t| t > 0.0) => n
-            .as_f64()
-            .unwrap_or(CODE_DEFAULT_TIMEOUT)
-            .min(CODE_MAX_TIMEOUT),
-        Some(_) => {
-            return Err(ApiError::bad_request(
-                "timeout must be a number of seconds above 0 (at most 300 are used)",
-            ))
-        }
-    };
+    let timeout = args
+        .number("timeout")
+        .unwrap_or(CODE_DEFAULT_TIMEOUT)
+        .min(CODE_MAX_TIMEOUT);
     if code.contains('\0') {
         return Err(ApiError::bad_request("code contains a NUL byte"));
     }
@@ -294,8 +294,8 @@ fn finish_git(run: ProgramRun) -> Result<(String, bool), ApiError> {
 
 /// `GET /git/status?path=.`.
 async fn git_status(call: Call) -> Result<Response, ApiError> {
-    let path = call.query("path").map(str::to_string);
-    let prepared = prepare_git(&call, path.as_deref()).await?;
+    let args = call.args()?;
+    let prepared = prepare_git(&call, args.str("path")).await?;
     let (out, _) = run_git(
         &call,
         &prepared,
@@ -324,11 +324,10 @@ async fn git_status(call: Call) -> Result<Response, ApiError> {
 
 /// `GET /git/diff?path=.&staged=true&file=...`.
 async fn git_diff(call: Call) -> Result<Response, ApiError> {
-    let path = call.query("path").map(str::to_string);
-    let staged = call
-        .query("staged")
+    let fields = call.args()?;
+    let staged = fields
+        .str("staged")
         .is_some_and(|v| matches!(v.to_ascii_lowercase().as_str(), "true" | "yes" | "1"));
-    let file = call.query("file").map(str::to_string);
     let mut args = vec![
         "diff",
         "--no-ext-diff",
@@ -341,12 +340,12 @@ async fn git_diff(call: Call) -> Result<Response, ApiError> {
     let mut numstat = args.clone();
     numstat.extend(["--numstat", "-z"]);
     let mut pathspec = vec!["--"];
-    if let Some(file) = file.as_deref() {
+    if let Some(file) = fields.str("file") {
         pathspec.push(file);
     }
     args.extend(&pathspec);
     numstat.extend(&pathspec);
-    let prepared = prepare_git(&call, path.as_deref()).await?;
+    let prepared = prepare_git(&call, fields.str("path")).await?;
     let (patch, stats) = monoio::join!(
         run_git(&call, &prepared, &args, DIFF_LIMIT),
         run_git(&call, &prepared, &numstat, 64 * 1024 * 1024)
@@ -361,4 +360,35 @@ async fn git_diff(call: Call) -> Result<Response, ApiError> {
         answer["truncated"] = Value::Bool(true);
     }
     Ok(Response::ok(&answer))
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    #[test]
+    fn code_run_fields() {
+        let read = |body| crate::routes::declared_args(&endpoints(), "code_run", &[], body);
+        assert_eq!(read(json!({})).unwrap_err(), "code is required");
+        assert_eq!(read(json!({"code": null})).unwrap_err(), "code is required");
+        assert_eq!(
+            read(json!({"code": 1})).unwrap_err(),
+            "code must be a string"
+        );
+        assert_eq!(
+            read(json!({"code": "1", "language": 3})).unwrap_err(),
+            "language must be a string"
+        );
+        for timeout in [json!("soon"), json!(-1), json!(0)] {
+            assert_eq!(
+                read(json!({"code": "1", "timeout": timeout})).unwrap_err(),
+                "timeout must be a number of seconds above 0 (at most 300 are used)"
+            );
+        }
+        let args = read(json!({"code": "1"})).unwrap();
+        assert_eq!(args.str("language"), Some("python"));
+        assert_eq!(args.number("timeout"), Some(CODE_DEFAULT_TIMEOUT));
+    }
 }

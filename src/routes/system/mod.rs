@@ -23,6 +23,8 @@ const PACKAGES_TIMEOUT: Duration = Duration::from_secs(10);
 const SECRET_WORDS: [&str; 5] = ["TOKEN", "SECRET", "KEY", "PASSWORD", "CREDENTIAL"];
 /// Variables `POST /env` may not change; any `ABX_` name is refused too.
 const PROTECTED_VARS: [&str; 4] = ["PATH", "HOME", "USER", "SHELL"];
+/// `POST /env`'s refusal of a `vars` that is missing or not an object.
+const VARS_SENTENCE: &str = "vars must be an object of variable names to values";
 
 pub fn endpoints() -> Vec<Endpoint> {
     vec![
@@ -54,14 +56,18 @@ pub fn endpoints() -> Vec<Endpoint> {
             .id("env_get")
             .enforces(&["allow_vars", "deny_vars"])
             .summary("The environment children start with; names that look like secrets are left out.")
-            .params(&[Param::query("filter", "string", false)])
+            .params(&[Param::query("filter", "string", false)
+                .doc("A comma-separated allow-list of names; without it every variable the policy lets through is listed.")])
             .returns(schema_object(&["variables"], json!({"variables": {"type": "object"}}))),
         Endpoint::new(Method::Post, "/env", Group::System, handler(env_set))
             .id("env_set")
             .enforces(&["allow_vars", "deny_vars"])
             .changes()
             .summary("Set variables for every child started from now on.")
-            .params(&[Param::body("vars", "object", true)])
+            .params(&[Param::body("vars", "object", true)
+                .missing(VARS_SENTENCE)
+                .invalid(VARS_SENTENCE)
+                .doc("Variable names to values; each value is stored as Python's str() of it.")])
             .returns(schema_object(&["updated"], json!({"updated": {"type": "array"}})))
             .also_answers(&[400, 403]),
         Endpoint::new(Method::Get, "/ports", Group::System, handler(ports_get))
@@ -73,7 +79,9 @@ pub fn endpoints() -> Vec<Endpoint> {
             .enforces(&["paths"])
             .changes()
             .summary("Installed pip or npm packages.")
-            .params(&[Param::query("manager", "string", false)])
+            .params(&[Param::query("manager", "string", false)
+                .default("\"pip\"")
+                .doc("pip (python3 -m pip list) or npm (npm list --depth=0): whose packages to list.")])
             .returns(schema_object(&["manager", "packages"], json!({"manager": {"type": "string"}, "packages": {"type": "array"}})))
             .also_answers(&[400, 500]),
     ]
@@ -194,7 +202,8 @@ fn looks_secret(name: &str) -> bool {
 
 /// `GET /env`.
 async fn env_get(call: Call) -> Result<Response, ApiError> {
-    let allowed: Option<HashSet<&str>> = call.query("filter").map(|list| {
+    let args = call.args()?;
+    let allowed: Option<HashSet<&str>> = args.str("filter").map(|list| {
         list.split(',')
             .map(str::trim)
             .filter(|n| !n.is_empty())
@@ -248,11 +257,10 @@ fn git_steering(upper: &str) -> bool {
 
 /// `POST /env`.
 async fn env_set(call: Call) -> Result<Response, ApiError> {
-    let body: Value = call.json()?;
-    let Some(Value::Object(vars)) = body.get("vars") else {
-        return Err(ApiError::bad_request(
-            "vars must be an object of variable names to values",
-        ));
+    // Required and an object: the declaration checked both.
+    let vars = match call.args()?.take("vars") {
+        Some(Value::Object(vars)) => vars,
+        _ => Map::new(),
     };
     // Every name is checked before any is set: a refused request changes nothing.
     for name in vars.keys() {
@@ -329,7 +337,7 @@ async fn ports_get(_call: Call) -> Result<Response, ApiError> {
 
 /// `GET /packages?manager=pip|npm`.
 async fn packages(call: Call) -> Result<Response, ApiError> {
-    let manager = call.query("manager").unwrap_or("pip").to_string();
+    let manager = call.args()?.string("manager");
     let argv: &[&str] = match manager.as_str() {
         "pip" => &[
             "python3",
@@ -403,4 +411,42 @@ async fn packages(call: Call) -> Result<Response, ApiError> {
     Ok(Response::ok(
         &json!({"manager": manager, "packages": packages}),
     ))
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    #[test]
+    fn declared_fields() {
+        let read = |id, query: &[(&str, &str)], body| {
+            crate::routes::declared_args(&endpoints(), id, query, body)
+        };
+        for vars in [
+            json!({}),
+            json!({"vars": null}),
+            json!({"vars": ["A"]}),
+            json!({"vars": "A=1"}),
+        ] {
+            assert_eq!(read("env_set", &[], vars).unwrap_err(), VARS_SENTENCE);
+        }
+        assert_eq!(
+            read("packages", &[], json!(null)).unwrap().str("manager"),
+            Some("pip")
+        );
+        assert_eq!(
+            read("packages", &[("manager", "npm")], json!(null))
+                .unwrap()
+                .str("manager"),
+            Some("npm")
+        );
+        assert_eq!(
+            read("env_get", &[("filter", "A,B")], json!(null))
+                .unwrap()
+                .str("filter"),
+            Some("A,B")
+        );
+    }
 }

@@ -101,6 +101,9 @@ pub struct Param {
     /// The sentence for a value of the wrong type or out of bounds (default `<name> must
     /// be <type>`, with the bounds when there are any).
     pub invalid: Option<&'static str>,
+    /// The sentence for a value of the wrong JSON type (or query text that does not
+    /// parse), when it differs from `invalid`'s.
+    pub wrong_type: Option<&'static str>,
 }
 
 impl Param {
@@ -120,6 +123,7 @@ impl Param {
             doc: "",
             missing: None,
             invalid: None,
+            wrong_type: None,
         }
     }
 
@@ -196,6 +200,11 @@ impl Param {
 
     pub fn invalid(mut self, sentence: &'static str) -> Param {
         self.invalid = Some(sentence);
+        self
+    }
+
+    pub fn wrong_type(mut self, sentence: &'static str) -> Param {
+        self.wrong_type = Some(sentence);
         self
     }
 
@@ -278,6 +287,13 @@ impl Param {
         self.refusal(style, sentence)
     }
 
+    fn type_error(&self, style: ErrorStyle) -> ApiError {
+        match self.wrong_type {
+            Some(sentence) => self.refusal(style, sentence.to_string()),
+            None => self.invalid_error(style),
+        }
+    }
+
     fn invalid_error(&self, style: ErrorStyle) -> ApiError {
         let sentence = match self.invalid {
             Some(s) => s.to_string(),
@@ -306,29 +322,34 @@ impl Param {
     /// Checks one JSON value against the declaration: `Ok(None)` when it counts as
     /// absent.
     fn check(&self, value: Value, style: ErrorStyle) -> Result<Option<Value>, ApiError> {
-        let fits = match (&value, self.kind) {
+        let (type_fits, bounds_fit) = match (&value, self.kind) {
             (Value::Null, _) => return Ok(None),
             (Value::String(s), Kind::String) => {
                 if self.blank_is_absent && s.trim().is_empty() {
                     return Ok(None);
                 }
                 let chars = s.chars().count() as f64;
-                self.within(chars) && (self.choices.is_empty() || self.choices.contains(&&**s))
+                (
+                    true,
+                    self.within(chars) && (self.choices.is_empty() || self.choices.contains(&&**s)),
+                )
             }
-            (Value::Number(n), Kind::Integer) => {
-                (n.is_i64() || n.is_u64()) && n.as_f64().is_some_and(|f| self.within(f))
-            }
-            (Value::Number(n), Kind::Number) => n.as_f64().is_some_and(|f| self.within(f)),
+            (Value::Number(n), Kind::Integer) => (
+                n.is_i64() || n.is_u64(),
+                n.as_f64().is_some_and(|f| self.within(f)),
+            ),
+            (Value::Number(n), Kind::Number) => (true, n.as_f64().is_some_and(|f| self.within(f))),
             (Value::Bool(_), Kind::Boolean)
             | (Value::Object(_), Kind::Object)
             | (Value::Array(_), Kind::Array)
-            | (_, Kind::Any) => true,
-            (Value::Object(map), Kind::StringMap) => map.values().all(Value::is_string),
-            _ => false,
+            | (_, Kind::Any) => (true, true),
+            (Value::Object(map), Kind::StringMap) => (map.values().all(Value::is_string), true),
+            _ => (false, false),
         };
-        match (fits, self.lenient) {
+        match (type_fits && bounds_fit, self.lenient) {
             (true, _) => Ok(Some(value)),
             (false, true) => Ok(None),
+            (false, false) if !type_fits => Err(self.type_error(style)),
             (false, false) => Err(self.invalid_error(style)),
         }
     }
@@ -362,7 +383,7 @@ impl Param {
         match parsed {
             Some(value) => Ok(value),
             None if self.lenient => Ok(Value::Null),
-            None => Err(self.invalid_error(style)),
+            None => Err(self.type_error(style)),
         }
     }
 }

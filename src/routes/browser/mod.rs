@@ -57,11 +57,17 @@ fn boxed(f: impl std::future::Future<Output = Result<Response, ApiError>> + 'sta
 /// The `timeout` of every route but `info` and `close`: a body field, or a query
 /// parameter on the GET routes.
 fn timeout_param(location: fn(&'static str, &str, bool) -> Param) -> Param {
-    location("timeout", "number", false)
+    let param = location("timeout", "number", false);
+    let wrong_type = match param.location {
+        crate::api::ParamIn::Query => "timeout must be a number of milliseconds",
+        _ => "timeout must be a number",
+    };
+    param
         .above(0.0)
         .at_most(MAX_TIMEOUT_MS as f64)
         .default("30000")
         .invalid(TIMEOUT_SENTENCE)
+        .wrong_type(wrong_type)
         .doc("Milliseconds the call may take on the page, above 0 and at most 600000.")
 }
 
@@ -147,6 +153,7 @@ pub fn endpoints() -> Vec<Endpoint> {
                     .range(0.0, 10_000.0)
                     .default("0")
                     .invalid("delay_ms must be from 0 to 10000")
+                    .wrong_type("delay_ms must be a number")
                     .doc("Milliseconds to wait between keys, 0 to 10000."),
                 timeout_param(Param::body),
             ])
@@ -494,15 +501,19 @@ mod tests {
             ),
             "wait_until must be a string"
         );
-        for timeout in [json!(0), json!(-1), json!(600_001), json!("soon")] {
+        for timeout in [json!(0), json!(-1), json!(600_001)] {
             assert_eq!(
                 refusal("browser_back", &[], json!({"timeout": timeout})),
                 TIMEOUT_SENTENCE
             );
         }
         assert_eq!(
+            refusal("browser_back", &[], json!({"timeout": "soon"})),
+            "timeout must be a number"
+        );
+        assert_eq!(
             refusal("browser_content", &[("timeout", "soon")], json!(null)),
-            TIMEOUT_SENTENCE
+            "timeout must be a number of milliseconds"
         );
         assert_eq!(
             refusal("browser_text", &[("timeout", "0")], json!(null)),
@@ -542,6 +553,22 @@ mod tests {
                 json!({"text": "a", "delay_ms": 10_001})
             ),
             "delay_ms must be from 0 to 10000"
+        );
+        assert_eq!(
+            refusal(
+                "browser_type",
+                &[],
+                json!({"text": "a", "delay_ms": "slow"})
+            ),
+            "delay_ms must be a number"
+        );
+        assert_eq!(
+            refusal(
+                "browser_click",
+                &[],
+                json!({"selector": "a", "timeout": "1"})
+            ),
+            "timeout must be a number"
         );
         assert_eq!(refusal("browser_type", &[], json!({})), "text is required");
         assert_eq!(refusal("browser_press", &[], json!({})), "key is required");

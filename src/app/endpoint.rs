@@ -116,18 +116,31 @@ impl Call {
     /// against their declarations (see [`crate::api::fields`]); a refusal is worded in
     /// the endpoint's error style.
     pub fn args(&self) -> Result<Args, ApiError> {
+        self.args_of(&self.spec().params)
+    }
+
+    /// [`Call::args`] for some of the endpoint's declared fields: for a handler that
+    /// checks a field only after another check (a lookup, another field's path), as the
+    /// contract orders its refusals, or that reads one field by a rule no declaration
+    /// states (Python's `int()`).
+    pub fn args_of(&self, params: &[Param]) -> Result<Args, ApiError> {
         let spec = self.spec();
         let body = match spec.method.takes_json_body() {
             true => Some(body_object(&self.body, spec.errors)?),
             false => None,
         };
-        crate::api::fields::parse(
-            &spec.params,
-            spec.errors,
-            spec.unknown_fields,
-            &self.query,
-            body,
-        )
+        crate::api::fields::parse(params, spec.errors, spec.unknown_fields, &self.query, body)
+    }
+
+    /// The endpoint's declared fields named `names`, in declaration order (for
+    /// [`Call::args_of`]).
+    pub fn params_named(&self, names: &[&str]) -> Vec<Param> {
+        self.spec()
+            .params
+            .iter()
+            .filter(|p| names.contains(&p.name))
+            .cloned()
+            .collect()
     }
 
     /// Moves the body out, e.g. to parse it on the blocking pool.
@@ -248,6 +261,19 @@ impl Upgraded {
     /// The state of type `T` a group registered (see [`super::groups`]).
     pub fn group_state<T: Send + Sync + 'static>(&self) -> Result<&T, ApiError> {
         self.state.services.groups.require::<T>()
+    }
+
+    /// The endpoint's declared query fields, checked (see [`Call::args`]).
+    pub fn args(&self) -> Result<Args, ApiError> {
+        let catalog = self.state.catalog();
+        let spec = &catalog.endpoints[self.endpoint].spec;
+        crate::api::fields::parse(
+            &spec.params,
+            spec.errors,
+            spec.unknown_fields,
+            &self.query,
+            None,
+        )
     }
 
     /// The policy reloads seen so far; [`Upgraded::reloaded`] waits for the next.

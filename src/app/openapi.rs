@@ -194,3 +194,70 @@ fn reason(status: u16) -> &'static str {
         _ => "See docs/api.md",
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeSet;
+
+    use super::*;
+
+    /// The names an operation of the document takes: its parameters and the properties
+    /// of its JSON body.
+    fn operation_fields(operation: &Value) -> BTreeSet<String> {
+        let mut names = BTreeSet::new();
+        for parameter in operation["parameters"].as_array().into_iter().flatten() {
+            names.insert(parameter["name"].as_str().unwrap_or_default().to_string());
+        }
+        let body = &operation["requestBody"]["content"]["application/json"]["schema"];
+        if let Some(properties) = body["properties"].as_object() {
+            names.extend(properties.keys().cloned());
+        }
+        names
+    }
+
+    /// For every built-in endpoint, `/capabilities` (`params`) and the OpenAPI document
+    /// name the same fields: both read the one declaration its handler parses with.
+    #[test]
+    fn capabilities_and_openapi_name_the_same_fields() {
+        let endpoints = crate::routes::builtin_endpoints();
+        let mut checked = 0;
+        for listener in [Listener::Api, Listener::Pty, Listener::K8sRuntime] {
+            let doc = document(&endpoints, listener);
+            for endpoint in &endpoints {
+                let spec = &endpoint.spec;
+                if spec.listener != listener || endpoint.unavailable().is_some() {
+                    continue;
+                }
+                let method = spec.method.as_str().to_ascii_lowercase();
+                let operation = &doc["paths"][&spec.path][&method];
+                assert_eq!(operation["operationId"], json!(spec.id), "{}", spec.id);
+                let capabilities: BTreeSet<String> = match spec.params_json() {
+                    Value::Object(params) => params.keys().cloned().collect(),
+                    _ => BTreeSet::new(),
+                };
+                assert_eq!(capabilities, operation_fields(operation), "{}", spec.id);
+                for param in &spec.params {
+                    let schema = param.schema();
+                    let documented = match param.location {
+                        ParamIn::Body => {
+                            &operation["requestBody"]["content"]["application/json"]["schema"]
+                                ["properties"][param.name]
+                        }
+                        ParamIn::Query | ParamIn::Path => operation["parameters"]
+                            .as_array()
+                            .and_then(|ps| {
+                                ps.iter().find(|p| {
+                                    p["name"] == param.name && p["in"] == param.location.name()
+                                })
+                            })
+                            .map(|p| &p["schema"])
+                            .unwrap_or(&Value::Null),
+                    };
+                    assert_eq!(*documented, schema, "{} {}", spec.id, param.name);
+                }
+                checked += 1;
+            }
+        }
+        assert!(checked > 40, "only {checked} endpoints checked");
+    }
+}

@@ -503,12 +503,14 @@ impl Catalog {
     }
 
     /// Whether any endpoint of `group` is enabled.
-    /// Whether any endpoint served on `listener` is on (the port is bound only then).
+    /// Whether `listener`'s port is bound: while a group that serves an endpoint there
+    /// is on, even when that endpoint itself is off (a disabled WebSocket is refused
+    /// with a close code, which takes a listening port).
     pub fn listener_enabled(&self, listener: Listener) -> bool {
         self.endpoints
             .iter()
-            .zip(&self.decisions)
-            .any(|(e, d)| e.spec.listener == listener && d.enabled)
+            .filter(|e| e.spec.listener == listener && e.unavailable().is_none())
+            .any(|e| self.group_enabled(e.spec.group))
     }
 
     pub fn group_enabled(&self, group: Group) -> bool {

@@ -43,7 +43,8 @@ enum Member {
     Done,
 }
 
-const KEY: &[u8] = b"content_base64";
+/// The member whose value streams (the upload endpoints declare it as a body field).
+pub const KEY: &[u8] = b"content_base64";
 
 /// Streams one upload body. Feed it every piece in order, then [`UploadScanner::finish`].
 pub struct UploadScanner {

@@ -1,6 +1,5 @@
 //! The core group: liveness and discovery. Always on.
 
-use serde::Deserialize;
 use serde_json::{json, Map, Value};
 
 use crate::api::{ApiError, Group, Method, Param};
@@ -36,9 +35,17 @@ pub fn endpoints() -> Vec<Endpoint> {
         .only_reads()
         .summary("Whether this caller may use an endpoint (and a path), without calling it.")
         .params(&[
-            Param::body("endpoint", "string", true),
-            Param::body("path", "string", false),
-            Param::body("command", "string", false),
+            Param::body("endpoint", "string", true)
+                .at_least(1.0)
+                .missing(ENDPOINT_REQUIRED)
+                .invalid(ENDPOINT_REQUIRED)
+                .doc("An endpoint id from GET /capabilities."),
+            Param::body("path", "string", false)
+                .invalid("path: must be a string")
+                .doc("A path the call would name: checked against the base directory and the endpoint's paths and extension rules."),
+            Param::body("command", "string", false)
+                .invalid("command: must be a string")
+                .doc("A command line the call would run: checked against the endpoint's commands rule."),
         ])
         .returns(json!({"type": "object", "required": ["endpoint", "allowed", "code", "reason"], "properties": {
             "endpoint": {"type": "string"}, "allowed": {"type": "boolean"},
@@ -131,27 +138,16 @@ async fn capabilities(call: Call) -> Result<Response, ApiError> {
     Ok(Response::ok(&document))
 }
 
-#[derive(Deserialize)]
-struct CheckBody {
-    endpoint: Option<Value>,
-    path: Option<Value>,
-    command: Option<Value>,
-}
+/// The refusal for an `endpoint` that is not a non-empty string.
+const ENDPOINT_REQUIRED: &str =
+    "endpoint: a non-empty string (an endpoint id from GET /capabilities) is required";
 
 async fn capabilities_check(call: Call) -> Result<Response, ApiError> {
-    let body: CheckBody = call.json()?;
-    let endpoint =
-        match body.endpoint {
-            Some(Value::String(s)) if !s.is_empty() => s,
-            _ => return Err(ApiError::bad_request(
-                "endpoint: a non-empty string (an endpoint id from GET /capabilities) is required",
-            )),
-        };
-    let path = match body.path {
-        None | Some(Value::Null) => None,
-        Some(Value::String(s)) => Some(s),
-        Some(_) => return Err(ApiError::bad_request("path: must be a string")),
-    };
+    // `command` is read after the endpoint and path checks, as before the fields were
+    // declared: an unknown endpoint is answered before a bad command.
+    let args = call.args_of(&call.params_named(&["endpoint", "path"]))?;
+    let endpoint = args.string("endpoint");
+    let path = args.str("path").map(str::to_string);
     let catalog = call.catalog();
     let Some((index, _)) = catalog.endpoint(&endpoint) else {
         return Ok(Response::ok(&json!({
@@ -211,16 +207,13 @@ async fn capabilities_check(call: Call) -> Result<Response, ApiError> {
             }
         }
     }
-    match body.command {
-        None | Some(Value::Null) => {}
-        Some(Value::String(command)) => {
-            let argv = crate::process::shlex::split(&command)
-                .map_err(|e| ApiError::bad_request(format!("command: {}", e.0)))?;
-            if let Some(error) = super::process::command_refusal(decision, &endpoint, &argv) {
-                return refused(error, format!("policy:endpoints.{endpoint}.commands"));
-            }
+    let args = call.args_of(&call.params_named(&["command"]))?;
+    if let Some(command) = args.str("command") {
+        let argv = crate::process::shlex::split(command)
+            .map_err(|e| ApiError::bad_request(format!("command: {}", e.0)))?;
+        if let Some(error) = super::process::command_refusal(decision, &endpoint, &argv) {
+            return refused(error, format!("policy:endpoints.{endpoint}.commands"));
         }
-        Some(_) => return Err(ApiError::bad_request("command: must be a string")),
     }
     Ok(Response::ok(
         &json!({"endpoint": endpoint, "allowed": true, "code": null, "reason": null}),

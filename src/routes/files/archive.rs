@@ -1,6 +1,5 @@
 //! `POST /files/archive`.
 
-use serde::Deserialize;
 use serde_json::Value;
 
 use super::fs_error;
@@ -13,18 +12,15 @@ use crate::runtime::blocking;
 pub const MAX_FILES: usize = 10_000;
 pub const MAX_BYTES: u64 = 100 * 1024 * 1024;
 
-#[derive(Deserialize)]
-struct ArchiveBody {
-    #[serde(default)]
-    paths: Option<Value>,
-    #[serde(default)]
-    format: Option<Value>,
-}
+/// The refusal for `paths` that is not a non-empty list of non-empty strings.
+pub const PATHS_INVALID: &str = "paths must be a non-empty list of path strings";
 
 pub async fn archive(call: Call) -> Result<Response, ApiError> {
-    let body: ArchiveBody = call.json()?;
-    let not_a_list = || ApiError::bad_request("paths must be a non-empty list of path strings");
-    let inputs: Vec<String> = match body.paths {
+    // `format` is read after the member roots are confined, as before the fields were
+    // declared: a refused path is reported before a bad format.
+    let mut args = call.args_of(&call.params_named(&["paths"]))?;
+    let not_a_list = || ApiError::bad_request(PATHS_INVALID);
+    let inputs: Vec<String> = match args.take("paths") {
         Some(Value::Array(items)) if !items.is_empty() => items
             .into_iter()
             .map(|v| match v {
@@ -38,17 +34,11 @@ pub async fn archive(call: Call) -> Result<Response, ApiError> {
     for input in &inputs {
         super::confine(&call, input)?;
     }
-    let format = match body.format {
-        None | Some(Value::Null) => Format::TarGz,
-        Some(Value::String(name)) => Format::parse(&name).ok_or_else(|| {
-            ApiError::bad_request(format!("Unsupported format: '{name}' (use tar.gz or zip)"))
-        })?,
-        Some(_) => {
-            return Err(ApiError::bad_request(
-                "format must be \"tar.gz\" or \"zip\"",
-            ))
-        }
-    };
+    let args = call.args_of(&call.params_named(&["format"]))?;
+    let name = args.str("format").unwrap_or_default();
+    let format = Format::parse(name).ok_or_else(|| {
+        ApiError::bad_request(format!("Unsupported format: '{name}' (use tar.gz or zip)"))
+    })?;
     let base = call.services().base.clone();
     // A policy can lower the built-in limits, never raise them.
     let decision = call.decision();

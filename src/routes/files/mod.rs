@@ -11,12 +11,39 @@ mod watch;
 use serde_json::Value;
 
 use crate::api::errno::os_error;
-use crate::api::{ApiError, Group, Method, Param};
+use crate::api::{ApiError, Args, Group, Method, Param};
 use crate::app::{handler, sink_handler, Call, Endpoint};
 use crate::fs::FsError;
 
+/// The sentence for a missing `path` query parameter.
+const PATH_QUERY_MISSING: &str = "path is required (query parameter ?path=)";
+
 pub fn endpoints() -> Vec<Endpoint> {
-    let path_q = Param::query("path", "string", true);
+    let path_q = |doc: &'static str| {
+        Param::query("path", "string", true)
+            .missing(PATH_QUERY_MISSING)
+            .doc(doc)
+    };
+    let recursive = Param::query("recursive", "boolean", false).default("false");
+    let upload_params = || {
+        vec![
+            Param::body("path", "string", true)
+                .doc("Where to write the file (parent directories are created)."),
+            Param::body("content_base64", "string", true)
+                .doc("The file's bytes in standard base64 (line breaks are tolerated)."),
+        ]
+    };
+    let mut upload_stream_params = upload_params();
+    upload_stream_params.push(
+        Param::query("path", "string", false)
+            .missing(PATH_QUERY_MISSING)
+            .doc("Where to write a raw application/octet-stream body (required for that form)."),
+    );
+    let moved = |name: &'static str, missing: &'static str, invalid: &'static str| {
+        Param::body(name, "string", true)
+            .missing(missing)
+            .invalid(invalid)
+    };
     vec![
         Endpoint::streamed(
             Method::Post,
@@ -36,10 +63,7 @@ pub fn endpoints() -> Vec<Endpoint> {
         .returns(schema::path_bytes())
         .also_answers(&[503])
         .summary("Write a file from base64 content (atomic; parent directories created).")
-        .params(&[
-            Param::body("path", "string", true),
-            Param::body("content_base64", "string", true),
-        ]),
+        .params(&upload_params()),
         Endpoint::new(
             Method::Get,
             "/download",
@@ -52,7 +76,7 @@ pub fn endpoints() -> Vec<Endpoint> {
         .returns(schema::download())
         .also_answers(&[503])
         .summary("Read a file as base64.")
-        .params(std::slice::from_ref(&path_q)),
+        .params(&[path_q("The file to read.")]),
         Endpoint::new(
             Method::Get,
             "/files/list",
@@ -65,7 +89,12 @@ pub fn endpoints() -> Vec<Endpoint> {
         .returns(schema::list())
         .also_answers(&[503])
         .summary("List a directory (recursive to depth 3 with recursive=true).")
-        .params(&[path_q.clone(), Param::query("recursive", "boolean", false)])
+        .params(&[
+            path_q("The directory to list."),
+            recursive
+                .clone()
+                .doc("List subdirectories too, 3 levels deep (the policy's max_depth when lower)."),
+        ])
         .limit("max_depth", crate::fs::tree::LIST_MAX_DEPTH),
         Endpoint::new(
             Method::Get,
@@ -79,7 +108,7 @@ pub fn endpoints() -> Vec<Endpoint> {
         .returns(schema::stat())
         .also_answers(&[503])
         .summary("Metadata of a path; exists is false when nothing is there.")
-        .params(std::slice::from_ref(&path_q)),
+        .params(&[path_q("The path to describe (a symlink itself, not its target).")]),
         Endpoint::new(
             Method::Post,
             "/files/mkdir",
@@ -92,7 +121,8 @@ pub fn endpoints() -> Vec<Endpoint> {
         .returns(schema::mkdir())
         .also_answers(&[503])
         .summary("Create a directory and its parents.")
-        .params(&[Param::body("path", "string", true)]),
+        .params(&[Param::body("path", "string", true)
+            .doc("The directory to create, with its parents (an existing one is fine).")]),
         Endpoint::new(
             Method::Delete,
             "/files",
@@ -105,7 +135,7 @@ pub fn endpoints() -> Vec<Endpoint> {
         .returns(schema::delete())
         .also_answers(&[503])
         .summary("Delete a file or a directory tree.")
-        .params(std::slice::from_ref(&path_q)),
+        .params(&[path_q("The file or directory tree to delete.")]),
         Endpoint::new(
             Method::Post,
             "/files/move",
@@ -119,8 +149,18 @@ pub fn endpoints() -> Vec<Endpoint> {
         .also_answers(&[503])
         .summary("Move or rename a file or directory.")
         .params(&[
-            Param::body("source", "string", true),
-            Param::body("destination", "string", true),
+            moved(
+                "source",
+                "source: path is required",
+                "source: path must be a string",
+            )
+            .doc("The file or directory to move."),
+            moved(
+                "destination",
+                "destination: path is required",
+                "destination: path must be a string",
+            )
+            .doc("Where it goes; into an existing directory, beneath it. Parents are created."),
         ]),
         Endpoint::new(
             Method::Post,
@@ -136,10 +176,17 @@ pub fn endpoints() -> Vec<Endpoint> {
         .also_answers(&[503])
         .summary("Find files whose name matches an fnmatch pattern.")
         .params(&[
-            Param::body("path", "string", false),
-            Param::body("pattern", "string", false),
-            Param::body("max_depth", "integer", false),
-            Param::body("max_results", "integer", false),
+            Param::body("path", "string", false)
+                .doc("The directory to search (default: the base directory)."),
+            Param::body("pattern", "string", false)
+                .default("\"*\"")
+                .doc("fnmatch pattern matched against file names."),
+            Param::body("max_depth", "integer", false)
+                .default("5")
+                .doc("Directory levels to descend (as Python's int() reads it: \"3\" and 3.0 are 3)."),
+            Param::body("max_results", "integer", false)
+                .default("100")
+                .doc("Results to return, at most 10000 (read as Python's int() reads it)."),
         ])
         .limit("max_depth", search::DEFAULT_DEPTH)
         .limit("max_results", search::DEFAULT_RESULTS)
@@ -163,11 +210,7 @@ pub fn endpoints() -> Vec<Endpoint> {
         .returns(schema::path_bytes())
         .also_answers(&[503])
         .summary("Upload as /upload does, or stream a raw application/octet-stream body to disk.")
-        .params(&[
-            Param::body("path", "string", true),
-            Param::body("content_base64", "string", true),
-            Param::query("path", "string", false),
-        ])
+        .params(&upload_stream_params)
         .raw_body(sink_handler(transfer::open_raw_upload)),
         Endpoint::new(
             Method::Get,
@@ -182,7 +225,12 @@ pub fn endpoints() -> Vec<Endpoint> {
         .also_answers(&[206, 304, 416])
         .also_answers(&[503])
         .summary("Download as /download does plus bytes, or raw bytes with Range and ETag.")
-        .params(&[path_q.clone(), Param::query("raw", "boolean", false)]),
+        .params(&[
+            path_q("The file to read."),
+            Param::query("raw", "boolean", false)
+                .default("false")
+                .doc("Answer the raw bytes (Range and ETag honoured), as Accept: application/octet-stream does."),
+        ]),
         Endpoint::new(
             Method::Post,
             "/files/archive",
@@ -197,8 +245,14 @@ pub fn endpoints() -> Vec<Endpoint> {
         .also_answers(&[503])
         .summary("Pack paths into a tar.gz or zip archive, returned as base64.")
         .params(&[
-            Param::body("paths", "array", true),
-            Param::body("format", "string", false),
+            Param::body("paths", "array", true)
+                .missing(archive::PATHS_INVALID)
+                .invalid(archive::PATHS_INVALID)
+                .doc("The files and directories to pack (a non-empty list of path strings)."),
+            Param::body("format", "string", false)
+                .default("\"tar.gz\"")
+                .invalid("format must be \"tar.gz\" or \"zip\"")
+                .doc("tar.gz or zip."),
         ])
         .limit("max_files", archive::MAX_FILES)
         .limit("max_bytes", archive::MAX_BYTES)
@@ -215,10 +269,18 @@ pub fn endpoints() -> Vec<Endpoint> {
         .summary("Server-sent events for changes below a directory.")
         .streaming(true)
         .params(&[
-            path_q,
-            Param::query("recursive", "boolean", false),
-            Param::query("interval", "number", false),
-            Param::query("timeout", "number", false),
+            path_q("The directory to watch."),
+            recursive.doc("Watch subdirectories too."),
+            Param::query("interval", "number", false)
+                .above(0.0)
+                .default("0.5")
+                .invalid("interval must be a positive number of seconds")
+                .doc("Seconds between polls, clamped to 0.1-5."),
+            Param::query("timeout", "number", false)
+                .above(0.0)
+                .default("300")
+                .invalid("timeout must be a positive number of seconds")
+                .doc("Seconds until the stream ends with a timeout event, clamped to 0.1-86400."),
         ])
         .limit("max_entries", crate::fs::watch::MAX_TRACKED),
     ]
@@ -351,29 +413,24 @@ fn is_out_of_descriptors(error: &std::io::Error) -> bool {
     matches!(error.raw_os_error(), Some(23 | 24))
 }
 
-/// The `path` query parameter, required.
-fn query_path(call: &Call) -> Result<String, ApiError> {
-    call.query("path")
-        .map(str::to_string)
-        .ok_or_else(|| ApiError::bad_request("path is required (query parameter ?path=)"))
-}
-
-/// A required string body field.
-fn body_string(value: Option<&Value>, field: &str) -> Result<String, ApiError> {
-    match value {
-        Some(Value::String(s)) if !s.is_empty() => Ok(s.clone()),
-        Some(Value::String(_)) | None | Some(Value::Null) => {
-            Err(ApiError::bad_request(format!("{field} is required")))
-        }
-        Some(_) => Err(ApiError::bad_request(format!("{field} must be a string"))),
+/// String field `name` moved out of the checked fields (empty when absent: a required
+/// one was checked).
+fn take_string(args: &mut Args, name: &str) -> String {
+    match args.take(name) {
+        Some(Value::String(text)) => text,
+        _ => String::new(),
     }
 }
 
-fn truthy(value: Option<&str>) -> bool {
-    matches!(
-        value.map(str::to_ascii_lowercase).as_deref(),
-        Some("1" | "true" | "yes" | "on")
-    )
+/// The path body field `name` names. Its declaration checked that it is a string; an
+/// empty one names no path and is refused as a missing one, as the contract's
+/// `resolve` refuses it.
+fn named_path(args: &mut Args, name: &str) -> Result<String, ApiError> {
+    let path = take_string(args, name);
+    if path.is_empty() {
+        return Err(ApiError::bad_request("path is required"));
+    }
+    Ok(path)
 }
 
 /// Checks a caller path against the base directory, then against the endpoint's
@@ -426,4 +483,43 @@ pub(crate) fn paths_refusal(
         )
         .with_code("path_not_allowed")
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn spec(id: &str) -> crate::api::EndpointSpec {
+        endpoints()
+            .into_iter()
+            .map(|e| e.spec)
+            .find(|s| s.id == id)
+            .unwrap_or_else(|| panic!("{id} is not declared"))
+    }
+
+    /// `files_search` reads its limits as Python's `int()` reads them, outside the
+    /// declared parse: they must still be declared, as integers with the defaults the
+    /// handler applies.
+    #[test]
+    fn search_limits_are_declared_as_read() {
+        let search = spec("files_search");
+        for (name, default) in search::PYTHON_INTS
+            .iter()
+            .zip([search::DEFAULT_DEPTH, search::DEFAULT_RESULTS])
+        {
+            let param = search.params.iter().find(|p| p.name == *name).unwrap();
+            assert_eq!(param.kind, crate::api::fields::Kind::Integer, "{name}");
+            assert_eq!(param.default, Some(default.to_string().as_str()), "{name}");
+        }
+    }
+
+    /// Every field a file route reads has a one-line doc.
+    #[test]
+    fn every_field_is_documented() {
+        for endpoint in endpoints() {
+            for param in &endpoint.spec.params {
+                assert!(!param.doc.is_empty(), "{} {}", endpoint.spec.id, param.name);
+            }
+        }
+    }
 }

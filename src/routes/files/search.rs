@@ -2,10 +2,10 @@
 
 use std::time::Duration;
 
-use serde_json::{json, Value};
+use serde_json::{json, Map, Value};
 
-use super::{body_string, confine, fs_error};
-use crate::api::ApiError;
+use super::{confine, fs_error, named_path, take_string};
+use crate::api::{ApiError, Param};
 use crate::app::Call;
 use crate::fs::tree;
 use crate::http::Response;
@@ -17,9 +17,14 @@ pub const TIME_LIMIT: Duration = Duration::from_secs(10);
 /// held in memory until the answer is written.
 pub const MAX_RESULTS: i64 = 10_000;
 
+/// The declared integer fields read as Python's `int()` reads them (integral floats
+/// truncated, numeric strings, booleans), a reading no declared kind states: they are
+/// left out of the declared parse and read here from the rest of the body.
+pub const PYTHON_INTS: [&str; 2] = ["max_depth", "max_results"];
+
 /// An integer field as Python's `int()` takes it: integers, integral floats (truncated),
-/// numeric strings and booleans.
-fn int_field(body: &Value, field: &str, default: i64) -> Result<i64, ApiError> {
+/// numeric strings and booleans. `null` is refused, as `int(None)` is.
+fn int_field(body: &Map<String, Value>, field: &str, default: i64) -> Result<i64, ApiError> {
     let bad = || ApiError::bad_request(format!("{field} must be an integer"));
     match body.get(field) {
         None => Ok(default),
@@ -38,19 +43,19 @@ fn int_field(body: &Value, field: &str, default: i64) -> Result<i64, ApiError> {
 }
 
 pub async fn search(call: Call) -> Result<Response, ApiError> {
-    let body: Value = call.json()?;
+    let declared: Vec<Param> = (call.spec().params.iter())
+        .filter(|p| !PYTHON_INTS.contains(&p.name))
+        .cloned()
+        .collect();
+    let mut args = call.args_of(&declared)?;
     let base = &call.services().base;
-    let input = match body.get("path") {
-        None | Some(Value::Null) => base.path().to_string_lossy().into_owned(),
-        other => body_string(other, "path")?,
+    let input = match args.present("path") {
+        true => named_path(&mut args, "path")?,
+        false => base.path().to_string_lossy().into_owned(),
     };
-    let pattern = match body.get("pattern") {
-        None | Some(Value::Null) => "*".to_string(),
-        Some(Value::String(p)) => p.clone(),
-        Some(_) => return Err(ApiError::bad_request("pattern must be a string")),
-    };
-    let max_depth = int_field(&body, "max_depth", DEFAULT_DEPTH)?;
-    let max_results = int_field(&body, "max_results", DEFAULT_RESULTS)?;
+    let pattern = take_string(&mut args, "pattern");
+    let max_depth = int_field(args.rest(), "max_depth", DEFAULT_DEPTH)?;
+    let max_results = int_field(args.rest(), "max_results", DEFAULT_RESULTS)?;
     let root = confine(&call, &input)?;
     // A policy can lower the depth, the number of results and the time, never raise them.
     let decision = call.decision();

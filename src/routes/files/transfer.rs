@@ -8,8 +8,8 @@ use std::pin::Pin;
 use serde::Deserialize;
 use serde_json::json;
 
-use super::{confine, fs_error, query_path, truthy};
-use crate::api::ApiError;
+use super::{confine, fs_error, take_string};
+use crate::api::{ApiError, Param, ParamIn};
 use crate::app::endpoint::{parse_json, HandlerFuture};
 use crate::app::request::validate_json_object;
 use crate::app::{Call, RawSink};
@@ -356,7 +356,16 @@ impl RawSink for JsonUpload {
 /// The raw form of `/files/upload-stream`: opens the temporary file the body streams
 /// into, before the body is read.
 pub async fn open_raw_upload(call: Call) -> Result<Box<dyn RawSink>, ApiError> {
-    let input = query_path(&call)?;
+    // This form takes its fields from the query, where they are required; the body
+    // fields are the JSON form's.
+    let query: Vec<Param> = (call.spec().params.iter())
+        .filter(|p| p.location == ParamIn::Query)
+        .map(|p| Param {
+            required: true,
+            ..p.clone()
+        })
+        .collect();
+    let input = take_string(&mut call.args_of(&query)?, "path");
     let caller = confine(&call, &input)?;
     check_extension(&call, &caller)?;
     let services = call.services();
@@ -423,8 +432,7 @@ fn file_too_large(message: String) -> ApiError {
     ApiError::new(413, "ValueError", message).with_code("payload_too_large")
 }
 
-async fn download_json(call: &Call, with_bytes: bool) -> Result<Response, ApiError> {
-    let input = query_path(call)?;
+async fn download_json(call: &Call, input: String, with_bytes: bool) -> Result<Response, ApiError> {
     let services = call.services();
     let limit = services.max_upload_size;
     let caller = confine(call, &input)?;
@@ -466,12 +474,15 @@ async fn download_json(call: &Call, with_bytes: bool) -> Result<Response, ApiErr
 
 /// `GET /download`.
 pub async fn download(call: Call) -> Result<Response, ApiError> {
-    download_json(&call, false).await
+    let input = take_string(&mut call.args()?, "path");
+    download_json(&call, input, false).await
 }
 
 /// `GET /files/download-stream`: JSON plus `bytes`, or raw bytes with Range and ETag.
 pub async fn download_stream(call: Call) -> Result<Response, ApiError> {
-    let wants_raw = truthy(call.query("raw"))
+    let mut args = call.args()?;
+    let input = take_string(&mut args, "path");
+    let wants_raw = args.flag("raw")
         || call.header("accept").is_some_and(|a| {
             a.split(',').any(|t| {
                 t.split(';')
@@ -482,9 +493,8 @@ pub async fn download_stream(call: Call) -> Result<Response, ApiError> {
             })
         });
     if !wants_raw {
-        return download_json(&call, true).await;
+        return download_json(&call, input, true).await;
     }
-    let input = query_path(&call)?;
     let services = call.services();
     let caller = confine(&call, &input)?;
     let opened = open_file(&services.base, &caller, false)
@@ -624,6 +634,79 @@ mod tests {
             Some("payload_too_large")
         );
         assert_eq!(decode_base64("not base64!", 100).unwrap_err().status, 400);
+    }
+
+    /// The field names a `Deserialize` struct accepts, read from its derive.
+    fn struct_fields<'de, T: Deserialize<'de>>() -> &'static [&'static str] {
+        struct Capture(&'static [&'static str]);
+        impl<'de> serde::Deserializer<'de> for &mut Capture {
+            type Error = serde::de::value::Error;
+            fn deserialize_any<V: serde::de::Visitor<'de>>(
+                self,
+                _: V,
+            ) -> Result<V::Value, Self::Error> {
+                Err(serde::de::Error::custom("not a struct"))
+            }
+            fn deserialize_struct<V: serde::de::Visitor<'de>>(
+                self,
+                _: &'static str,
+                fields: &'static [&'static str],
+                _: V,
+            ) -> Result<V::Value, Self::Error> {
+                self.0 = fields;
+                Err(serde::de::Error::custom("captured"))
+            }
+            serde::forward_to_deserialize_any! {
+                bool i8 i16 i32 i64 i128 u8 u16 u32 u64 u128 f32 f64 char str string bytes
+                byte_buf option unit unit_struct newtype_struct seq tuple tuple_struct map
+                enum identifier ignored_any
+            }
+        }
+        let mut capture = Capture(&[]);
+        let _ = T::deserialize(&mut capture);
+        capture.0
+    }
+
+    /// The streamed JSON upload is not parsed by `Call::args`: its fields (the scanner's
+    /// streamed member and the skeleton's struct) and their required-ness must be the
+    /// body fields the upload endpoints declare, with the same sentences.
+    #[test]
+    fn the_streaming_parser_accepts_the_declared_fields() {
+        for endpoint in crate::routes::builtin_endpoints() {
+            let spec = &endpoint.spec;
+            if !matches!(spec.id.as_str(), "upload" | "files_upload_stream") {
+                continue;
+            }
+            let body: Vec<&Param> = (spec.params.iter())
+                .filter(|p| p.location == ParamIn::Body)
+                .collect();
+            let mut declared: Vec<&str> = body.iter().map(|p| p.name).collect();
+            let mut accepted = struct_fields::<UploadBody>().to_vec();
+            declared.sort_unstable();
+            accepted.sort_unstable();
+            assert_eq!(declared, accepted, "{}", spec.id);
+            let streamed = std::str::from_utf8(crate::fs::upload_body::KEY).unwrap();
+            assert!(declared.contains(&streamed), "{}", spec.id);
+            for param in &body {
+                assert!(param.required, "{} {}", spec.id, param.name);
+                let others: serde_json::Map<String, serde_json::Value> = (body.iter())
+                    .filter(|p| p.name != param.name)
+                    .map(|p| (p.name.to_string(), json!("aGk=")))
+                    .collect();
+                let skeleton = serde_json::to_vec(&others).unwrap();
+                let err = parse_skeleton(&skeleton, false, 100).unwrap_err();
+                let sentence = param
+                    .missing
+                    .map_or_else(|| format!("{} is required", param.name), str::to_string);
+                assert_eq!(err.message, sentence, "{} {}", spec.id, param.name);
+            }
+            let whole = br#"{"path": "a.txt", "content_base64": "aGk="}"#;
+            let (path, inline) = parse_skeleton(whole, false, 100).unwrap();
+            assert_eq!(
+                (path.as_str(), inline.as_deref()),
+                ("a.txt", Some(&b"hi"[..]))
+            );
+        }
     }
 
     #[test]

@@ -2,7 +2,7 @@
 
 use serde_json::{json, Value};
 
-use super::{body_string, confine, fs_error, query_path, truthy};
+use super::{confine, fs_error, named_path, take_string};
 use crate::api::ApiError;
 use crate::app::Call;
 use crate::fs::resolve::{self, Kind};
@@ -12,8 +12,9 @@ use crate::timefmt::iso8601_utc;
 
 /// `GET /files/list`.
 pub async fn list(call: Call) -> Result<Response, ApiError> {
-    let input = query_path(&call)?;
-    let recursive = truthy(call.query("recursive"));
+    let mut args = call.args()?;
+    let input = take_string(&mut args, "path");
+    let recursive = args.flag("recursive");
     let caller = confine(&call, &input)?;
     // Levels listed: the directory's own entries, and with `recursive` down to
     // LIST_MAX_DEPTH, or the policy's lower max_depth.
@@ -34,7 +35,7 @@ pub async fn list(call: Call) -> Result<Response, ApiError> {
 
 /// `GET /files/stat`: 200 even when nothing is there.
 pub async fn stat(call: Call) -> Result<Response, ApiError> {
-    let input = query_path(&call)?;
+    let input = take_string(&mut call.args()?, "path");
     let caller = confine(&call, &input)?;
     let found = tree::stat(&call.services().base, &caller)
         .await
@@ -75,8 +76,7 @@ fn stat_document(caller: &CallerPath, found: Option<&rustix::fs::Stat>) -> Value
 
 /// `POST /files/mkdir`.
 pub async fn mkdir(call: Call) -> Result<Response, ApiError> {
-    let body: Value = call.json()?;
-    let input = body_string(body.get("path"), "path")?;
+    let input = named_path(&mut call.args()?, "path")?;
     let caller = confine(&call, &input)?;
     let shown = caller.display();
     tree::mkdir(&call.services().base, caller)
@@ -87,7 +87,7 @@ pub async fn mkdir(call: Call) -> Result<Response, ApiError> {
 
 /// `DELETE /files`.
 pub async fn delete(call: Call) -> Result<Response, ApiError> {
-    let input = query_path(&call)?;
+    let input = take_string(&mut call.args()?, "path");
     let caller = confine(&call, &input)?;
     let shown = caller.display();
     tree::delete(&call.services().base, caller)
@@ -98,15 +98,18 @@ pub async fn delete(call: Call) -> Result<Response, ApiError> {
 
 /// `POST /files/move`.
 pub async fn move_path(call: Call) -> Result<Response, ApiError> {
-    let body: Value = call.json()?;
     let base = &call.services().base;
     let mut callers = Vec::new();
-    for field in ["source", "destination"] {
+    // Each field is read and confined before the next, so a refused source is reported
+    // before a missing destination, as the contract's reference server does.
+    for param in &call.spec().params {
+        let field = param.name;
         let prefix = |e: ApiError| ApiError {
             message: format!("{field}: {}", e.message),
             ..e
         };
-        let input = body_string(body.get(field), "path").map_err(prefix)?;
+        let mut args = call.args_of(std::slice::from_ref(param))?;
+        let input = named_path(&mut args, field).map_err(prefix)?;
         let caller = confine(&call, &input).map_err(prefix)?;
         // Into the base directory is fine; moving the base itself away is not.
         if field == "source" {

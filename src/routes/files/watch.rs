@@ -7,8 +7,8 @@ use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 
-use super::{confine, fs_error, query_path, truthy};
-use crate::api::ApiError;
+use super::{confine, fs_error, take_string};
+use crate::api::{ApiError, Args};
 use crate::app::Call;
 use crate::fs::resolve::Kind;
 use crate::fs::watch::{Change, EntryState, WatchEnd, Watcher, MAX_TRACKED};
@@ -19,25 +19,9 @@ use crate::timefmt::iso8601_utc;
 /// A comment line is sent after this much silence, so a vanished client is noticed.
 const HEARTBEAT: Duration = Duration::from_secs(15);
 
-fn seconds_param(
-    call: &Call,
-    name: &str,
-    default: f64,
-    min: f64,
-    max: f64,
-) -> Result<Duration, ApiError> {
-    let value = match call.query(name) {
-        None => default,
-        Some(text) => text
-            .trim()
-            .parse::<f64>()
-            .ok()
-            .filter(|v| v.is_finite() && *v > 0.0)
-            .ok_or_else(|| {
-                ApiError::bad_request(format!("{name} must be a positive number of seconds"))
-            })?,
-    };
-    Ok(Duration::from_secs_f64(value.clamp(min, max)))
+/// A declared number of seconds (positive, with its default), clamped to `min..=max`.
+fn seconds(args: &Args, name: &str, min: f64, max: f64) -> Duration {
+    Duration::from_secs_f64(args.number(name).unwrap_or(min).clamp(min, max))
 }
 
 fn kind_name(kind: Kind) -> &'static str {
@@ -74,10 +58,11 @@ fn event(shown: &Path, change: Change) -> (&'static str, Value) {
 }
 
 pub async fn watch(call: Call) -> Result<Response, ApiError> {
-    let input = query_path(&call)?;
-    let recursive = truthy(call.query("recursive"));
-    let interval = seconds_param(&call, "interval", 0.5, 0.1, 5.0)?;
-    let timeout = seconds_param(&call, "timeout", 300.0, 0.1, 86_400.0)?;
+    let mut args = call.args()?;
+    let input = take_string(&mut args, "path");
+    let recursive = args.flag("recursive");
+    let interval = seconds(&args, "interval", 0.1, 5.0);
+    let timeout = seconds(&args, "timeout", 0.1, 86_400.0);
     let caller = confine(&call, &input)?;
     let shown = caller.display();
     let (mut tx, rx) = sse::channel(64);

@@ -111,23 +111,22 @@ pub async fn get(call: Call) -> Result<Response, ApiError> {
     Ok(Response::ok(&describe(&row(&call)?)))
 }
 
+/// The refusal for a `signal` that is not one of [`ALLOWED_SIGNALS`].
+pub const SIGNAL_INVALID: &str =
+    "signal must be one of 2 (SIGINT), 9 (SIGKILL), 15 (SIGTERM), 18 (SIGCONT), 20 (SIGTSTP)";
+
 /// `POST /process/{pid}/signal`.
 pub async fn signal(call: Call) -> Result<Response, ApiError> {
-    let body: Value = call.json()?;
     let text = call.path_param("pid").unwrap_or_default();
     let pid: i32 = text
         .parse()
         .map_err(|_| ApiError::bad_request(format!("pid must be an integer, not '{text}'")))?;
-    let number = body
-        .get("signal")
-        .filter(|v| !v.is_boolean())
-        .and_then(Value::as_i64);
+    let args = call.args()?;
+    let number = args.int("signal");
     let Some((number, signal)) =
         number.and_then(|n| ALLOWED_SIGNALS.iter().find(|(s, _)| i64::from(*s) == n))
     else {
-        return Err(ApiError::bad_request(
-            "signal must be one of 2 (SIGINT), 9 (SIGKILL), 15 (SIGTERM), 18 (SIGCONT), 20 (SIGTSTP)",
-        ));
+        return Err(ApiError::bad_request(SIGNAL_INVALID));
     };
     if pid == 1 || pid == std::process::id() as i32 {
         return Err(ApiError::new(
@@ -147,44 +146,18 @@ pub async fn signal(call: Call) -> Result<Response, ApiError> {
 /// earlier write to the same process to finish).
 pub const STDIN_WAIT: Duration = Duration::from_secs(5);
 
-/// The fields of a stdin body, borrowed from it: the data is not copied until it is
-/// decoded or joined, so a large write holds the body and one buffer at most.
-#[derive(serde::Deserialize)]
-struct StdinBody<'a> {
-    #[serde(borrow, default)]
-    data: Option<&'a serde_json::value::RawValue>,
-    #[serde(borrow, default)]
-    data_base64: Option<&'a serde_json::value::RawValue>,
-    #[serde(borrow, default)]
-    eof: Option<&'a serde_json::value::RawValue>,
-}
-
-/// A string field: `None` when absent or null, 400 `<name> must be a string` otherwise.
-fn text_field<'a>(
-    raw: Option<&'a serde_json::value::RawValue>,
-    name: &str,
-) -> Result<Option<std::borrow::Cow<'a, str>>, ApiError> {
-    match raw.map(|r| r.get()) {
-        None | Some("null") => Ok(None),
-        Some(text) if text.starts_with('"') => serde_json::from_str(text)
-            .map(Some)
-            .map_err(|_| ApiError::bad_request(format!("{name} must be a string"))),
-        Some(_) => Err(ApiError::bad_request(format!("{name} must be a string"))),
-    }
-}
-
 /// `POST /process/{pid}/stdin`.
-pub async fn stdin(call: Call) -> Result<Response, ApiError> {
-    let body: StdinBody<'_> = call.json_borrowed()?;
+pub async fn stdin(mut call: Call) -> Result<Response, ApiError> {
     let managed = row(&call)?;
-    let text = text_field(body.data, "data")?;
-    let encoded = text_field(body.data_base64, "data_base64")?;
-    let eof = match body.eof.map(|r| r.get()) {
-        None | Some("null") => None,
-        Some("true") => Some(true),
-        Some("false") => Some(false),
-        Some(_) => return Err(ApiError::bad_request("eof must be a boolean")),
-    };
+    let mut args = call.args()?;
+    // The data is in its field now: the body goes, so a large write holds the data once,
+    // and once more decoded or joined at most.
+    drop(call.take_body());
+    let text = args.take("data");
+    let text = text.as_ref().and_then(Value::as_str);
+    let encoded = args.take("data_base64");
+    let encoded = encoded.as_ref().and_then(Value::as_str);
+    let eof = args.bool("eof");
     if text.is_none() && encoded.is_none() && eof.is_none() {
         return Err(ApiError::bad_request(
             "At least one of data, data_base64, or eof is required",
@@ -198,7 +171,7 @@ pub async fn stdin(call: Call) -> Result<Response, ApiError> {
         ),
         None => None,
     };
-    let data: std::borrow::Cow<'_, [u8]> = match (&text, decoded) {
+    let data: std::borrow::Cow<'_, [u8]> = match (text, decoded) {
         (Some(text), None) => std::borrow::Cow::Borrowed(text.as_bytes()),
         (None, Some(bytes)) => std::borrow::Cow::Owned(bytes),
         (Some(text), Some(bytes)) => {
@@ -251,24 +224,9 @@ pub async fn stdin(call: Call) -> Result<Response, ApiError> {
 /// `GET /process/{pid}/output`.
 pub async fn output(call: Call) -> Result<Response, ApiError> {
     let managed = row(&call)?;
-    let since = match call.query("since") {
-        None => 0,
-        Some(text) => text.trim().parse::<u64>().map_err(|_| {
-            ApiError::bad_request("since must be a non-negative integer (a sequence number)")
-        })?,
-    };
-    let wait = match call.query("wait") {
-        None => 0.0,
-        Some(text) => text
-            .trim()
-            .parse::<f64>()
-            .ok()
-            .filter(|w| w.is_finite() && *w >= 0.0)
-            .ok_or_else(|| {
-                ApiError::bad_request("wait must be a number of seconds from 0 to 30")
-            })?,
-    };
-    let wait = Duration::from_secs_f64(wait.min(30.0));
+    let args = call.args()?;
+    let since = args.uint("since").unwrap_or(0);
+    let wait = Duration::from_secs_f64(args.number("wait").unwrap_or(0.0).min(30.0));
     let pid = managed.pid;
     let Some(read) = managed.read_output(since, wait).await else {
         return Err(ApiError::new(

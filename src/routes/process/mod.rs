@@ -37,7 +37,7 @@ pub fn endpoints() -> Vec<Endpoint> {
                 .doc("Seconds; a non-positive or non-numeric value is replaced with 300."),
         ]
     };
-    let pid = Param::path("pid");
+    let pid = Param::path("pid").doc("The pid /process/start answered.");
     let mut start_params = run_params();
     start_params.extend([
         Param::body("capture_output", "boolean", false)
@@ -124,7 +124,13 @@ pub fn endpoints() -> Vec<Endpoint> {
         )
         .returns(schema::signalled())
         .also_answers(&[403, 404])
-        .params(&[pid.clone(), Param::body("signal", "integer", true)]),
+        .params(&[
+            pid.clone(),
+            Param::body("signal", "integer", true)
+                .missing(background::SIGNAL_INVALID)
+                .invalid(background::SIGNAL_INVALID)
+                .doc("2 (SIGINT), 9 (SIGKILL), 15 (SIGTERM), 18 (SIGCONT) or 20 (SIGTSTP)."),
+        ]),
         Endpoint::new(
             Method::Post,
             "/process/{pid}/stdin",
@@ -140,9 +146,11 @@ pub fn endpoints() -> Vec<Endpoint> {
         .limit("max_wait_seconds", background::STDIN_WAIT.as_secs())
         .params(&[
             pid.clone(),
-            Param::body("data", "string", false),
-            Param::body("data_base64", "string", false),
-            Param::body("eof", "boolean", false),
+            Param::body("data", "string", false).doc("UTF-8 text to write."),
+            Param::body("data_base64", "string", false)
+                .doc("Bytes to write, in standard base64 (after data when both are given)."),
+            Param::body("eof", "boolean", false)
+                .doc("Close stdin after writing. One of data, data_base64 or eof is required."),
         ]),
         Endpoint::new(
             Method::Get,
@@ -156,8 +164,16 @@ pub fn endpoints() -> Vec<Endpoint> {
         .also_answers(&[404, 409])
         .params(&[
             pid,
-            Param::query("since", "integer", false),
-            Param::query("wait", "number", false),
+            Param::query("since", "integer", false)
+                .at_least(0.0)
+                .default("0")
+                .invalid("since must be a non-negative integer (a sequence number)")
+                .doc("The sequence number to read from (the last answer's next)."),
+            Param::query("wait", "number", false)
+                .at_least(0.0)
+                .default("0")
+                .invalid("wait must be a number of seconds from 0 to 30")
+                .doc("Seconds to wait for new output or the exit when there is none; at most 30."),
         ])
         .limit(
             "max_wait_seconds",

@@ -6,11 +6,11 @@ mod socket;
 use std::ffi::OsString;
 use std::sync::Arc;
 
-use serde_json::{json, Map, Value};
+use serde_json::{json, Value};
 
 use super::process::working_dir;
 use super::schema_object;
-use crate::api::{ApiError, Group, Method, Param};
+use crate::api::{ApiError, Args, Group, Method, Param};
 use crate::app::{handler, Call, Endpoint};
 use crate::http::Response;
 use crate::pty::{
@@ -29,7 +29,12 @@ pub fn endpoints() -> Vec<Endpoint> {
             }),
         )
     };
-    let id = Param::path("id");
+    let id = Param::path("id").doc("The session_id POST /pty/sessions answered.");
+    let size = |name: &'static str, doc: &'static str| {
+        Param::body(name, "integer", false)
+            .range(1.0, 1000.0)
+            .doc(doc)
+    };
     vec![
         Endpoint::new(Method::Post, "/pty/sessions", Group::Terminal, handler(create))
             .id("pty_create")
@@ -37,10 +42,14 @@ pub fn endpoints() -> Vec<Endpoint> {
             .changes()
             .summary("Start a shell on a new terminal; answers its WebSocket URL.")
             .params(&[
-                Param::body("shell", "string", false),
-                Param::body("cols", "integer", false),
-                Param::body("rows", "integer", false),
-                Param::body("env", "object", false),
+                Param::body("shell", "string", false)
+                    .default("\"/bin/bash\"")
+                    .invalid(SHELL_NOT_A_STRING)
+                    .doc("One of /bin/bash, /bin/sh, /bin/zsh, /usr/bin/bash, /usr/bin/zsh."),
+                size("cols", "Columns.").default("80"),
+                size("rows", "Rows.").default("24"),
+                Param::body("env", "string_map", false)
+                    .doc("Variables added to the shell's environment (LD_* and others that load code are dropped)."),
             ])
             .limit("max_sessions", MAX_SESSIONS)
             .returns(schema_object(&["session_id", "ws_url", "pid"], json!({
@@ -61,7 +70,13 @@ pub fn endpoints() -> Vec<Endpoint> {
             .id("pty_resize")
             .changes()
             .summary("Set a terminal's size (1-1000 columns and rows).")
-            .params(&[id.clone(), Param::body("cols", "integer", true), Param::body("rows", "integer", true)])
+            .params(&[
+                id.clone(),
+                Param { required: true, ..size("cols", "Columns.") }
+                    .missing("cols must be an integer from 1 to 1000"),
+                Param { required: true, ..size("rows", "Rows.") }
+                    .missing("rows must be an integer from 1 to 1000"),
+            ])
             .returns(session_schema())
             .also_answers(&[400, 404]),
         Endpoint::new(Method::Delete, "/pty/sessions/{id}", Group::Terminal, handler(delete))
@@ -88,17 +103,12 @@ fn session_json(info: &SessionInfo) -> Value {
     })
 }
 
-/// `cols` or `rows`: an integer from 1 to 1000 (`default` when absent and allowed).
-fn dimension(body: &Value, name: &str, default: Option<u16>) -> Result<u16, ApiError> {
-    match (body.get(name), default) {
-        (None | Some(Value::Null), Some(default)) => Ok(default),
-        (Some(Value::Number(n)), _) if n.as_u64().is_some_and(|v| (1..=1000).contains(&v)) => {
-            Ok(n.as_u64().unwrap_or(1) as u16)
-        }
-        _ => Err(ApiError::bad_request(format!(
-            "{name} must be an integer from 1 to 1000"
-        ))),
-    }
+/// The refusal for a `shell` that is not a string (one that is not allowed names itself).
+const SHELL_NOT_A_STRING: &str = "Shell not allowed: shell must be a string (allowed: /bin/bash, /bin/sh, /bin/zsh, /usr/bin/bash, /usr/bin/zsh)";
+
+/// A declared `cols` or `rows` (checked from 1 to 1000).
+fn dimension(args: &Args, name: &str) -> u16 {
+    args.uint(name).map_or(1, |v| v.clamp(1, 1000) as u16)
 }
 
 /// Kills the processes of sessions that were removed from the table, on the blocking
@@ -121,28 +131,17 @@ fn not_found(id: &str) -> ApiError {
 
 /// `POST /pty/sessions`.
 async fn create(call: Call) -> Result<Response, ApiError> {
-    let body: Value = call.json()?;
-    let shell = match body.get("shell") {
-        None | Some(Value::Null) => DEFAULT_SHELL.to_string(),
-        Some(Value::String(s)) if ALLOWED_SHELLS.contains(&s.as_str()) => s.clone(),
-        Some(other) => {
-            let shown = other
-                .as_str()
-                .map(str::to_string)
-                .unwrap_or_else(|| other.to_string());
-            return Err(ApiError::bad_request(format!(
-                "Shell not allowed: {shown} (allowed: {})",
-                ALLOWED_SHELLS.join(", ")
-            )));
-        }
-    };
-    let cols = dimension(&body, "cols", Some(80))?;
-    let rows = dimension(&body, "rows", Some(24))?;
-    let overrides: Vec<(String, String)> = match body.get("env") {
-        None | Some(Value::Null) => Vec::new(),
-        Some(Value::Object(map)) => env_overrides(map)?,
-        Some(_) => return Err(ApiError::bad_request("env must be an object of strings")),
-    };
+    let args = call.args()?;
+    let shell = args.str("shell").unwrap_or(DEFAULT_SHELL).to_string();
+    if !ALLOWED_SHELLS.contains(&shell.as_str()) {
+        return Err(ApiError::bad_request(format!(
+            "Shell not allowed: {shell} (allowed: {})",
+            ALLOWED_SHELLS.join(", ")
+        )));
+    }
+    let cols = dimension(&args, "cols");
+    let rows = dimension(&args, "rows");
+    let overrides = env_overrides(args.pairs("env"))?;
     // Besides the contract's three (stripped below from every source), the caller's
     // `env` loses every other variable that loads code, the list the other routes refuse:
     // a terminal's program could otherwise be made to load an uploaded library, or under
@@ -199,20 +198,17 @@ async fn create(call: Call) -> Result<Response, ApiError> {
     })))
 }
 
-fn env_overrides(map: &Map<String, Value>) -> Result<Vec<(String, String)>, ApiError> {
-    map.iter()
-        .map(|(name, value)| {
-            let Value::String(value) = value else {
-                return Err(ApiError::bad_request("env must be an object of strings"));
-            };
-            if name.is_empty() || name.contains('=') || name.contains('\0') || value.contains('\0') {
-                return Err(ApiError::bad_request(format!(
-                    "env: '{name}' cannot be set (names must be non-empty without '=', and neither may contain NUL)"
-                )));
-            }
-            Ok((name.clone(), value.clone()))
-        })
-        .collect()
+/// The caller's variables: a name must be non-empty without `=`, and neither may
+/// contain NUL (the declaration checked they are strings).
+fn env_overrides(pairs: Vec<(String, String)>) -> Result<Vec<(String, String)>, ApiError> {
+    for (name, value) in &pairs {
+        if name.is_empty() || name.contains('=') || name.contains('\0') || value.contains('\0') {
+            return Err(ApiError::bad_request(format!(
+                "env: '{name}' cannot be set (names must be non-empty without '=', and neither may contain NUL)"
+            )));
+        }
+    }
+    Ok(pairs)
 }
 
 /// `GET /pty/sessions`.
@@ -242,9 +238,9 @@ async fn get(call: Call) -> Result<Response, ApiError> {
 /// `POST /pty/sessions/{id}/resize`.
 async fn resize(call: Call) -> Result<Response, ApiError> {
     let id = call.path_param("id").unwrap_or_default().to_string();
-    let body: Value = call.json()?;
-    let cols = dimension(&body, "cols", None)?;
-    let rows = dimension(&body, "rows", None)?;
+    let args = call.args()?;
+    let cols = dimension(&args, "cols");
+    let rows = dimension(&args, "rows");
     let session = call
         .services()
         .sessions
@@ -266,4 +262,29 @@ async fn delete(call: Call) -> Result<Response, ApiError> {
         .ok_or_else(|| not_found(&id))?;
     kill_off_the_loop(vec![session]).await;
     Ok(Response::ok(&json!({"status": "closed", "session_id": id})))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The fixed sentences name the shells the handler allows.
+    #[test]
+    fn shell_sentences_list_the_allowed_shells() {
+        let allowed = ALLOWED_SHELLS.join(", ");
+        assert!(SHELL_NOT_A_STRING.ends_with(&format!("(allowed: {allowed})")));
+        let create = endpoints()
+            .into_iter()
+            .find(|e| e.spec.id == "pty_create")
+            .unwrap();
+        let shell = create
+            .spec
+            .params
+            .iter()
+            .find(|p| p.name == "shell")
+            .unwrap();
+        assert!(shell.doc.contains(&allowed), "{}", shell.doc);
+        assert_eq!(shell.default, Some("\"/bin/bash\""));
+        assert_eq!(DEFAULT_SHELL, "/bin/bash");
+    }
 }

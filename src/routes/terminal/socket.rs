@@ -43,8 +43,10 @@ pub fn endpoint() -> Endpoint {
     .changes()
     .summary("PTY WebSocket on ABX_PTY_PORT (input, resize, signal; output and events).")
     .params(&[
-        Param::query("session_id", "string", true),
-        Param::query("token", "string", false),
+        Param::query("session_id", "string", true)
+            .doc("The session to attach to (POST /pty/sessions answers it in ws_url)."),
+        Param::query("token", "string", false)
+            .doc("The access token, for clients that cannot send headers on a WebSocket."),
     ])
 }
 
@@ -59,9 +61,12 @@ async fn serve(upgraded: Upgraded, stream: TcpStream, leftover: Vec<u8>) {
     };
     // Taken before anything else: a reload from here on is seen by the loop.
     let mut policy_seen = upgraded.reload_version();
-    let Some(id) = upgraded.query("session_id").map(str::to_string) else {
-        let _ = ws.close(CLOSE_BAD_REQUEST, "session_id is required").await;
-        return;
+    let id = match upgraded.args() {
+        Ok(args) => args.string("session_id"),
+        Err(refusal) => {
+            let _ = ws.close(CLOSE_BAD_REQUEST, &refusal.message).await;
+            return;
+        }
     };
     let sessions = &upgraded.services().sessions;
     // Another identity's session is closed exactly like an unknown one.

@@ -26,6 +26,8 @@ mod routes;
 mod runtime;
 mod server;
 mod system;
+#[cfg(test)]
+mod testing;
 mod timefmt;
 
 pub use api::{ApiError, Group, Method, Param};

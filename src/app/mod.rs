@@ -1,8 +1,10 @@
 //! The application: the route table's runtime form (`endpoint`, `router`), dispatch as
-//! named steps (`dispatch`), credentials (`auth`), the policy engine (`policy`), the
-//! contract's request rules (`request`) and the shared state (`state`).
+//! named steps (`dispatch`), the same dispatch called from memory (`client`),
+//! credentials (`auth`), the policy engine (`policy`), the contract's request rules
+//! (`request`) and the shared state (`state`).
 
 pub mod auth;
+pub mod client;
 pub mod dispatch;
 pub mod endpoint;
 pub mod groups;

@@ -48,8 +48,6 @@ pub struct Services {
     configured_pty_port: u16,
     /// The PTY WebSocket's port as bound (`--pty-port 0` picks one), set at startup.
     pub bound_pty_port: std::sync::OnceLock<u16>,
-    /// Where the API listens once bound (the MCP endpoint calls routes there).
-    pub bound_api: std::sync::OnceLock<std::net::SocketAddr>,
     pub started: Instant,
     /// What each group registered for its handlers (see [`super::groups`]).
     pub groups: super::groups::GroupStates,
@@ -246,7 +244,6 @@ impl AppState {
                 write_timeout: config.read_timeout,
                 configured_pty_port: config.pty_port,
                 bound_pty_port: std::sync::OnceLock::new(),
-                bound_api: std::sync::OnceLock::new(),
                 started: Instant::now(),
                 groups,
             },

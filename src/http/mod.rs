@@ -1,12 +1,13 @@
 //! The HTTP/1.1 engine, protocol only: request heads (`head`), chunked bodies
-//! (`chunked`), responses (`response`), server-sent events (`sse`), and the connection
-//! loop (`conn`) that serves any [`Service`]. Nothing here knows routes, credentials or
-//! policy; the application answers through the [`Service`] trait.
+//! (`chunked`), responses (`response`), server-sent events (`sse`), the connection loop
+//! (`conn`) that serves any [`Service`], and one request served from memory (`memory`).
+//! Nothing here knows routes, credentials or policy; the application answers through
+//! the [`Service`] trait.
 
 pub mod chunked;
-pub mod client;
 pub mod conn;
 pub mod head;
+pub mod memory;
 pub mod multipart;
 pub mod response;
 pub mod service;

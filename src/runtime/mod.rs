@@ -214,7 +214,6 @@ fn run_worker<S, F>(
     F: Fn(usize) -> S + Send + Sync + 'static,
 {
     let serve = async move {
-        ON_WORKER.with(|flag| flag.set(true));
         for (slot, listener) in sockets {
             let service = Rc::new(make_service(slot));
             monoio::spawn(accept_loop(listener, service, shutdown.clone(), driver));
@@ -223,7 +222,35 @@ fn run_worker<S, F>(
         // the process; this future never returns so the runtime keeps polling them.
         std::future::pending::<()>().await;
     };
-    let result = match driver {
+    if let Err(e) = block_on(driver, pool, serve) {
+        crate::log!("worker could not start its {} runtime: {e}", driver.name());
+        std::process::exit(1);
+    }
+}
+
+/// Runs `future` to its end on this thread's own runtime, built as a worker's is (the
+/// driver, timers, `pool` for blocking work) with the thread counted as a worker
+/// meanwhile: what handlers need to run, with or without a listener (the workers
+/// themselves, and unit tests driving the dispatcher in-process).
+pub fn block_on<F: std::future::Future>(
+    driver: IoDriver,
+    pool: BlockingPool,
+    future: F,
+) -> io::Result<F::Output> {
+    // Cleared before the runtime (and any task left on it) is dropped: a `Drop` that
+    // asks must not spawn onto a runtime that is going away.
+    struct Worker;
+    impl Drop for Worker {
+        fn drop(&mut self) {
+            ON_WORKER.with(|flag| flag.set(false));
+        }
+    }
+    let future = async move {
+        ON_WORKER.with(|flag| flag.set(true));
+        let _worker = Worker;
+        future.await
+    };
+    match driver {
         IoDriver::IoUring => {
             let build = |ring: io_uring::Builder| {
                 monoio::RuntimeBuilder::<monoio::IoUringDriver>::new()
@@ -236,17 +263,13 @@ fn run_worker<S, F>(
             // Kernels before 5.19 refuse the flags: a plain ring there.
             build(ring_setup())
                 .or_else(|_| build(io_uring::IoUring::builder()))
-                .map(|mut rt| rt.block_on(serve))
+                .map(|mut rt| rt.block_on(future))
         }
         IoDriver::Epoll => monoio::RuntimeBuilder::<monoio::LegacyDriver>::new()
             .enable_timer()
             .attach_thread_pool(Box::new(pool))
             .build()
-            .map(|mut rt| rt.block_on(serve)),
-    };
-    if let Err(e) = result {
-        crate::log!("worker could not start its {} runtime: {e}", driver.name());
-        std::process::exit(1);
+            .map(|mut rt| rt.block_on(future)),
     }
 }
 

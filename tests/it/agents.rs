@@ -7,21 +7,17 @@
 //! 400).
 
 use std::io::{BufRead, BufReader, Write};
-use std::net::{SocketAddr, TcpListener, TcpStream};
-use std::sync::{Arc, Mutex};
+use std::net::TcpStream;
 use std::time::Duration;
 
 use serde_json::{json, Value};
 
-use crate::support::{pin, read_event, status_kib, tools, Launch, Server, TempDir};
+use crate::support::{
+    pin, read_event, serve_stub, status_kib, tools, Launch, Server, Stub, TempDir,
+};
 
-/// Bodies of the requests the stub received.
-type Seen = Arc<Mutex<Vec<Value>>>;
-
-struct Upstream {
-    addr: SocketAddr,
-    seen: Seen,
-}
+/// The stub, with the bodies of the requests it received.
+type Upstream = Stub<Value>;
 
 /// The text of the last user message of a Responses API or Chat Completions request,
 /// and whether a tool's output is already in it.
@@ -200,26 +196,15 @@ fn respond(mut stream: TcpStream, path: &str, request: &Value) -> std::io::Resul
     )
 }
 
+/// The scripted upstream: each request's JSON body is kept, and answered by its script.
 fn serve_upstream() -> Upstream {
-    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-    let addr = listener.local_addr().unwrap();
-    let seen: Seen = Arc::default();
-    let record = seen.clone();
-    std::thread::spawn(move || {
-        for stream in listener.incoming().flatten() {
-            let record = record.clone();
-            std::thread::spawn(move || {
-                let mut reader = BufReader::new(stream);
-                let Some((_, path, body)) = crate::support::read_request(&mut reader) else {
-                    return;
-                };
-                let request: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
-                record.lock().unwrap().push(request.clone());
-                let _ = respond(reader.into_inner(), &path, &request);
-            });
-        }
-    });
-    Upstream { addr, seen }
+    serve_stub(
+        None,
+        |received| serde_json::from_slice(&received.body).unwrap_or(Value::Null),
+        |stream, received, request| {
+            let _ = respond(stream, &received.target, &request);
+        },
+    )
 }
 
 /// A server with the agents group on, whose CLIs talk to `upstream`.
@@ -250,18 +235,6 @@ fn agents_server(upstream: &Upstream, home: &TempDir, extra: &[(&str, &str)]) ->
     launch.start()
 }
 
-fn post(server: &Server, path: &str, body: Value) -> (u16, Value) {
-    let reply = server.post(path, &body.to_string());
-    assert_eq!(reply.header("x-agent-sandbox-local"), Some("1"), "{path}");
-    (reply.status, reply.json())
-}
-
-fn get(server: &Server, path: &str) -> (u16, Value) {
-    let reply = server.get(path);
-    assert_eq!(reply.header("x-agent-sandbox-local"), Some("1"), "{path}");
-    (reply.status, reply.json())
-}
-
 fn output_text(response: &Value) -> String {
     response["output"]
         .as_array()
@@ -278,7 +251,7 @@ fn runtimes_models_and_refusals() {
     let upstream = serve_upstream();
     let home = TempDir::new("agents-home");
     let server = agents_server(&upstream, &home, &[]);
-    let (status, runtimes) = get(&server, "/v1/agents/runtimes");
+    let (status, runtimes) = server.v1_get("/v1/agents/runtimes");
     assert_eq!(status, 200, "{runtimes}");
     let by_id = |id: &str| {
         runtimes["data"]
@@ -309,7 +282,7 @@ fn runtimes_models_and_refusals() {
     }
     assert_eq!(codex["x_agent_sandbox"]["local"], true);
 
-    let (_, models) = get(&server, "/v1/models");
+    let (_, models) = server.v1_get("/v1/models");
     let ids: Vec<&str> = models["data"]
         .as_array()
         .unwrap()
@@ -317,7 +290,7 @@ fn runtimes_models_and_refusals() {
         .map(|m| m["id"].as_str().unwrap())
         .collect();
     assert_eq!(ids, ["codex", "qwen-code"]);
-    let (status, model) = get(&server, "/v1/models/qwen");
+    let (status, model) = server.v1_get("/v1/models/qwen");
     assert_eq!(
         (status, model["id"].clone(), model["object"].clone()),
         (200, json!("qwen-code"), json!("model"))
@@ -332,7 +305,7 @@ fn runtimes_models_and_refusals() {
         .as_str()
         .unwrap()
         .contains("GET /v1/agents/runtimes"));
-    let (status, body) = get(&server, "/v1/models/gpt-99");
+    let (status, body) = server.v1_get("/v1/models/gpt-99");
     assert_eq!(
         (status, body["error"]["code"].clone()),
         (404, json!("model_not_found"))
@@ -396,8 +369,7 @@ fn codex_answers_whole_and_as_openai_events() {
     let upstream = serve_upstream();
     let home = TempDir::new("agents-home");
     let server = agents_server(&upstream, &home, &[]);
-    let (status, response) = post(
-        &server,
+    let (status, response) = server.v1_post(
         "/v1/responses",
         json!({"model": "codex", "input": "SAY hello there", "metadata": {"k": "v"}}),
     );
@@ -410,9 +382,9 @@ fn codex_answers_whole_and_as_openai_events() {
     assert_eq!(response["metadata"], json!({"k": "v"}));
     assert_eq!(response["x_agent_sandbox"]["compute"], "codex");
     let id = response["id"].as_str().unwrap().to_string();
-    let (_, stored) = get(&server, &format!("/v1/responses/{id}"));
+    let (_, stored) = server.v1_get(&format!("/v1/responses/{id}"));
     assert_eq!(stored, response);
-    let (_, inputs) = get(&server, &format!("/v1/responses/{id}/input_items"));
+    let (_, inputs) = server.v1_get(&format!("/v1/responses/{id}/input_items"));
     assert_eq!(inputs["data"][0]["content"][0]["text"], "SAY hello there");
 
     // Streamed: OpenAI's event names, in order, numbered from 0.
@@ -482,7 +454,7 @@ fn codex_answers_whole_and_as_openai_events() {
         ),
         (json!({"model": "codex"}), "input"),
     ] {
-        let (status, error) = post(&server, "/v1/responses", body.clone());
+        let (status, error) = server.v1_post("/v1/responses", body.clone());
         assert_eq!(status, 400, "{body}: {error}");
         assert_eq!(error["error"]["type"], "invalid_request_error");
         assert_eq!(error["error"]["param"], param, "{error}");
@@ -499,7 +471,7 @@ fn codex_answers_whole_and_as_openai_events() {
         reply.json()["error"]["code"],
         "agents.not_implemented_locally"
     );
-    let (status, _) = get(&server, "/v1/responses/resp_nonesuch");
+    let (status, _) = server.v1_get("/v1/responses/resp_nonesuch");
     assert_eq!(status, 404);
 }
 
@@ -508,8 +480,7 @@ fn codex_runs_a_shell_command_the_model_asked_for() {
     let upstream = serve_upstream();
     let home = TempDir::new("agents-home");
     let server = agents_server(&upstream, &home, &[]);
-    let (status, response) = post(
-        &server,
+    let (status, response) = server.v1_post(
         "/v1/responses",
         json!({"input": "SHELL echo made-by-codex > made.txt"}),
     );
@@ -540,7 +511,7 @@ fn cancel_and_upstream_failure() {
     let upstream = serve_upstream();
     let home = TempDir::new("agents-home");
     let server = agents_server(&upstream, &home, &[]);
-    let (status, failed) = post(&server, "/v1/responses", json!({"input": "FAIL"}));
+    let (status, failed) = server.v1_post("/v1/responses", json!({"input": "FAIL"}));
     assert_eq!(status, 200, "{failed}");
     assert_eq!(failed["status"], "failed", "{failed}");
     assert!(!failed["error"]["message"].as_str().unwrap().is_empty());
@@ -559,9 +530,9 @@ fn cancel_and_upstream_failure() {
     let (name, created) = read_event(&mut reader);
     assert_eq!(name, "response.created");
     let id = created["response"]["id"].as_str().unwrap().to_string();
-    let (_, running) = get(&server, &format!("/v1/responses/{id}"));
+    let (_, running) = server.v1_get(&format!("/v1/responses/{id}"));
     assert_eq!(running["status"], "in_progress");
-    let (status, cancelled) = post(&server, &format!("/v1/responses/{id}/cancel"), json!({}));
+    let (status, cancelled) = server.v1_post(&format!("/v1/responses/{id}/cancel"), json!({}));
     assert_eq!(
         (status, cancelled["status"].clone()),
         (200, json!("cancelled")),
@@ -575,18 +546,13 @@ fn cancel_and_upstream_failure() {
     };
     assert_eq!(last.0, "response.incomplete", "{}", last.1);
     assert_eq!(last.1["response"]["status"], "cancelled");
-    let (_, stored) = get(&server, &format!("/v1/responses/{id}"));
+    let (_, stored) = server.v1_get(&format!("/v1/responses/{id}"));
     assert_eq!(stored["status"], "cancelled");
-    let (status, again) = post(&server, &format!("/v1/responses/{id}/cancel"), json!({}));
+    let (status, again) = server.v1_post(&format!("/v1/responses/{id}/cancel"), json!({}));
     assert_eq!(status, 400, "{again}");
-    let (status, deleted) = server_delete(&server, &format!("/v1/responses/{id}"));
+    let (status, deleted) = server.delete_json(&format!("/v1/responses/{id}"));
     assert_eq!((status, deleted["deleted"].clone()), (200, json!(true)));
-    assert_eq!(get(&server, &format!("/v1/responses/{id}")).0, 404);
-}
-
-fn server_delete(server: &Server, path: &str) -> (u16, Value) {
-    let reply = server.request("DELETE", path, &[], None);
-    (reply.status, reply.json())
+    assert_eq!(server.v1_get(&format!("/v1/responses/{id}")).0, 404);
 }
 
 #[test]
@@ -824,17 +790,12 @@ fn qwen_code_answers_and_resumes() {
     let upstream = serve_upstream();
     let home = TempDir::new("agents-home");
     let server = agents_server(&upstream, &home, &[("ABX_AGENTS_DEFAULT", "qwen")]);
-    let (status, first) = post(
-        &server,
-        "/v1/responses",
-        json!({"input": "SAY hello from qwen"}),
-    );
+    let (status, first) = server.v1_post("/v1/responses", json!({"input": "SAY hello from qwen"}));
     assert_eq!(status, 200, "{first}");
     assert_eq!(first["status"], "completed", "{first}");
     assert_eq!(first["model"], "qwen-code");
     assert_eq!(output_text(&first), "hello from qwen");
-    let (status, second) = post(
-        &server,
+    let (status, second) = server.v1_post(
         "/v1/responses",
         json!({"input": "SAY again", "previous_response_id": first["id"]}),
     );
@@ -845,7 +806,7 @@ fn qwen_code_answers_and_resumes() {
     );
     let last = upstream.seen.lock().unwrap().last().unwrap().to_string();
     assert!(last.contains("hello from qwen"), "qwen resumed its session");
-    let (status, failed) = post(&server, "/v1/responses", json!({"input": "FAIL400"}));
+    let (status, failed) = server.v1_post("/v1/responses", json!({"input": "FAIL400"}));
     assert_eq!(
         (status, failed["status"].clone()),
         (200, json!("failed")),
@@ -853,8 +814,7 @@ fn qwen_code_answers_and_resumes() {
     );
 
     // A shell command the model asks for runs in the base directory.
-    let (status, shell) = post(
-        &server,
+    let (status, shell) = server.v1_post(
         "/v1/responses",
         json!({"input": "SHELL echo made-by-qwen > qwen.txt"}),
     );
@@ -964,8 +924,7 @@ fn codex_calls_a_sandbox_tool_through_mcp() {
     std::fs::write(&config, text).unwrap();
     let arguments =
         json!({"path": "from-codex.txt", "content": "written by codex over MCP"}).to_string();
-    let (status, response) = post(
-        &server,
+    let (status, response) = server.v1_post(
         "/v1/responses",
         json!({"input": format!("MCP upload_text {arguments}")}),
     );

@@ -2,29 +2,18 @@
 //! HTTP server in this test process serves on 127.0.0.1 (it records every request, so a
 //! test can tell what Chromium really fetched or submitted).
 
-use std::io::{BufReader, Write};
-use std::net::{SocketAddr, TcpListener};
-use std::sync::{Arc, Mutex};
+use std::io::Write;
 use std::time::Duration;
 
 use serde_json::{json, Value};
 
 use crate::on_both_drivers;
-use crate::support::{request_at, Launch, Server, TempDir};
+use crate::support::{request_at, serve_stub, unused_addr, Launch, Server, Stub, TempDir};
 
-/// One request the page server received: method, path and body.
-type Seen = Arc<Mutex<Vec<(String, String, String)>>>;
-
-struct Pages {
-    addr: SocketAddr,
-    seen: Seen,
-}
+/// The page server, with each request it received: method, path and body.
+type Pages = Stub<(String, String, String)>;
 
 impl Pages {
-    fn url(&self, path: &str) -> String {
-        format!("http://{}{path}", self.addr)
-    }
-
     fn requests_for(&self, path: &str) -> Vec<(String, String, String)> {
         let seen = self.seen.lock().unwrap();
         seen.iter().filter(|(_, p, _)| p == path).cloned().collect()
@@ -83,36 +72,25 @@ fn page_for(path: &str) -> (u16, String) {
 
 /// Serves the test pages until the test process ends, recording each request.
 fn serve_pages() -> Pages {
-    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-    let addr = listener.local_addr().unwrap();
-    let seen: Seen = Arc::default();
-    let record = seen.clone();
-    std::thread::spawn(move || {
-        for stream in listener.incoming().flatten() {
-            let record = record.clone();
-            std::thread::spawn(move || {
-                let _ = stream.set_read_timeout(Some(Duration::from_secs(10)));
-                let mut reader = BufReader::new(stream);
-                let Some((method, path, body)) = crate::support::read_request(&mut reader) else {
-                    return;
-                };
-                let path_only = path.split('?').next().unwrap_or("").to_string();
-                record.lock().unwrap().push((
-                    method,
-                    path_only.clone(),
-                    String::from_utf8_lossy(&body).into_owned(),
-                ));
-                let (status, html) = page_for(&path_only);
-                let mut stream = reader.into_inner();
-                let _ = write!(
-                    stream,
-                    "HTTP/1.1 {status} X\r\nContent-Type: text/html; charset=utf-8\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{html}",
-                    html.len()
-                );
-            });
-        }
-    });
-    Pages { addr, seen }
+    serve_stub(
+        Some(Duration::from_secs(10)),
+        |received| {
+            let path_only = received.target.split('?').next().unwrap_or("").to_string();
+            (
+                received.method.clone(),
+                path_only,
+                String::from_utf8_lossy(&received.body).into_owned(),
+            )
+        },
+        |mut stream, _, (_, path_only, _)| {
+            let (status, html) = page_for(&path_only);
+            let _ = write!(
+                stream,
+                "HTTP/1.1 {status} X\r\nContent-Type: text/html; charset=utf-8\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{html}",
+                html.len()
+            );
+        },
+    )
 }
 
 fn browser_server(driver: &'static str) -> Server {
@@ -121,28 +99,14 @@ fn browser_server(driver: &'static str) -> Server {
         .start()
 }
 
-fn post(server: &Server, path: &str, body: Value) -> (u16, Value) {
-    let reply = server.post(path, &body.to_string());
-    (reply.status, reply.json())
-}
-
-fn get(server: &Server, path: &str) -> (u16, Value) {
-    let reply = server.get(path);
-    (reply.status, reply.json())
-}
-
 fn eval(server: &Server, expression: &str) -> Value {
-    let (status, body) = post(
-        server,
-        "/browser/evaluate",
-        json!({"expression": expression}),
-    );
+    let (status, body) = server.post_json("/browser/evaluate", json!({"expression": expression}));
     assert_eq!(status, 200, "{expression}: {body}");
     body["result"].clone()
 }
 
 fn navigate(server: &Server, url: &str) -> Value {
-    let (status, body) = post(server, "/browser/navigate", json!({"url": url}));
+    let (status, body) = server.post_json("/browser/navigate", json!({"url": url}));
     assert_eq!(status, 200, "{url}: {body}");
     body
 }
@@ -182,7 +146,7 @@ fn decode_base64(text: &str) -> Vec<u8> {
 fn navigation_content_and_history(driver: &'static str) {
     let pages = serve_pages();
     let server = browser_server(driver);
-    let (status, info) = get(&server, "/browser/info");
+    let (status, info) = server.get_json("/browser/info");
     assert_eq!(status, 200);
     assert_eq!(
         info["running"], false,
@@ -200,8 +164,7 @@ fn navigation_content_and_history(driver: &'static str) {
     );
 
     for wait_until in ["domcontentloaded", "networkidle", "commit"] {
-        let (status, body) = post(
-            &server,
+        let (status, body) = server.post_json(
             "/browser/navigate",
             json!({"url": pages.url("/one"), "wait_until": wait_until}),
         );
@@ -211,8 +174,7 @@ fn navigation_content_and_history(driver: &'static str) {
             "{wait_until}: {body}"
         );
     }
-    let (status, body) = post(
-        &server,
+    let (status, body) = server.post_json(
         "/browser/navigate",
         json!({"url": pages.url("/"), "wait_until": "soon"}),
     );
@@ -221,16 +183,12 @@ fn navigation_content_and_history(driver: &'static str) {
         (400, json!("ValueError")),
         "{body}"
     );
-    let (status, body) = post(&server, "/browser/navigate", json!({}));
+    let (status, body) = server.post_json("/browser/navigate", json!({}));
     assert_eq!(status, 400, "{body}");
 
     // A port nobody listens on: Chromium's own error name reaches the caller.
-    let closed = TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap();
-    let (status, body) = post(
-        &server,
+    let closed = unused_addr();
+    let (status, body) = server.post_json(
         "/browser/navigate",
         json!({"url": format!("http://{closed}/")}),
     );
@@ -244,7 +202,7 @@ fn navigation_content_and_history(driver: &'static str) {
     );
 
     navigate(&server, &pages.url("/"));
-    let (status, content) = get(&server, "/browser/content");
+    let (status, content) = server.get_json("/browser/content");
     assert_eq!(status, 200);
     assert_eq!(content["title"], "Home");
     let html = content["html"].as_str().unwrap();
@@ -252,28 +210,28 @@ fn navigation_content_and_history(driver: &'static str) {
         html.starts_with("<!DOCTYPE html>") && html.contains("id=\"para\""),
         "{html}"
     );
-    let (_, text) = get(&server, "/browser/text?selector=%23para");
+    let (_, text) = server.get_json("/browser/text?selector=%23para");
     assert_eq!(text["text"], "Hello pages");
-    let (_, all) = get(&server, "/browser/text");
+    let (_, all) = server.get_json("/browser/text");
     assert!(
         all["text"].as_str().unwrap().contains("Hello pages"),
         "{all}"
     );
-    let (status, body) = get(&server, "/browser/text?selector=%23nothing");
+    let (status, body) = server.get_json("/browser/text?selector=%23nothing");
     assert_eq!(status, 404, "{body}");
 
     navigate(&server, &pages.url("/one"));
     navigate(&server, &pages.url("/two"));
-    let (status, back) = post(&server, "/browser/back", json!({}));
+    let (status, back) = server.post_json("/browser/back", json!({}));
     assert_eq!(
         (status, back["title"].clone()),
         (200, json!("Page one")),
         "{back}"
     );
-    let (_, forward) = post(&server, "/browser/forward", json!({}));
+    let (_, forward) = server.post_json("/browser/forward", json!({}));
     assert_eq!(forward["url"], pages.url("/two"));
     let fetched = pages.requests_for("/two").len();
-    let (_, reloaded) = post(&server, "/browser/reload", json!({}));
+    let (_, reloaded) = server.post_json("/browser/reload", json!({}));
     assert_eq!(reloaded["title"], "Page two");
     assert_eq!(
         pages.requests_for("/two").len(),
@@ -281,7 +239,7 @@ fn navigation_content_and_history(driver: &'static str) {
         "reload fetches the page again"
     );
 
-    let (_, info) = get(&server, "/browser/info");
+    let (_, info) = server.get_json("/browser/info");
     assert_eq!(info["running"], true);
     assert_eq!(info["url"], pages.url("/two"));
     assert!(
@@ -296,28 +254,23 @@ fn input_routes_drive_the_page(driver: &'static str) {
     let server = browser_server(driver);
     navigate(&server, &pages.url("/"));
 
-    let (status, body) = post(&server, "/browser/click", json!({"selector": "#btn"}));
+    let (status, body) = server.post_json("/browser/click", json!({"selector": "#btn"}));
     assert_eq!((status, body), (200, json!({"ok": true})));
     assert_eq!(eval(&server, "document.body.dataset.clicks"), "1");
-    let (status, _) = post(
-        &server,
+    let (status, _) = server.post_json(
         "/browser/click",
         json!({"selector": "#btn", "click_count": 2}),
     );
     assert_eq!(status, 200);
     assert_eq!(eval(&server, "document.body.dataset.dbl"), "yes");
-    let (status, body) = post(
-        &server,
+    let (status, body) = server.post_json(
         "/browser/click",
         json!({"selector": "#btn", "button": "sideways"}),
     );
     assert_eq!(status, 400, "{body}");
 
-    let (status, _) = post(
-        &server,
-        "/browser/fill",
-        json!({"selector": "#q", "value": "hello"}),
-    );
+    let (status, _) =
+        server.post_json("/browser/fill", json!({"selector": "#q", "value": "hello"}));
     assert_eq!(status, 200);
     assert_eq!(
         eval(
@@ -326,15 +279,11 @@ fn input_routes_drive_the_page(driver: &'static str) {
         ),
         json!(["hello", 1, 1])
     );
-    let (status, body) = post(
-        &server,
-        "/browser/fill",
-        json!({"selector": "#box", "value": "x"}),
-    );
+    let (status, body) =
+        server.post_json("/browser/fill", json!({"selector": "#box", "value": "x"}));
     assert_eq!(status, 400, "{body}");
 
-    let (status, _) = post(
-        &server,
+    let (status, _) = server.post_json(
         "/browser/type",
         json!({"selector": "#notes", "text": "abc", "delay_ms": 5}),
     );
@@ -344,60 +293,53 @@ fn input_routes_drive_the_page(driver: &'static str) {
         "abc"
     );
     // Control+A selects what was typed; the next key replaces it.
-    let (status, _) = post(
-        &server,
+    let (status, _) = server.post_json(
         "/browser/press",
         json!({"key": "Control+A", "selector": "#notes"}),
     );
     assert_eq!(status, 200);
-    post(&server, "/browser/type", json!({"text": "Z"}));
+    server.post_json("/browser/type", json!({"text": "Z"}));
     assert_eq!(eval(&server, "document.querySelector('#notes').value"), "Z");
-    let (status, body) = post(&server, "/browser/press", json!({"key": "Hyper+Q"}));
+    let (status, body) = server.post_json("/browser/press", json!({"key": "Hyper+Q"}));
     assert_eq!(status, 400, "{body}");
 
     // Enter in the form's field submits it: the page server receives the POST.
-    post(
-        &server,
+    server.post_json(
         "/browser/fill",
         json!({"selector": "#q", "value": "rust io_uring"}),
     );
-    let (status, _) = post(
-        &server,
-        "/browser/press",
-        json!({"key": "Enter", "selector": "#q"}),
-    );
+    let (status, _) = server.post_json("/browser/press", json!({"key": "Enter", "selector": "#q"}));
     assert_eq!(status, 200);
     let submitted = pages.requests_for("/submit");
     assert_eq!(submitted.len(), 1, "{submitted:?}");
     assert_eq!(submitted[0].0, "POST");
     assert_eq!(submitted[0].2, "q=rust+io_uring");
-    let (_, info) = get(&server, "/browser/info");
+    let (_, info) = server.get_json("/browser/info");
     assert_eq!(
         info["title"], "Thanks",
         "the press waited for the navigation it started"
     );
 
     navigate(&server, &pages.url("/"));
-    let (status, scrolled) = post(&server, "/browser/scroll", json!({"dy": 500}));
+    let (status, scrolled) = server.post_json("/browser/scroll", json!({"dy": 500}));
     assert_eq!(
         (status, scrolled["scroll_y"].clone()),
         (200, json!(500)),
         "{scrolled}"
     );
-    let (_, scrolled) = post(&server, "/browser/scroll", json!({"selector": "#bottom"}));
+    let (_, scrolled) = server.post_json("/browser/scroll", json!({"selector": "#bottom"}));
     assert!(
         scrolled["scroll_y"].as_f64().unwrap() > 1000.0,
         "{scrolled}"
     );
-    let (status, _) = post(&server, "/browser/scroll", json!({}));
+    let (status, _) = server.post_json("/browser/scroll", json!({}));
     assert_eq!(status, 400);
 
     assert_eq!(
         eval(&server, "new Promise(r => setTimeout(() => r(6 * 7), 50))"),
         42
     );
-    let (_, called) = post(
-        &server,
+    let (_, called) = server.post_json(
         "/browser/evaluate",
         json!({"expression": "async ({a, b}) => a + b", "arg": {"a": 2, "b": 3}}),
     );
@@ -409,14 +351,11 @@ fn input_routes_drive_the_page(driver: &'static str) {
     assert_eq!(eval(&server, "undefined"), Value::Null);
     // A function is evaluated once and called by reference: no side effect twice, and
     // a trailing semicolon is fine.
-    let (_, once) = post(
-        &server,
-        "/browser/evaluate",
+    let (_, once) = server.post_json("/browser/evaluate",
         json!({"expression": "(window.runs = (window.runs || 0) + 1, (x) => [x * 2, window.runs]);", "arg": 21}),
     );
     assert_eq!(once["result"], json!([42, 1]), "{once}");
-    let (status, body) = post(
-        &server,
+    let (status, body) = server.post_json(
         "/browser/evaluate",
         json!({"expression": "missingName + 1"}),
     );
@@ -434,15 +373,14 @@ fn input_routes_drive_the_page(driver: &'static str) {
         ("/browser/scroll", json!({"selector": "#none"})),
         ("/browser/screenshot", json!({"selector": "#none"})),
     ] {
-        let (status, answer) = post(&server, path, body);
+        let (status, answer) = server.post_json(path, body);
         assert_eq!(status, 404, "{path}: {answer}");
         assert_eq!(answer["error"], "No element matches selector: #none");
     }
-    let (status, body) = post(&server, "/browser/click", json!({"selector": "p[["}));
+    let (status, body) = server.post_json("/browser/click", json!({"selector": "p[["}));
     assert_eq!(status, 400, "{body}");
     // Found but never visible: the wait for visibility runs out.
-    let (status, body) = post(
-        &server,
+    let (status, body) = server.post_json(
         "/browser/click",
         json!({"selector": "#hidden", "timeout": 300}),
     );
@@ -457,10 +395,9 @@ fn waits_and_screenshots(driver: &'static str) {
     let pages = serve_pages();
     let server = browser_server(driver);
     navigate(&server, &pages.url("/late"));
-    let (status, body) = post(&server, "/browser/wait", json!({"selector": "#late"}));
+    let (status, body) = server.post_json("/browser/wait", json!({"selector": "#late"}));
     assert_eq!(status, 200, "{body}");
-    let (status, body) = post(
-        &server,
+    let (status, body) = server.post_json(
         "/browser/wait",
         json!({"selector": "#never", "timeout": 400}),
     );
@@ -469,20 +406,18 @@ fn waits_and_screenshots(driver: &'static str) {
         body,
         json!({"error": "Timeout 400ms exceeded.", "type": "TimeoutError"})
     );
-    let (status, _) = post(
-        &server,
+    let (status, _) = server.post_json(
         "/browser/wait",
         json!({"selector": "#never", "state": "detached"}),
     );
     assert_eq!(status, 200);
-    let (status, _) = post(
-        &server,
+    let (status, _) = server.post_json(
         "/browser/wait",
         json!({"selector": "#late", "state": "gone"}),
     );
     assert_eq!(status, 400);
 
-    let (status, shot) = post(&server, "/browser/screenshot", json!({}));
+    let (status, shot) = server.post_json("/browser/screenshot", json!({}));
     assert_eq!(status, 200);
     let data = shot["content_base64"].as_str().unwrap();
     assert_eq!(png_size(data), (1280, 720));
@@ -497,16 +432,12 @@ fn waits_and_screenshots(driver: &'static str) {
     assert_eq!(shot["bytes"], decode_base64(data).len());
 
     navigate(&server, &pages.url("/tall"));
-    let (_, full) = post(&server, "/browser/screenshot", json!({"full_page": true}));
+    let (_, full) = server.post_json("/browser/screenshot", json!({"full_page": true}));
     let (width, height) = png_size(full["content_base64"].as_str().unwrap());
     assert_eq!((width, height), (1280, 3000), "{}", full["height"]);
 
     navigate(&server, &pages.url("/shapes"));
-    let (_, element) = post(
-        &server,
-        "/browser/screenshot",
-        json!({"selector": "#shape"}),
-    );
+    let (_, element) = server.post_json("/browser/screenshot", json!({"selector": "#shape"}));
     assert_eq!(
         png_size(element["content_base64"].as_str().unwrap()),
         (200, 100)
@@ -519,7 +450,7 @@ fn without_chromium_the_routes_answer_503_with_the_hint() {
         .env("ABX_SERVER_ENABLED_GROUPS", "browser")
         .env("ABX_BROWSER_PATH", "/nonexistent/chromium")
         .start();
-    let (status, body) = post(&server, "/browser/navigate", json!({"url": "about:blank"}));
+    let (status, body) = server.post_json("/browser/navigate", json!({"url": "about:blank"}));
     assert_eq!(status, 503, "{body}");
     assert_eq!(body["type"], "RuntimeError");
     assert!(
@@ -533,18 +464,18 @@ fn without_chromium_the_routes_answer_503_with_the_hint() {
         body["error"].as_str().unwrap().contains("ABX_BROWSER_PATH"),
         "{body}"
     );
-    let (_, info) = get(&server, "/browser/info");
+    let (_, info) = server.get_json("/browser/info");
     assert_eq!(info["running"], false);
 }
 
 #[test]
 fn the_group_is_opt_in() {
     let server = Server::start("uring");
-    let (status, body) = post(&server, "/browser/navigate", json!({"url": "about:blank"}));
+    let (status, body) = server.post_json("/browser/navigate", json!({"url": "about:blank"}));
     assert_eq!(status, 404, "{body}");
     assert_eq!(body["code"], "endpoint_disabled");
     assert_eq!(body["rule"], "default:opt-in:browser");
-    let (_, caps) = get(&server, "/capabilities");
+    let (_, caps) = server.get_json("/capabilities");
     assert_eq!(caps["groups"]["browser"], false);
     assert_eq!(
         caps["group_summary"]["browser"]["total"], 16,
@@ -552,7 +483,7 @@ fn the_group_is_opt_in() {
         caps["group_summary"]
     );
     let on = browser_server("uring");
-    let (_, caps) = get(&on, "/capabilities");
+    let (_, caps) = on.get_json("/capabilities");
     assert_eq!(caps["group_summary"]["browser"]["enabled"], 16);
 }
 
@@ -642,17 +573,14 @@ fn a_killed_or_closed_chromium_is_started_again(driver: &'static str) {
     let pages = serve_pages();
     let server = browser_server(driver);
     navigate(&server, &pages.url("/one"));
-    let (_, info) = get(&server, "/browser/info");
+    let (_, info) = server.get_json("/browser/info");
     let pid = info["pid"].as_i64().unwrap() as i32;
     nix_kill(-pid);
     // The next call finds it gone and starts a new one.
     let mut answered = None;
     for _ in 0..3 {
-        let (status, body) = post(
-            &server,
-            "/browser/navigate",
-            json!({"url": pages.url("/two")}),
-        );
+        let (status, body) =
+            server.post_json("/browser/navigate", json!({"url": pages.url("/two")}));
         if status == 200 {
             answered = Some(body);
             break;
@@ -663,13 +591,13 @@ fn a_killed_or_closed_chromium_is_started_again(driver: &'static str) {
         );
     }
     assert_eq!(answered.expect("Chromium came back")["title"], "Page two");
-    let (_, info) = get(&server, "/browser/info");
+    let (_, info) = server.get_json("/browser/info");
     let second = info["pid"].as_i64().unwrap();
     assert_ne!(second as i32, pid);
 
-    let (status, closed) = post(&server, "/browser/close", json!({}));
+    let (status, closed) = server.post_json("/browser/close", json!({}));
     assert_eq!((status, closed), (200, json!({"closed": true})));
-    let (_, info) = get(&server, "/browser/info");
+    let (_, info) = server.get_json("/browser/info");
     assert_eq!(info["running"], false);
     assert!(
         std::fs::metadata(format!("/proc/{second}")).is_err(),
@@ -686,12 +614,8 @@ fn caller_environment_and_departures_do_not_steer_the_browser(driver: &'static s
     let server = browser_server(driver);
     // A proxy on a closed port, and launcher flags that would open a debugging port:
     // set for children, kept from Chromium.
-    let closed = TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap();
-    let (status, _) = post(
-        &server,
+    let closed = unused_addr();
+    let (status, _) = server.post_json(
         "/env",
         json!({"vars": {
             "http_proxy": format!("http://{closed}"),
@@ -751,7 +675,7 @@ fn block_private_networks_refuses_this_machine(driver: &'static str) {
         "file:///etc/passwd".to_string(),
         "http://www.blocked.example/".to_string(),
     ] {
-        let (status, body) = post(&server, "/browser/navigate", json!({"url": url}));
+        let (status, body) = server.post_json("/browser/navigate", json!({"url": url}));
         assert_eq!(status, 403, "{url}: {body}");
         assert_eq!(body["code"], "url_not_allowed", "{body}");
         assert_eq!(body["endpoint"], "browser_navigate");
@@ -761,15 +685,13 @@ fn block_private_networks_refuses_this_machine(driver: &'static str) {
         "a refused URL reached the page server"
     );
     // A data: page could send itself anywhere with a meta refresh.
-    let (status, body) = post(
-        &server,
-        "/browser/navigate",
+    let (status, body) = server.post_json("/browser/navigate",
         json!({"url": format!("data:text/html,<meta http-equiv=refresh content='0;url=http://127.0.0.1:{port}/'>")}),
     );
     assert_eq!(status, 403, "{body}");
-    let (status, body) = post(&server, "/browser/navigate", json!({"url": "not a url"}));
+    let (status, body) = server.post_json("/browser/navigate", json!({"url": "not a url"}));
     assert_eq!(status, 400, "{body}");
-    let (_, info) = get(&server, "/browser/info");
+    let (_, info) = server.get_json("/browser/info");
     assert_eq!(info["running"], false, "Chromium never saw a refused URL");
     // about:blank reaches no network and is allowed.
     assert_eq!(navigate(&server, "about:blank")["url"], "about:blank");
@@ -791,11 +713,7 @@ fn url_allow_lists_what_may_be_opened(driver: &'static str) {
         .env("ABX_SERVER_POLICY", policy.to_str().unwrap())
         .start();
     assert_eq!(navigate(&server, &pages.url("/one"))["title"], "Page one");
-    let (status, body) = post(
-        &server,
-        "/browser/navigate",
-        json!({"url": pages.url("/two")}),
-    );
+    let (status, body) = server.post_json("/browser/navigate", json!({"url": pages.url("/two")}));
     assert_eq!(status, 403, "{body}");
     assert!(
         body["error"].as_str().unwrap().contains("url_allow"),
@@ -828,7 +746,7 @@ fn url_deny_sees_ipv4_in_ipv6_and_localhost(driver: &'static str) {
         format!("http://app.localhost:{port}/one"),
         format!("http://[::1]:{port}/one"),
     ] {
-        let (status, body) = post(&server, "/browser/navigate", json!({"url": url}));
+        let (status, body) = server.post_json("/browser/navigate", json!({"url": url}));
         assert_eq!(status, 403, "{url}: {body}");
         assert!(
             body["error"].as_str().unwrap().contains("url_deny"),

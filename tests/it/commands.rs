@@ -2,18 +2,17 @@
 //! embedding program, and a template's `commands.py` served through the Python bridge
 //! (real `python3`, the repository's uninstalled `agent_sandbox` package).
 
-use std::io::{BufRead, BufReader, Write};
+use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 
 use crate::on_both_drivers;
-use crate::support::{open_event_stream, read_event, read_reply, Launch, Server, TempDir};
+use crate::support::{open_event_stream, read_event, request_at, Launch, Server, TempDir};
 
 fn run(server: &Server, name: &str, body: Value) -> (u16, Value) {
-    let reply = server.post(&format!("/commands/{name}"), &body.to_string());
-    (reply.status, reply.json())
+    server.post_json(&format!("/commands/{name}"), body)
 }
 
 fn fixture() -> PathBuf {
@@ -306,11 +305,7 @@ fn python_calls_run_concurrently(driver: &'static str) {
     let calls: Vec<_> = (0..8)
         .map(|_| {
             std::thread::spawn(move || {
-                let mut stream = std::net::TcpStream::connect(addr).unwrap();
-                stream
-                    .write_all(b"POST /commands/rendezvous HTTP/1.1\r\nHost: t\r\nContent-Length: 2\r\n\r\n{}")
-                    .unwrap();
-                let reply = read_reply(&mut BufReader::new(stream)).unwrap();
+                let reply = request_at(addr, "POST", "/commands/rendezvous", &[], Some(b"{}"));
                 (reply.status, reply.json())
             })
         })

@@ -7,7 +7,7 @@ use std::time::Duration;
 use serde_json::{json, Value};
 
 use crate::on_both_drivers;
-use crate::support::{closes_within, read_reply, Launch, Server, TempDir};
+use crate::support::{closes_within, read_reply, request_at, Launch, Server, TempDir};
 
 fn health_is_json_and_trailing_slash_is_stripped(driver: &'static str) {
     let server = Server::start(driver);
@@ -1088,13 +1088,7 @@ fn workers_share_one_port(driver: &'static str) {
     let handles: Vec<_> = (0..32)
         .map(|_| {
             let addr = server.addr;
-            std::thread::spawn(move || {
-                let mut s = std::net::TcpStream::connect(addr).unwrap();
-                s.write_all(b"GET /health HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n")
-                    .unwrap();
-                let mut reader = BufReader::new(s);
-                read_reply(&mut reader).unwrap().status
-            })
+            std::thread::spawn(move || request_at(addr, "GET", "/health", &[], None).status)
         })
         .collect();
     for h in handles {

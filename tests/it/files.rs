@@ -9,7 +9,9 @@ use std::time::{Duration, Instant};
 use serde_json::{json, Value};
 
 use crate::on_both_drivers;
-use crate::support::{closes_within, open_watch, read_event, read_reply, Launch, Server, TempDir};
+use crate::support::{
+    closes_within, open_watch, read_event, read_reply, request_at, Launch, Server, TempDir,
+};
 
 fn b64(data: &[u8]) -> String {
     base64_simd::STANDARD.encode_to_string(data)
@@ -1597,13 +1599,7 @@ fn large_trees_fit_a_small_descriptor_limit(driver: &'static str) {
         .map(|_| {
             std::thread::spawn(move || {
                 let body = r#"{"paths": ["big"]}"#;
-                let mut stream = std::net::TcpStream::connect(addr).unwrap();
-                let head = format!(
-                    "POST /files/archive HTTP/1.1\r\nHost: t\r\nConnection: close\r\nContent-Length: {}\r\n\r\n{body}",
-                    body.len()
-                );
-                stream.write_all(head.as_bytes()).unwrap();
-                read_reply(&mut BufReader::new(stream)).unwrap().status
+                request_at(addr, "POST", "/files/archive", &[], Some(body.as_bytes())).status
             })
         })
         .collect();

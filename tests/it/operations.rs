@@ -187,9 +187,7 @@ fn health_check_flag_probes_the_server(driver: &'static str) {
     };
     let up = probe(server.addr.port());
     assert_eq!(up.status.code(), Some(0), "{up:?}");
-    let free = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    let port = free.local_addr().unwrap().port();
-    drop(free);
+    let port = crate::support::unused_addr().port();
     let down = probe(port);
     assert_eq!(down.status.code(), Some(1), "{down:?}");
     assert!(String::from_utf8_lossy(&down.stderr).contains("health check"));

@@ -8,14 +8,10 @@ use std::time::{Duration, Instant};
 use serde_json::{json, Value};
 
 use crate::on_both_drivers;
-use crate::support::{open_event_stream, read_event, status_kib, Launch, Reply, Server};
-
-fn post(server: &Server, path: &str, body: Value) -> Reply {
-    server.post(path, &body.to_string())
-}
+use crate::support::{open_event_stream, read_event, status_kib, Launch, Server};
 
 fn shell(server: &Server, body: Value) -> (u16, Value) {
-    let reply = post(server, "/shell", body);
+    let reply = server.post_value("/shell", body);
     (reply.status, reply.json())
 }
 
@@ -84,7 +80,7 @@ fn all_events(reader: &mut BufReader<TcpStream>) -> Vec<(String, Value)> {
 }
 
 fn start(server: &Server, body: Value) -> i64 {
-    let reply = post(server, "/process/start", body);
+    let reply = server.post_value("/process/start", body);
     assert_eq!(reply.status, 200, "{}", reply.text());
     let answer = reply.json();
     answer["pid"].as_i64().unwrap()
@@ -150,7 +146,7 @@ fn shell_runs_commands_as_the_contract_says(driver: &'static str) {
         (json!("a file"), "a file"),
         (json!("../.."), "escaping"),
     ] {
-        let reply = post(&server, "/shell", json!({"command": "pwd", "cwd": cwd}));
+        let reply = server.post_value("/shell", json!({"command": "pwd", "cwd": cwd}));
         assert_eq!(reply.status, 403, "{why}: {}", reply.text());
         assert_eq!(reply.json()["code"], "path_not_allowed", "{why}");
         assert_eq!(reply.json()["endpoint"], "shell", "{why}");
@@ -166,7 +162,7 @@ fn shell_runs_commands_as_the_contract_says(driver: &'static str) {
             "env value not a string",
         ),
     ] {
-        let reply = post(&server, "/shell", body);
+        let reply = server.post_value("/shell", body);
         assert_eq!(reply.status, 400, "{why}: {}", reply.text());
         assert_eq!(reply.json()["type"], "ValueError", "{why}");
     }
@@ -342,14 +338,10 @@ fn stream_sends_each_line_as_it_is_written(driver: &'static str) {
     assert!(wait_until_dead(pid, Duration::from_secs(10)));
 
     // A shlex failure is 400 here, not 500.
-    let reply = post(&server, "/shell/stream", json!({"command": "echo \"open"}));
+    let reply = server.post_value("/shell/stream", json!({"command": "echo \"open"}));
     assert_eq!(reply.status, 400);
     assert_eq!(reply.json()["error"], "No closing quotation");
-    let reply = post(
-        &server,
-        "/shell/stream",
-        json!({"command": "pwd", "cwd": "/"}),
-    );
+    let reply = server.post_value("/shell/stream", json!({"command": "pwd", "cwd": "/"}));
     assert_eq!(reply.json()["code"], "path_not_allowed");
 }
 
@@ -439,51 +431,33 @@ fn background_processes_report_and_take_signals(driver: &'static str) {
     );
 
     for (signal, status) in [(json!(3), 400), (json!("15"), 400), (json!(true), 400)] {
-        let reply = post(
-            &server,
-            &format!("/process/{pid}/signal"),
-            json!({"signal": signal}),
-        );
+        let reply = server.post_value(&format!("/process/{pid}/signal"), json!({"signal": signal}));
         assert_eq!(reply.status, status, "{signal}: {}", reply.text());
     }
     let own = server.child.id();
     for target in [1, own as i64] {
-        let reply = post(
-            &server,
-            &format!("/process/{target}/signal"),
-            json!({"signal": 15}),
-        );
+        let reply = server.post_value(&format!("/process/{target}/signal"), json!({"signal": 15}));
         assert_eq!(reply.status, 403, "{target}");
     }
     assert_eq!(
-        post(&server, "/process/999999999/signal", json!({"signal": 15})).status,
+        server
+            .post_value("/process/999999999/signal", json!({"signal": 15}))
+            .status,
         404
     );
     assert_eq!(server.get("/process/999999999").status, 404);
     assert_eq!(server.get("/process/abc").status, 400);
 
     // SIGSTOP-like pause and resume, then terminate.
-    let reply = post(
-        &server,
-        &format!("/process/{pid}/signal"),
-        json!({"signal": 20}),
-    );
+    let reply = server.post_value(&format!("/process/{pid}/signal"), json!({"signal": 20}));
     assert_eq!(reply.json(), json!({"pid": pid, "signal": 20}));
     let deadline = Instant::now() + Duration::from_secs(5);
     while proc_state(pid) != Some('T') && Instant::now() < deadline {
         std::thread::sleep(Duration::from_millis(10));
     }
     assert_eq!(proc_state(pid), Some('T'));
-    post(
-        &server,
-        &format!("/process/{pid}/signal"),
-        json!({"signal": 18}),
-    );
-    let reply = post(
-        &server,
-        &format!("/process/{pid}/signal"),
-        json!({"signal": 15}),
-    );
+    server.post_value(&format!("/process/{pid}/signal"), json!({"signal": 18}));
+    let reply = server.post_value(&format!("/process/{pid}/signal"), json!({"signal": 15}));
     assert_eq!(reply.status, 200);
     let row = wait_exited(&server, pid);
     assert_eq!(
@@ -492,12 +466,9 @@ fn background_processes_report_and_take_signals(driver: &'static str) {
     );
     // Signalling an exited process is accepted and does nothing.
     assert_eq!(
-        post(
-            &server,
-            &format!("/process/{pid}/signal"),
-            json!({"signal": 9})
-        )
-        .status,
+        server
+            .post_value(&format!("/process/{pid}/signal"), json!({"signal": 9}))
+            .status,
         200
     );
     // The list leaves exited rows out; they stay answerable by pid.
@@ -513,32 +484,23 @@ fn background_processes_report_and_take_signals(driver: &'static str) {
     let reply = server.get(&format!("/process/{quiet}/output"));
     assert_eq!(reply.status, 409, "{}", reply.text());
     assert_eq!(
-        post(&server, "/process/start", json!({"command": "x 'y"})).status,
+        server
+            .post_value("/process/start", json!({"command": "x 'y"}))
+            .status,
         400
     );
     assert_eq!(
-        post(
-            &server,
-            "/process/start",
-            json!({"command": "true", "stdin": "yes"})
-        )
-        .status,
+        server
+            .post_value("/process/start", json!({"command": "true", "stdin": "yes"}))
+            .status,
         400
     );
-    let reply = post(
-        &server,
-        "/process/start",
-        json!({"command": "no-such-program-here"}),
-    );
+    let reply = server.post_value("/process/start", json!({"command": "no-such-program-here"}));
     assert_eq!(
         (reply.status, reply.json()["type"].clone()),
         (500, json!("FileNotFoundError"))
     );
-    post(
-        &server,
-        &format!("/process/{quiet}/signal"),
-        json!({"signal": 9}),
-    );
+    server.post_value(&format!("/process/{quiet}/signal"), json!({"signal": 9}));
 }
 
 /// A client polling one pid sees its exit code and the rest of its output even when
@@ -642,19 +604,11 @@ fn groups_are_ended_after_their_leader_exited(driver: &'static str) {
     assert!(signalled
         .iter()
         .all(|m| proc_state(*m).is_some_and(|s| s != 'Z')));
-    let reply = post(
-        &server,
-        &format!("/process/{leader}/signal"),
-        json!({"signal": 15}),
-    );
+    let reply = server.post_value(&format!("/process/{leader}/signal"), json!({"signal": 15}));
     assert_eq!(reply.status, 200, "{}", reply.text());
     assert_all_end(&signalled, "signal 15 to the exited leader's pid");
     // The group is gone: signalling again is still accepted and does nothing.
-    let reply = post(
-        &server,
-        &format!("/process/{leader}/signal"),
-        json!({"signal": 9}),
-    );
+    let reply = server.post_value(&format!("/process/{leader}/signal"), json!({"signal": 9}));
     assert_eq!(reply.status, 200, "{}", reply.text());
 
     // A stream client that leaves after the leader exited (a member holds the pipe).
@@ -702,12 +656,11 @@ fn at_most_a_hundred_processes(driver: &'static str) {
     let pids: Vec<i64> = (0..100)
         .map(|_| start(&server, json!({"command": "sleep 60"})))
         .collect();
-    let reply = post(&server, "/process/start", json!({"command": "sleep 60"}));
+    let reply = server.post_value("/process/start", json!({"command": "sleep 60"}));
     assert_eq!(reply.status, 429, "{}", reply.text());
     assert_eq!(reply.json()["type"], "ResourceError");
     // An exited row makes room.
-    post(
-        &server,
+    server.post_value(
         &format!("/process/{}/signal", pids[0]),
         json!({"signal": 9}),
     );
@@ -715,11 +668,7 @@ fn at_most_a_hundred_processes(driver: &'static str) {
     let extra = start(&server, json!({"command": "sleep 60"}));
     assert_eq!(server.get(&format!("/process/{}", pids[0])).status, 404);
     for pid in pids.iter().skip(1).chain([&extra]) {
-        post(
-            &server,
-            &format!("/process/{pid}/signal"),
-            json!({"signal": 9}),
-        );
+        server.post_value(&format!("/process/{pid}/signal"), json!({"signal": 9}));
     }
     for pid in pids.iter().chain([&extra]) {
         assert!(wait_until_dead(*pid, Duration::from_secs(10)));
@@ -733,7 +682,7 @@ fn stdin_round_trips_through_cat(driver: &'static str) {
         json!({"command": "cat", "stdin": true, "capture_output": true}),
     );
     let path = format!("/process/{pid}/stdin");
-    let reply = post(&server, &path, json!({"data": "héllo\n"}));
+    let reply = server.post_value(&path, json!({"data": "héllo\n"}));
     assert_eq!(
         reply.json(),
         json!({"pid": pid, "written": 7, "closed": false})
@@ -744,18 +693,14 @@ fn stdin_round_trips_through_cat(driver: &'static str) {
         (json!({"data_base64": "***"}), "bad base64"),
         (json!({"eof": "yes"}), "eof not a boolean"),
     ] {
-        assert_eq!(post(&server, &path, body).status, 400, "{why}");
+        assert_eq!(server.post_value(&path, body).status, 400, "{why}");
     }
-    let reply = post(
-        &server,
-        &path,
-        json!({"data_base64": "AAEC/w==", "eof": true}),
-    );
+    let reply = server.post_value(&path, json!({"data_base64": "AAEC/w==", "eof": true}));
     assert_eq!(
         reply.json(),
         json!({"pid": pid, "written": 4, "closed": true})
     );
-    let reply = post(&server, &path, json!({"data": "late"}));
+    let reply = server.post_value(&path, json!({"data": "late"}));
     assert_eq!(reply.status, 409);
     let row = wait_exited(&server, pid);
     assert_eq!(row["exit_code"], 0);
@@ -773,17 +718,9 @@ fn stdin_round_trips_through_cat(driver: &'static str) {
     );
 
     let no_stdin = start(&server, json!({"command": "sleep 30"}));
-    let reply = post(
-        &server,
-        &format!("/process/{no_stdin}/stdin"),
-        json!({"data": "x"}),
-    );
+    let reply = server.post_value(&format!("/process/{no_stdin}/stdin"), json!({"data": "x"}));
     assert_eq!(reply.status, 409);
-    post(
-        &server,
-        &format!("/process/{no_stdin}/signal"),
-        json!({"signal": 9}),
-    );
+    server.post_value(&format!("/process/{no_stdin}/signal"), json!({"signal": 9}));
 
     // A write larger than the pipe to a child that echoes it back: the write waits on
     // the driver while the same worker keeps reading the child's output (one worker, so
@@ -794,8 +731,7 @@ fn stdin_round_trips_through_cat(driver: &'static str) {
         json!({"command": "cat", "stdin": true, "capture_output": true}),
     );
     let big = "y".repeat(3 * 1024 * 1024);
-    let reply = post(
-        &one_worker,
+    let reply = one_worker.post_value(
         &format!("/process/{pid}/stdin"),
         json!({"data": big, "eof": true}),
     );
@@ -812,8 +748,7 @@ fn stdin_round_trips_through_cat(driver: &'static str) {
         json!({"command": "wc -c", "stdin": true, "capture_output": true}),
     );
     let big = "x".repeat(3 * 1024 * 1024);
-    let reply = post(
-        &server,
+    let reply = server.post_value(
         &format!("/process/{pid}/stdin"),
         json!({"data": big, "eof": true}),
     );
@@ -909,29 +844,16 @@ fn long_polls_return_early_and_never_block_others(driver: &'static str) {
     let addr = server.addr;
     let next = out["next"].clone();
     let poll = std::thread::spawn(move || {
-        let mut stream = TcpStream::connect(addr).unwrap();
-        write!(
-            stream,
-            "GET /process/{pid}/output?since={next}&wait=25 HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n"
-        )
-        .unwrap();
-        let mut reader = BufReader::new(stream);
-        crate::support::read_reply(&mut reader).unwrap().json()
+        let path = format!("/process/{pid}/output?since={next}&wait=25");
+        crate::support::request_at(addr, "GET", &path, &[], None).json()
     });
     std::thread::sleep(Duration::from_millis(200));
     let callers: Vec<_> = (0..200)
         .map(|i| {
             std::thread::spawn(move || {
-                let mut stream = TcpStream::connect(addr).unwrap();
                 let body = format!(r#"{{"command":"echo {i}"}}"#);
-                write!(
-                    stream,
-                    "POST /shell HTTP/1.1\r\nHost: t\r\nConnection: close\r\nContent-Length: {}\r\n\r\n{body}",
-                    body.len()
-                )
-                .unwrap();
-                let mut reader = BufReader::new(stream);
-                let reply = crate::support::read_reply(&mut reader).unwrap();
+                let reply =
+                    crate::support::request_at(addr, "POST", "/shell", &[], Some(body.as_bytes()));
                 (i, reply.json())
             })
         })
@@ -942,11 +864,7 @@ fn long_polls_return_early_and_never_block_others(driver: &'static str) {
     }
     assert!(!poll.is_finished(), "the long-poll should still be waiting");
     // The process ends: the pending poll returns at once with the exit.
-    post(
-        &server,
-        &format!("/process/{pid}/signal"),
-        json!({"signal": 9}),
-    );
+    server.post_value(&format!("/process/{pid}/signal"), json!({"signal": 9}));
     let ended = poll.join().unwrap();
     assert_eq!(
         (ended["state"].clone(), ended["exit_code"].clone()),
@@ -1121,7 +1039,7 @@ fn stdin_to_a_process_that_never_reads_is_bounded(driver: &'static str) {
     let path = format!("/process/{pid}/stdin");
     // The pipe takes what fits; the answer says how much, and the eof is not applied.
     let big = "z".repeat(1024 * 1024);
-    let reply = post(&server, &path, json!({"data": big, "eof": true}));
+    let reply = server.post_value(&path, json!({"data": big, "eof": true}));
     assert_eq!(reply.status, 200, "{}", reply.text());
     let answer = reply.json();
     let written = answer["written"].as_u64().unwrap();
@@ -1131,7 +1049,7 @@ fn stdin_to_a_process_that_never_reads_is_bounded(driver: &'static str) {
     );
     assert_eq!(answer["closed"], false);
     // Now nothing fits: a documented refusal, not a hang.
-    let reply = post(&server, &path, json!({"data": "more"}));
+    let reply = server.post_value(&path, json!({"data": "more"}));
     assert_eq!(reply.status, 503, "{}", reply.text());
     assert_eq!(reply.json()["code"], "stdin_full");
     assert!(reply.header("retry-after").is_some());
@@ -1169,13 +1087,9 @@ fn stdin_to_a_process_that_never_reads_is_bounded(driver: &'static str) {
         now <= before + 48 * 1024,
         "20 abandoned writes still hold memory: RSS {before} KiB before, {now} KiB after"
     );
-    let reply = post(&server, &path, json!({"data": "x"}));
+    let reply = server.post_value(&path, json!({"data": "x"}));
     assert_eq!(reply.status, 503, "{}", reply.text());
-    post(
-        &server,
-        &format!("/process/{pid}/signal"),
-        json!({"signal": 9}),
-    );
+    server.post_value(&format!("/process/{pid}/signal"), json!({"signal": 9}));
 }
 
 /// One `/shell` whose output is 64 MiB: the server's peak resident memory grows by
@@ -1192,7 +1106,7 @@ fn a_large_shell_output_costs_less_than_three_times_its_size(driver: &'static st
     assert_eq!(status, 200);
     let pid = server.child.id();
     let before = status_kib(pid, "VmRSS");
-    let reply = post(&server, "/shell", json!({"command": command}));
+    let reply = server.post_value("/shell", json!({"command": command}));
     let peak = status_kib(pid, "VmHWM");
     assert_eq!(reply.status, 200);
     let answer = reply.json();

@@ -1,11 +1,13 @@
-//! Test support: start the real binary on an ephemeral port, and speak raw HTTP to it.
+//! Test support: start the real binary on an ephemeral port, speak raw HTTP to it
+//! (every test file's requests go through the helpers here), and serve the stub HTTP
+//! servers the binary calls in turn.
 
 use std::io::{BufRead, BufReader, Read, Write};
-use std::net::{SocketAddr, TcpStream};
+use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::mpsc;
+use std::sync::{mpsc, Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
@@ -348,6 +350,38 @@ impl Server {
     pub fn post(&self, path: &str, body: &str) -> Reply {
         self.request("POST", path, &[], Some(body.as_bytes()))
     }
+    /// `GET path`: the status and the JSON answer.
+    pub fn get_json(&self, path: &str) -> (u16, Value) {
+        let reply = self.get(path);
+        (reply.status, reply.json())
+    }
+    /// `POST path` with `body` as its JSON.
+    pub fn post_value(&self, path: &str, body: Value) -> Reply {
+        self.post(path, &body.to_string())
+    }
+    /// `POST path` with `body` as its JSON: the status and the JSON answer.
+    pub fn post_json(&self, path: &str, body: Value) -> (u16, Value) {
+        let reply = self.post_value(path, body);
+        (reply.status, reply.json())
+    }
+    /// `DELETE path`: the status and the JSON answer.
+    pub fn delete_json(&self, path: &str) -> (u16, Value) {
+        let reply = self.request("DELETE", path, &[], None);
+        (reply.status, reply.json())
+    }
+    /// [`Server::get_json`] for the agents group's `/v1` routes: the answer must carry
+    /// the group's `X-Agent-Sandbox-Local: 1`.
+    pub fn v1_get(&self, path: &str) -> (u16, Value) {
+        let reply = self.get(path);
+        assert_eq!(reply.header("x-agent-sandbox-local"), Some("1"), "{path}");
+        (reply.status, reply.json())
+    }
+    /// [`Server::post_json`] for the agents group's `/v1` routes, as [`Server::v1_get`].
+    pub fn v1_post(&self, path: &str, body: Value) -> (u16, Value) {
+        let reply = self.post_value(path, body);
+        assert_eq!(reply.header("x-agent-sandbox-local"), Some("1"), "{path}");
+        (reply.status, reply.json())
+    }
     /// One request on a fresh connection.
     pub fn request(
         &self,
@@ -436,8 +470,73 @@ impl Reply {
     }
 }
 
-/// Reads one response (Content-Length, chunked, or until close). `None` on a clean EOF
-/// before any byte.
+/// An address on 127.0.0.1 where nothing listens (a port just let go).
+pub fn unused_addr() -> SocketAddr {
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+}
+
+/// One request a stub server received.
+pub struct Received {
+    pub method: String,
+    /// Path and query, as sent.
+    pub target: String,
+    pub body: Vec<u8>,
+}
+
+/// A stub HTTP server on 127.0.0.1 that the server under test calls (a model API, web
+/// pages), and what it kept of each request, in arrival order.
+pub struct Stub<T> {
+    pub addr: SocketAddr,
+    pub seen: Arc<Mutex<Vec<T>>>,
+}
+
+impl<T> Stub<T> {
+    /// `http://<addr><path>`.
+    pub fn url(&self, path: &str) -> String {
+        format!("http://{}{path}", self.addr)
+    }
+}
+
+/// Serves a stub until the test process ends: a thread per connection, one request
+/// each (read by [`read_request`], waiting at most `read_timeout` for it). `record`
+/// says what `seen` keeps of the request, kept before the answer is written, so a test
+/// that has the answer finds the request in `seen`; `answer` writes the response.
+pub fn serve_stub<T: Clone + Send + 'static>(
+    read_timeout: Option<Duration>,
+    record: impl Fn(&Received) -> T + Send + Sync + 'static,
+    answer: impl Fn(TcpStream, &Received, T) + Send + Sync + 'static,
+) -> Stub<T> {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    let seen: Arc<Mutex<Vec<T>>> = Arc::default();
+    let kept = seen.clone();
+    let serve = Arc::new((record, answer));
+    std::thread::spawn(move || {
+        for stream in listener.incoming().flatten() {
+            let (kept, serve) = (kept.clone(), serve.clone());
+            std::thread::spawn(move || {
+                let _ = stream.set_read_timeout(read_timeout);
+                let mut reader = BufReader::new(stream);
+                let Some((method, target, body)) = read_request(&mut reader) else {
+                    return;
+                };
+                let received = Received {
+                    method,
+                    target,
+                    body,
+                };
+                let record = (serve.0)(&received);
+                kept.lock().unwrap().push(record.clone());
+                (serve.1)(reader.into_inner(), &received, record);
+            });
+        }
+    });
+    Stub { addr, seen }
+}
+
 /// One request read by a test's stub server: method, target and body (by
 /// `Content-Length`); `None` when the client closed before a request line.
 pub fn read_request<R: BufRead>(reader: &mut R) -> Option<(String, String, Vec<u8>)> {
@@ -465,6 +564,8 @@ pub fn read_request<R: BufRead>(reader: &mut R) -> Option<(String, String, Vec<u
     Some((method, target, body))
 }
 
+/// Reads one response (Content-Length, chunked, or until close). `None` on a clean EOF
+/// before any byte.
 pub fn read_reply<R: BufRead>(reader: &mut R) -> Option<Reply> {
     let mut status_line = String::new();
     if reader.read_line(&mut status_line).ok()? == 0 {

@@ -10,16 +10,6 @@ use serde_json::{json, Value};
 use crate::on_both_drivers;
 use crate::support::{Launch, Server, TempDir};
 
-fn get(server: &Server, path: &str) -> (u16, Value) {
-    let reply = server.get(path);
-    (reply.status, reply.json())
-}
-
-fn post(server: &Server, path: &str, body: Value) -> (u16, Value) {
-    let reply = server.post(path, &body.to_string());
-    (reply.status, reply.json())
-}
-
 fn meminfo_mib(field: &str) -> u64 {
     let text = std::fs::read_to_string("/proc/meminfo").unwrap();
     let kib: u64 = text
@@ -32,7 +22,7 @@ fn meminfo_mib(field: &str) -> u64 {
 
 fn system_info_and_metrics_read_the_kernel(driver: &'static str) {
     let server = Server::start(driver);
-    let (status, info) = get(&server, "/system/info");
+    let (status, info) = server.get_json("/system/info");
     assert_eq!(status, 200, "{info}");
     assert_eq!(info["os"], "Linux");
     assert_eq!(info["arch"], std::env::consts::ARCH);
@@ -57,7 +47,7 @@ fn system_info_and_metrics_read_the_kernel(driver: &'static str) {
         .replace("Python ", "");
     assert_eq!(info["python_version"], python.as_str());
 
-    let (status, first) = get(&server, "/system/metrics");
+    let (status, first) = server.get_json("/system/metrics");
     assert_eq!(status, 200, "{first}");
     for key in [
         "cpu_load_1m",
@@ -75,7 +65,7 @@ fn system_info_and_metrics_read_the_kernel(driver: &'static str) {
     let percent = first["memory_percent"].as_f64().unwrap();
     assert!((0.0..=100.0).contains(&percent));
     std::thread::sleep(std::time::Duration::from_millis(200));
-    let (_, later) = get(&server, "/system/metrics");
+    let (_, later) = server.get_json("/system/metrics");
     assert!(
         later["uptime_seconds"].as_f64().unwrap()
             >= first["uptime_seconds"].as_f64().unwrap() + 0.1,
@@ -92,7 +82,7 @@ fn env_hides_secrets_and_sets_for_later_children(driver: &'static str) {
         .env("GIT_CREDENTIALS", "x")
         .env("PLAIN_SETTING", "visible")
         .start();
-    let (status, listed) = get(&server, "/env");
+    let (status, listed) = server.get_json("/env");
     assert_eq!(status, 200);
     let vars = listed["variables"].as_object().unwrap();
     assert_eq!(vars["PLAIN_SETTING"], "visible");
@@ -106,13 +96,11 @@ fn env_hides_secrets_and_sets_for_later_children(driver: &'static str) {
         assert!(!vars.contains_key(hidden), "{hidden} is listed");
     }
     assert!(!listed.to_string().contains("t0ps3cret"));
-    let (_, filtered) = get(&server, "/env?filter=PLAIN_SETTING,MY_API_TOKEN,NOT_SET");
+    let (_, filtered) = server.get_json("/env?filter=PLAIN_SETTING,MY_API_TOKEN,NOT_SET");
     assert_eq!(filtered, json!({"variables": {"PLAIN_SETTING": "visible"}}));
 
     // Values are stored with Python's str(), and later children see them.
-    let (status, body) = post(
-        &server,
-        "/env",
+    let (status, body) = server.post_json("/env",
         json!({"vars": {"NEW_NUMBER": 1.5, "NEW_LIST": [1, null], "new_flag": true, "PLAIN_SETTING": "changed"}}),
     );
     assert_eq!(
@@ -122,7 +110,7 @@ fn env_hides_secrets_and_sets_for_later_children(driver: &'static str) {
             &json!({"updated": ["NEW_NUMBER", "NEW_LIST", "new_flag", "PLAIN_SETTING"]})
         )
     );
-    let (_, shell) = post(&server, "/shell", json!({"command": "env"}));
+    let (_, shell) = server.post_json("/shell", json!({"command": "env"}));
     let out = shell["stdout"].as_str().unwrap();
     for line in [
         "NEW_NUMBER=1.5",
@@ -132,7 +120,7 @@ fn env_hides_secrets_and_sets_for_later_children(driver: &'static str) {
     ] {
         assert!(out.lines().any(|l| l == line), "{line} missing from {out}");
     }
-    let (_, listed) = get(&server, "/env?filter=NEW_LIST");
+    let (_, listed) = server.get_json("/env?filter=NEW_LIST");
     assert_eq!(listed, json!({"variables": {"NEW_LIST": "[1, None]"}}));
     // Protected names, in any case, refuse the whole request.
     for name in [
@@ -143,18 +131,15 @@ fn env_hides_secrets_and_sets_for_later_children(driver: &'static str) {
         "ABX_SERVER_TOKEN",
         "abx_anything",
     ] {
-        let (status, body) = post(
-            &server,
-            "/env",
-            json!({"vars": {"SET_BEFORE": "1", name: "x"}}),
-        );
+        let (status, body) =
+            server.post_json("/env", json!({"vars": {"SET_BEFORE": "1", name: "x"}}));
         assert_eq!(
             (status, body["type"].as_str()),
             (403, Some("PermissionError")),
             "{name}: {body}"
         );
     }
-    let (_, listed) = get(&server, "/env?filter=SET_BEFORE");
+    let (_, listed) = server.get_json("/env?filter=SET_BEFORE");
     assert_eq!(
         listed,
         json!({"variables": {}}),
@@ -166,13 +151,13 @@ fn env_hides_secrets_and_sets_for_later_children(driver: &'static str) {
         json!({"vars": "A=1"}),
         json!({"vars": {"A=B": "1"}}),
     ] {
-        assert_eq!(post(&server, "/env", bad.clone()).0, 400, "{bad}");
+        assert_eq!(server.post_json("/env", bad.clone()).0, 400, "{bad}");
     }
 }
 
 fn ports_show_the_servers_own_port_and_pid(driver: &'static str) {
     let server = Server::start(driver);
-    let (status, body) = get(&server, "/ports");
+    let (status, body) = server.get_json("/ports");
     assert_eq!(status, 200);
     let rows = body["listening"].as_array().unwrap();
     let ours: Vec<&Value> = rows
@@ -188,7 +173,7 @@ fn ports_show_the_servers_own_port_and_pid(driver: &'static str) {
     );
     // A listener of another process, on IPv6.
     let other = std::net::TcpListener::bind("[::1]:0").unwrap();
-    let (_, body) = get(&server, "/ports");
+    let (_, body) = server.get_json("/ports");
     let port = other.local_addr().unwrap().port();
     let row = body["listening"]
         .as_array()
@@ -216,7 +201,7 @@ fn fake_programs(dir: &Path, script: &str) {
 
 fn packages_list_pip_and_npm(driver: &'static str) {
     let server = Server::start(driver);
-    let (status, body) = get(&server, "/packages");
+    let (status, body) = server.get_json("/packages");
     assert_eq!((status, &body["manager"]), (200, &json!("pip")), "{body}");
     assert!(
         body["packages"]
@@ -226,7 +211,7 @@ fn packages_list_pip_and_npm(driver: &'static str) {
             .any(|p| p["name"] == "pip"),
         "{body}"
     );
-    assert_eq!(get(&server, "/packages?manager=cargo").0, 400);
+    assert_eq!(server.get_json("/packages?manager=cargo").0, 400);
 
     // npm's JSON, and pip's, as the programs print them.
     let bin = TempDir::new("fakebin");
@@ -237,11 +222,11 @@ fn packages_list_pip_and_npm(driver: &'static str) {
     let path = format!("{}:/usr/bin:/bin", bin.path().display());
     let faked = Launch::new(driver).env("PATH", &path).start();
     assert_eq!(
-        get(&faked, "/packages?manager=npm").1,
+        faked.get_json("/packages?manager=npm").1,
         json!({"manager": "npm", "packages": [{"name": "left-pad", "version": "1.3.0"}, {"name": "@scope/y", "version": "2.0.0"}]})
     );
     assert_eq!(
-        get(&faked, "/packages?manager=pip").1,
+        faked.get_json("/packages?manager=pip").1,
         json!({"manager": "pip", "packages": [{"name": "requests", "version": "2.32.0"}]})
     );
 
@@ -252,7 +237,7 @@ fn packages_list_pip_and_npm(driver: &'static str) {
         .start();
     for manager in ["pip", "npm"] {
         assert_eq!(
-            get(&missing, &format!("/packages?manager={manager}")),
+            missing.get_json(&format!("/packages?manager={manager}")),
             (200, json!({"manager": manager, "packages": []}))
         );
     }
@@ -263,7 +248,7 @@ fn packages_time_out_after_ten_seconds(driver: &'static str) {
     fake_programs(bin.path(), "exec sleep 60");
     let path = format!("{}:/usr/bin:/bin", bin.path().display());
     let server = Launch::new(driver).env("PATH", &path).start();
-    let (status, body) = get(&server, "/packages?manager=npm");
+    let (status, body) = server.get_json("/packages?manager=npm");
     assert_eq!(
         (status, body),
         (
@@ -279,7 +264,7 @@ fn dev_tools(driver: &'static str) -> Launch {
 
 fn code_runs_in_three_languages(driver: &'static str) {
     let off = Server::start(driver);
-    let (status, body) = post(&off, "/code/run", json!({"code": "print(1)"}));
+    let (status, body) = off.post_json("/code/run", json!({"code": "print(1)"}));
     assert_eq!(
         (status, body["code"].as_str()),
         (404, Some("endpoint_disabled")),
@@ -287,8 +272,7 @@ fn code_runs_in_three_languages(driver: &'static str) {
     );
 
     let server = dev_tools(driver).start();
-    let (status, body) = post(
-        &server,
+    let (status, body) = server.post_json(
         "/code/run",
         json!({"code": "import sys; print('hello'); print('err', file=sys.stderr); sys.exit(3)"}),
     );
@@ -312,15 +296,13 @@ fn code_runs_in_three_languages(driver: &'static str) {
         body["_security_note"],
         "Security relies on container isolation, not application-level restrictions"
     );
-    let (_, body) = post(
-        &server,
+    let (_, body) = server.post_json(
         "/code/run",
         json!({"code": "echo $((6 * 7)) $0", "language": "bash"}),
     );
     assert_eq!(body["stdout"], "42 bash\n");
     let node_installed = Command::new("node").arg("--version").output().is_ok();
-    let (status, body) = post(
-        &server,
+    let (status, body) = server.post_json(
         "/code/run",
         json!({"code": "console.log(6 * 7)", "language": "node"}),
     );
@@ -338,7 +320,7 @@ fn code_runs_in_three_languages(driver: &'static str) {
     let bare = dev_tools(driver)
         .env("PATH", empty.path().to_str().unwrap())
         .start();
-    let (status, body) = post(&bare, "/code/run", json!({"code": "1", "language": "node"}));
+    let (status, body) = bare.post_json("/code/run", json!({"code": "1", "language": "node"}));
     assert_eq!(
         (status, body["type"].as_str()),
         (500, Some("FileNotFoundError")),
@@ -349,8 +331,7 @@ fn code_runs_in_three_languages(driver: &'static str) {
         .unwrap()
         .starts_with("Runtime not found: node"));
 
-    let (status, body) = post(
-        &server,
+    let (status, body) = server.post_json(
         "/code/run",
         json!({"code": "sleep 30", "language": "bash", "timeout": 0.5}),
     );
@@ -369,7 +350,7 @@ fn code_runs_in_three_languages(driver: &'static str) {
         json!({"code": "1", "timeout": "soon"}),
         json!({"code": "1", "timeout": -1}),
     ] {
-        assert_eq!(post(&server, "/code/run", bad.clone()).0, 400, "{bad}");
+        assert_eq!(server.post_json("/code/run", bad.clone()).0, 400, "{bad}");
     }
 }
 
@@ -429,7 +410,7 @@ fn git_status_names_every_kind_of_change(driver: &'static str) {
     let base = TempDir::new("gitbase");
     let repo = messy_repository(base.path());
     let server = dev_tools(driver).base_dir(base.path()).start();
-    let (status, body) = get(&server, "/git/status?path=repo");
+    let (status, body) = server.get_json("/git/status?path=repo");
     assert_eq!(status, 200, "{body}");
     assert_eq!(body["branch"], "main");
     assert_eq!(body["clean"], false);
@@ -470,12 +451,12 @@ fn git_status_names_every_kind_of_change(driver: &'static str) {
     git(&repo, &["reset", "-q", "--hard"]);
     std::fs::remove_file(repo.join("line\nbreak.txt")).unwrap();
     assert_eq!(
-        get(&server, "/git/status?path=repo").1,
+        server.get_json("/git/status?path=repo").1,
         json!({"branch": "main", "clean": true, "files": []})
     );
     // Not a repository: git's own words, 400 GitError.
     std::fs::create_dir(base.path().join("plain")).unwrap();
-    let (status, body) = get(&server, "/git/status?path=plain");
+    let (status, body) = server.get_json("/git/status?path=plain");
     assert_eq!(
         (status, body["type"].as_str()),
         (400, Some("GitError")),
@@ -488,7 +469,7 @@ fn git_status_names_every_kind_of_change(driver: &'static str) {
             .contains("not a git repository"),
         "{body}"
     );
-    let (status, body) = get(&server, "/git/status?path=/etc");
+    let (status, body) = server.get_json("/git/status?path=/etc");
     assert_eq!(
         (status, body["code"].as_str()),
         (403, Some("path_not_allowed")),
@@ -500,7 +481,7 @@ fn git_status_names_every_kind_of_change(driver: &'static str) {
         .base_dir(base.path())
         .env("PATH", empty.path().to_str().unwrap())
         .start();
-    let (status, body) = get(&bare, "/git/status?path=repo");
+    let (status, body) = bare.get_json("/git/status?path=repo");
     assert_eq!(
         (status, body["type"].as_str()),
         (500, Some("FileNotFoundError")),
@@ -522,7 +503,7 @@ fn git_diff_with_stats_staged_and_cut(driver: &'static str) {
     git(&repo, &["add", "b.txt"]);
     let server = dev_tools(driver).base_dir(base.path()).start();
 
-    let (status, body) = get(&server, "/git/diff?path=repo");
+    let (status, body) = server.get_json("/git/diff?path=repo");
     assert_eq!(status, 200, "{body}");
     let diff = body["diff"].as_str().unwrap();
     assert!(diff.starts_with("diff --git a/a.txt b/a.txt\n"), "{diff}");
@@ -531,7 +512,7 @@ fn git_diff_with_stats_staged_and_cut(driver: &'static str) {
         body["stats"],
         json!({"files_changed": 1, "insertions": 2, "deletions": 1})
     );
-    let (_, staged) = get(&server, "/git/diff?path=repo&staged=yes");
+    let (_, staged) = server.get_json("/git/diff?path=repo&staged=yes");
     assert!(
         staged["diff"].as_str().unwrap().contains("-bee\n"),
         "{staged}"
@@ -540,7 +521,7 @@ fn git_diff_with_stats_staged_and_cut(driver: &'static str) {
         staged["stats"],
         json!({"files_changed": 1, "insertions": 0, "deletions": 1})
     );
-    let (_, none) = get(&server, "/git/diff?path=repo&file=b.txt");
+    let (_, none) = server.get_json("/git/diff?path=repo&file=b.txt");
     assert_eq!(
         none,
         json!({"diff": "", "stats": {"files_changed": 0, "insertions": 0, "deletions": 0}})
@@ -554,7 +535,7 @@ fn git_diff_with_stats_staged_and_cut(driver: &'static str) {
     git(&repo, &["add", "big.txt"]);
     git(&repo, &["commit", "-qm", "big"]);
     std::fs::write(repo.join("big.txt"), &big).unwrap();
-    let (_, cut) = get(&server, "/git/diff?path=repo&file=big.txt");
+    let (_, cut) = server.get_json("/git/diff?path=repo&file=big.txt");
     let diff = cut["diff"].as_str().unwrap();
     assert!(diff.len() < 1024 * 1024 + 100, "{}", diff.len());
     assert!(diff.ends_with("\n... diff truncated at 1 MiB ...\n"));
@@ -563,7 +544,7 @@ fn git_diff_with_stats_staged_and_cut(driver: &'static str) {
         cut["stats"],
         json!({"files_changed": 1, "insertions": 40_000, "deletions": 0})
     );
-    let (status, body) = get(&server, "/git/diff?path=.");
+    let (status, body) = server.get_json("/git/diff?path=.");
     assert_eq!(
         (status, body["type"].as_str()),
         (400, Some("GitError")),
@@ -598,7 +579,7 @@ fn git_stays_inside_the_base_and_runs_nothing(driver: &'static str) {
         )
         .env("GIT_DIR", above.join(".git").to_str().unwrap())
         .start();
-    let (status, body) = get(&server, "/git/status?path=.");
+    let (status, body) = server.get_json("/git/status?path=.");
     assert_eq!(
         (status, body["type"].as_str()),
         (400, Some("GitError")),
@@ -647,14 +628,14 @@ fn git_stays_inside_the_base_and_runs_nothing(driver: &'static str) {
     )
     .unwrap();
     std::fs::write(repo.join("a.txt"), "one\ntwo\n").unwrap();
-    let (status, body) = get(&server, "/git/status?path=repo");
+    let (status, body) = server.get_json("/git/status?path=repo");
     assert_eq!(status, 200, "{body}");
     let files = body["files"].to_string();
     assert!(
         files.contains("a.txt") && !files.contains("outside.txt"),
         "{body}"
     );
-    let (status, body) = get(&server, "/git/diff?path=repo");
+    let (status, body) = server.get_json("/git/diff?path=repo");
     assert_eq!(status, 200, "{body}");
     assert!(body["diff"].as_str().unwrap().contains("+two"), "{body}");
     let ran: Vec<String> = std::fs::read_dir(&markers)
@@ -685,7 +666,7 @@ fn git_stays_inside_the_base_and_runs_nothing(driver: &'static str) {
     .unwrap();
     for path in ["linked", "pointer", "repo"] {
         for route in ["status", "diff"] {
-            let (status, body) = get(&server, &format!("/git/{route}?path={path}"));
+            let (status, body) = server.get_json(&format!("/git/{route}?path={path}"));
             assert_eq!(
                 (status, body["code"].as_str()),
                 (403, Some("path_not_allowed")),
@@ -702,7 +683,7 @@ fn git_stays_inside_the_base_and_runs_nothing(driver: &'static str) {
         "git_config_key_0",
         "GIT_CONFIG_GLOBAL",
     ] {
-        let (status, body) = post(&server, "/env", json!({"vars": {name: "x"}}));
+        let (status, body) = server.post_json("/env", json!({"vars": {name: "x"}}));
         assert_eq!(
             (status, body["code"].as_str()),
             (403, Some("variable_not_allowed")),
@@ -727,8 +708,7 @@ fn code_loading_variables_are_refused(driver: &'static str) {
         "PYTHONPATH",
     ] {
         for route in ["/shell", "/shell/stream", "/process/start"] {
-            let (status, body) = post(
-                &server,
+            let (status, body) = server.post_json(
                 route,
                 json!({"command": "true", "env": {name: "/tmp/x.so"}}),
             );
@@ -738,15 +718,14 @@ fn code_loading_variables_are_refused(driver: &'static str) {
                 "{route} {name}: {body}"
             );
         }
-        let (status, body) = post(&server, "/env", json!({"vars": {name: "/tmp/x.so"}}));
+        let (status, body) = server.post_json("/env", json!({"vars": {name: "/tmp/x.so"}}));
         assert_eq!(
             (status, body["code"].as_str()),
             (403, Some("variable_not_allowed")),
             "{name}: {body}"
         );
     }
-    let (status, body) = post(
-        &server,
+    let (status, body) = server.post_json(
         "/shell",
         json!({"command": "printenv MY_VAR", "env": {"MY_VAR": "kept"}}),
     );

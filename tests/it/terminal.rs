@@ -13,8 +13,7 @@ use crate::support::{Launch, Server, TempDir};
 type Socket = WebSocket<TcpStream>;
 
 fn create(server: &Server, body: Value) -> (u16, Value) {
-    let reply = server.post("/pty/sessions", &body.to_string());
-    (reply.status, reply.json())
+    server.post_json("/pty/sessions", body)
 }
 
 /// Shells start with HOME in the base directory, so no rc file of the machine running

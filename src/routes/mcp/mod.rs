@@ -5,15 +5,15 @@
 //! (enabled, scopes held), named by its id, described by its summary, its `inputSchema`
 //! built from the endpoint's declared parameters (the source `/capabilities` and the
 //! OpenAPI document read); the named commands the caller may run; and two text variants
-//! of the base64 file routes. A call is a request to the route itself, over loopback with
-//! the caller's own credentials, so it takes exactly the path a plain HTTP request takes:
-//! policy, limits, the handler, its error JSON (which becomes an `isError` result).
-
-use std::net::SocketAddr;
+//! of the base64 file routes. A call is a request to the route itself, served in-process
+//! by the same dispatcher (`app::client`) with the caller's own credentials, so it takes
+//! exactly the path a plain HTTP request takes: policy, limits, the handler, its error
+//! JSON (which becomes an `isError` result).
 
 use serde_json::{json, Map, Value};
 
 use crate::api::{ApiError, BodyMode, Group, Listener, Method, ParamIn};
+use crate::app::client::{InProcess, Request};
 use crate::app::{handler, Call, Endpoint};
 use crate::http::sse::{channel, SseSender};
 use crate::http::Response;
@@ -187,8 +187,8 @@ async fn one(call: &Call, message: Value) -> Result<Response, ApiError> {
     Ok(rpc(200, answer))
 }
 
-/// Endpoints that are tools: served on the API port (the loopback call goes there), not
-/// streams, not WebSockets, not `/mcp` itself.
+/// Endpoints that are tools: served on the API port (the in-process call goes to its
+/// dispatcher), not streams, not WebSockets, not `/mcp` itself.
 fn is_tool(endpoint: &Endpoint) -> bool {
     let spec = &endpoint.spec;
     spec.listener == Listener::Api
@@ -412,55 +412,44 @@ fn answer_of(answer: Result<(u16, Value), Value>) -> Value {
     }
 }
 
-/// Sends the request to this server's own API port with the caller's credentials; the
-/// route's status and JSON answer (a text answer as `{"text": ...}`).
+/// Serves the request in-process, through the same dispatcher a request on the API port
+/// goes through, with the caller's own credentials: the route's status and JSON answer
+/// (a text answer as `{"text": ...}`).
 async fn forward(
     call: &Call,
     method: &str,
     target: &str,
     body: Option<&Value>,
 ) -> Result<(u16, Value), Value> {
-    let Some(addr) = loopback(call) else {
-        return Err(
-            json!({"error": "the API listener's address is not known yet", "type": "RuntimeError"}),
-        );
-    };
-    let mut headers: Vec<(&str, &str)> = vec![("Content-Type", "application/json")];
-    for name in ["authorization", "x-access-token"] {
+    let mut request = Request::new(method, target).header("Content-Type", "application/json");
+    // The caller's own credentials, so the route admits exactly whom /mcp admitted (its
+    // scopes, the policy for that identity), and the caller's Host, which the route
+    // sees as its own.
+    for name in ["host", "authorization", "x-access-token"] {
         if let Some(value) = call.header(name) {
-            headers.push((name, value));
+            request = request.header(name, value);
         }
     }
-    let bytes = body.map(|b| b.to_string().into_bytes());
-    let answer = crate::http::client::exchange(
-        addr,
-        method,
-        target,
-        &headers,
-        bytes.as_deref(),
-        ANSWER_LIMIT,
-    )
-    .await
-    .map_err(
-        |e| json!({"error": format!("the route could not be called: {e}"), "type": "OSError"}),
-    )?;
-    let json = serde_json::from_slice::<Value>(&answer.body).unwrap_or_else(|_| {
-        json!({"text": String::from_utf8_lossy(&answer.body), "content_type": answer.header("content-type")})
-    });
-    Ok((answer.status, json))
+    if let Some(body) = body {
+        request = request.body(body.to_string());
+    }
+    let answer = InProcess::new(call.state.clone())
+        .send(request)
+        .await
+        .map_err(not_called)?;
+    let status = answer.status;
+    let content_type = answer.header("content-type").map(str::to_string);
+    let body = answer.body(ANSWER_LIMIT).await.map_err(not_called)?;
+    let json = serde_json::from_slice::<Value>(&body).unwrap_or_else(
+        |_| json!({"text": String::from_utf8_lossy(&body), "content_type": content_type}),
+    );
+    Ok((status, json))
 }
 
-/// Where this server's API listens, as a local client reaches it.
-fn loopback(call: &Call) -> Option<SocketAddr> {
-    let mut addr = *call.services().bound_api.get()?;
-    if addr.ip().is_unspecified() {
-        addr.set_ip(if addr.is_ipv4() {
-            [127, 0, 0, 1].into()
-        } else {
-            std::net::Ipv6Addr::LOCALHOST.into()
-        });
-    }
-    Some(addr)
+/// A route that gave no answer (an answer too large to hand on, a broken stream).
+fn not_called(e: std::io::Error) -> Value {
+    let error = format!("the route could not be called: {e}");
+    json!({"error": error, "type": "OSError"})
 }
 
 fn encode(text: &str) -> String {
@@ -528,5 +517,81 @@ async fn end(call: Call) -> Result<Response, ApiError> {
                 "unknown or ended MCP session",
             ),
         ))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::{json, Value};
+
+    use crate::testing::{run, TestApp};
+
+    fn digest(token: &str) -> String {
+        use sha2::Digest;
+        sha2::Sha256::digest(token.as_bytes())
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect()
+    }
+
+    /// A tool call is the route served in-process as the caller: a scope the caller lacks
+    /// is the route's own refusal, and what the caller may do answers as the route does.
+    #[test]
+    fn tool_calls_are_the_callers_own_requests() {
+        let policy = json!({
+            "endpoints": {"shell": {"scopes": ["exec"]}, "files_list": {"scopes": ["files:read"]}},
+            "identities": [{"id": "reader", "scopes": ["files:read"], "token_sha256": digest("reader-token")}],
+        });
+        let app = TestApp::builder()
+            .token("server-token")
+            .policy(&policy.to_string())
+            .build();
+        std::fs::write(app.base().join("a.txt"), "hi").unwrap();
+        run(async {
+            let rpc = |session: Option<String>, message: Value| {
+                let app = &app;
+                async move {
+                    let body = message.to_string();
+                    let mut headers = vec![
+                        ("Content-Type", "application/json"),
+                        ("Authorization", "Bearer reader-token"),
+                    ];
+                    if let Some(session) = &session {
+                        headers.push(("Mcp-Session-Id", session));
+                    }
+                    let reply = app.request("POST", "/mcp", &headers, body.as_bytes()).await;
+                    assert_eq!(reply.status, 200, "{}", reply.json());
+                    let session = reply.header("mcp-session-id").map(str::to_string);
+                    (session, reply.json())
+                }
+            };
+            let (session, _) = rpc(
+                None,
+                json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {"protocolVersion": "2025-06-18"}}),
+            )
+            .await;
+            let call = |name: &str, arguments: Value| json!({"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": {"name": name, "arguments": arguments}});
+            let (_, listed) = rpc(session.clone(), call("files_list", json!({"path": "."}))).await;
+            let result = &listed["result"];
+            assert_eq!(result["isError"], false, "{listed}");
+            assert!(
+                result["structuredContent"].to_string().contains("a.txt"),
+                "{listed}"
+            );
+            let (_, shell) = rpc(
+                session.clone(),
+                call("shell", json!({"command": "echo no"})),
+            )
+            .await;
+            let refused = &shell["result"]["structuredContent"];
+            assert_eq!(shell["result"]["isError"], true, "{shell}");
+            assert_eq!(refused["code"], "missing_scope", "{shell}");
+            assert_eq!(refused["endpoint"], "shell");
+            let (_, read) = rpc(session, call("download_text", json!({"path": "a.txt"}))).await;
+            assert_eq!(
+                read["result"]["structuredContent"]["content"], "hi",
+                "{read}"
+            );
+        });
     }
 }

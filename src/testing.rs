@@ -79,7 +79,10 @@ impl Builder {
             self.config,
             crate::routes::builtin_endpoints(),
             DRIVER,
-            Extras::default(),
+            Extras {
+                registrars: crate::routes::builtin_registrars(),
+                ..Extras::default()
+            },
         )
         .unwrap_or_else(|e| panic!("the state does not build: {e}"));
         TestApp {

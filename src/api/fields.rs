@@ -343,7 +343,7 @@ impl Param {
     }
 
     /// A query string value as the JSON value of the field's kind.
-    fn from_text(&self, text: &str, style: ErrorStyle) -> Result<Value, ApiError> {
+    fn read_text(&self, text: &str, style: ErrorStyle) -> Result<Value, ApiError> {
         let trimmed = text.trim();
         let parsed = match self.kind {
             Kind::Integer => trimmed.parse::<i64>().ok().map(Value::from),
@@ -504,7 +504,7 @@ pub fn parse(
         let value = match param.location {
             ParamIn::Path => continue,
             ParamIn::Query => match query.iter().find(|(n, _)| n == param.name) {
-                Some((_, text)) => param.from_text(text, style)?,
+                Some((_, text)) => param.read_text(text, style)?,
                 None => Value::Null,
             },
             ParamIn::Body => body.remove(param.name).unwrap_or(Value::Null),

@@ -1,7 +1,13 @@
-//! Coding-agent CLIs behind the OpenAI-compatible `/v1` surface: which runtimes exist,
-//! how each CLI is started for a turn (a new session or a resumed one), and how its
-//! JSON-lines output becomes a neutral stream of [`AgentEvent`]s that the routes turn
-//! into OpenAI objects and events. No HTTP types here.
+//! Coding-agent CLIs behind the OpenAI-compatible `/v1` surface, as domain code (no
+//! HTTP types here; `routes::agents` adapts it): which runtimes exist, how each CLI is
+//! started for a turn (a new session or a resumed one), how its JSON-lines output
+//! becomes a neutral stream of [`AgentEvent`]s, and what the surface keeps and does:
+//!
+//! - [`records`]: the object store's contract (typed, owner-scoped records behind the
+//!   [`records::ObjectStore`] trait), [`memory`] its in-memory backend;
+//! - [`responses`] and [`conversations`]: the records and operations of each resource;
+//! - [`run`]: a turn run to its end, producing the Response and its stream events;
+//! - [`objects`]: the OpenAI shapes; [`error`]: why an operation was refused.
 //!
 //! Two runtimes have a local backend. **codex** runs `codex exec --json` per turn and
 //! `codex exec resume <thread_id>` for the next one (the CLI keeps the thread on disk).
@@ -9,15 +15,93 @@
 //! `--resume <session_id>` for the next turn. Both read the prompt on stdin (no argv
 //! length limit) and run in the base directory, in their own process group.
 
+pub mod conversations;
+pub mod error;
 pub mod install;
-pub mod store;
+pub mod memory;
+pub mod objects;
+pub mod records;
+pub mod responses;
+pub mod run;
 pub mod turn;
 
-use serde::Deserialize;
+use std::collections::HashMap;
+use std::ffi::OsString;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::AtomicBool;
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
+use crate::process::{spawn, Child, ChildRegistry, Spawn};
+
+pub use error::AgentError;
+use memory::MemoryStore;
+use records::ObjectStore;
+
+/// How long `--version` of a CLI may take.
+const VERSION_TIMEOUT: Duration = Duration::from_secs(15);
+
+/// The agents surface: its object store, and the turns running now (their CLIs'
+/// process groups live here, not in the store: a process is not a record).
+pub struct Agents<S: ObjectStore = MemoryStore> {
+    pub store: S,
+    running: Mutex<HashMap<String, Running>>,
+}
+
+/// A running turn of a stored response.
+struct Running {
+    owner: String,
+    pgid: i32,
+    /// Raised by cancel or delete; the turn reports `cancelled` even when its record
+    /// is gone.
+    cancelled: Arc<AtomicBool>,
+}
+
+impl<S: ObjectStore + Default> Default for Agents<S> {
+    fn default() -> Agents<S> {
+        Agents::new(S::default())
+    }
+}
+
+impl<S: ObjectStore> Agents<S> {
+    pub fn new(store: S) -> Agents<S> {
+        Agents {
+            store,
+            running: Mutex::default(),
+        }
+    }
+
+    fn runs(&self) -> std::sync::MutexGuard<'_, HashMap<String, Running>> {
+        self.running.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn register(&self, id: &str, owner: &str, pgid: i32, cancelled: Arc<AtomicBool>) {
+        let run = Running {
+            owner: owner.to_string(),
+            pgid,
+            cancelled,
+        };
+        self.runs().insert(id.to_string(), run);
+    }
+
+    fn unregister(&self, id: &str) {
+        self.runs().remove(id);
+    }
+
+    /// The process group and cancel flag of `owner`'s running response `id`.
+    fn running_turn(&self, owner: &str, id: &str) -> Option<(i32, Arc<AtomicBool>)> {
+        let runs = self.runs();
+        let run = runs.get(id).filter(|r| r.owner == owner)?;
+        Some((run.pgid, run.cancelled.clone()))
+    }
+}
+
 /// A declared agent runtime.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
 pub enum Runtime {
     Codex,
     QwenCode,
@@ -167,6 +251,28 @@ impl Runtime {
         argv
     }
 
+    /// Where the CLI is on the children's `PATH`, if anywhere. Blocking (stats): call it
+    /// on the pool.
+    pub fn find_cli(self, env: &[(OsString, OsString)]) -> Option<PathBuf> {
+        let cli = self.cli()?;
+        let path = env
+            .iter()
+            .find(|(k, _)| k == "PATH")
+            .map(|(_, v)| v.clone());
+        let root = rustix::fs::open(
+            "/",
+            rustix::fs::OFlags::PATH | rustix::fs::OFlags::CLOEXEC,
+            rustix::fs::Mode::empty(),
+        )
+        .ok()?;
+        spawn::find_program(
+            cli.program,
+            path.as_deref(),
+            std::os::fd::AsFd::as_fd(&root),
+        )
+        .ok()
+    }
+
     /// Reads one line of the CLI's stdout.
     pub fn parse_line(self, line: &str) -> Vec<AgentEvent> {
         match self {
@@ -175,6 +281,49 @@ impl Runtime {
             _ => Vec::new(),
         }
     }
+}
+
+/// `--version` of each CLI path, once per server.
+fn versions() -> &'static Mutex<Vec<(PathBuf, String)>> {
+    static VERSIONS: OnceLock<Mutex<Vec<(PathBuf, String)>>> = OnceLock::new();
+    VERSIONS.get_or_init(Mutex::default)
+}
+
+/// The version a CLI prints (`codex-cli 0.169.0` is `0.169.0`), asked once per path.
+pub async fn cli_version(
+    program: &Path,
+    cwd: std::os::fd::OwnedFd,
+    env: Vec<(OsString, OsString)>,
+    children: &Arc<ChildRegistry>,
+) -> Option<String> {
+    if let Some((_, v)) = versions().lock().ok()?.iter().find(|(p, _)| p == program) {
+        return Some(v.clone());
+    }
+    let spec = Spawn {
+        argv: vec![program.display().to_string(), "--version".into()],
+        cwd,
+        env,
+        stdin: false,
+        capture: true,
+        terminal: None,
+    };
+    let child = Child::spawn(spec, children).await.ok()?;
+    let done = match crate::process::run::run_to_end(child, VERSION_TIMEOUT, 64 * 1024)
+        .await
+        .ok()?
+    {
+        crate::process::run::RunEnd::Completed(done) => done,
+        crate::process::run::RunEnd::TimedOut => return None,
+    };
+    let version = done
+        .stdout
+        .split_whitespace()
+        .find(|w| w.chars().next().is_some_and(|c| c.is_ascii_digit()) && w.contains('.'))?
+        .to_string();
+    if let Ok(mut cache) = versions().lock() {
+        cache.push((program.to_path_buf(), version.clone()));
+    }
+    Some(version)
 }
 
 /// Token counts of a turn.

@@ -42,7 +42,7 @@ pub struct Services {
     /// The shared Chromium page (`/browser/*`); starts nothing until first used.
     pub browser: Arc<crate::browser::Browser>,
     /// The `/v1` responses and conversations.
-    pub agents: Arc<crate::agents::store::Store>,
+    pub agents: Arc<crate::agents::Agents>,
     /// How long a write may wait for a client that does not read (the read timeout).
     pub write_timeout: std::time::Duration,
     configured_pty_port: u16,

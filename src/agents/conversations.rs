@@ -1,0 +1,504 @@
+//! Conversations: a thread of items that responses continue. A turn in a conversation
+//! resumes the CLI session that conversation started on its runtime (one per runtime)
+//! and appends its input and output items; items added through the items API are
+//! handed to the CLI, as a transcript ahead of the prompt, by the next turn.
+//!
+//! A conversation and each of its items are records of the store (the items a child
+//! collection of the conversation), so a page of items costs that page.
+
+use serde::{Deserialize, Serialize};
+use serde_json::{json, Value};
+
+use super::error::AgentError;
+use super::objects::{label, now_unix, Object};
+use super::records::{
+    new_id, Collection, ListQuery, ObjectStore, Order, Record, Scope, StoreError, Transaction,
+};
+use super::responses::{parse_messages, InputMessage, Session};
+use super::{Agents, Runtime};
+
+/// Conversations kept at most.
+pub const MAX_CONVERSATIONS: usize = 1_000;
+/// Conversations one identity keeps at most.
+pub const MAX_CONVERSATIONS_PER_OWNER: usize = 100;
+/// Items one conversation holds at most.
+pub const MAX_ITEMS: usize = 10_000;
+/// Items one request adds at most.
+pub const MAX_ITEMS_AT_ONCE: usize = 20;
+
+/// What conversations and their items differ in.
+pub const DIFFERENCES: [&str; 2] = ["cli_session", "objects_in_memory"];
+
+pub static CONVERSATIONS: Collection = Collection {
+    name: "conversation",
+    parent: None,
+    max_total: MAX_CONVERSATIONS,
+    max_per_owner: MAX_CONVERSATIONS_PER_OWNER,
+    evicts: false,
+};
+
+pub static ITEMS: Collection = Collection {
+    name: "item",
+    parent: Some(&CONVERSATIONS),
+    max_total: usize::MAX,
+    max_per_owner: usize::MAX,
+    evicts: false,
+};
+
+/// A conversation, without its items.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct Conversation {
+    pub id: String,
+    pub created_at: u64,
+    pub metadata: Value,
+    /// The CLI session of each runtime that has taken a turn in it.
+    pub sessions: Vec<Session>,
+    /// The last item a turn has seen: items after it were added through the items API,
+    /// and the next turn's prompt carries them. `None`: no item was seen.
+    pub seen_through: Option<String>,
+    /// A turn is running in it (a second one is refused until it ends).
+    pub busy: bool,
+}
+
+impl Conversation {
+    pub fn session(&self, runtime: Runtime) -> Option<&str> {
+        self.sessions
+            .iter()
+            .find(|s| s.runtime == runtime)
+            .map(|s| s.id.as_str())
+    }
+
+    pub fn set_session(&mut self, runtime: Runtime, id: String) {
+        self.sessions.retain(|s| s.runtime != runtime);
+        self.sessions.push(Session { runtime, id });
+    }
+}
+
+impl Record for Conversation {
+    fn collection() -> &'static Collection {
+        &CONVERSATIONS
+    }
+    fn id(&self) -> &str {
+        &self.id
+    }
+}
+
+impl Object for Conversation {
+    fn object(&self) -> Value {
+        json!({
+            "id": self.id,
+            "object": "conversation",
+            "created_at": self.created_at,
+            "metadata": self.metadata,
+            "x_agent_sandbox": label("agent-sandbox", &DIFFERENCES),
+        })
+    }
+}
+
+/// One item of a conversation, in OpenAI's shape (with its `id`).
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct ConversationItem(pub Value);
+
+impl Record for ConversationItem {
+    fn collection() -> &'static Collection {
+        &ITEMS
+    }
+    fn id(&self) -> &str {
+        self.0["id"].as_str().unwrap_or_default()
+    }
+}
+
+impl Object for ConversationItem {
+    fn object(&self) -> Value {
+        self.0.clone()
+    }
+}
+
+/// A message item with a fresh id, as conversations and responses keep input.
+pub fn input_item(message: &InputMessage) -> Value {
+    json!({
+        "id": new_id("msg_"),
+        "type": "message",
+        "role": message.role,
+        "status": "completed",
+        "content": [{"type": "input_text", "text": message.text}],
+        "x_agent_sandbox": label("agent-sandbox", &[]),
+    })
+}
+
+/// `items` of a request (at most [`MAX_ITEMS_AT_ONCE`] message items) as stored items.
+pub fn parse_items(items: Option<&Value>) -> Result<Vec<Value>, AgentError> {
+    match items {
+        None | Some(Value::Null) => Ok(Vec::new()),
+        Some(Value::Array(list)) if list.len() <= MAX_ITEMS_AT_ONCE => {
+            Ok(parse_messages(list, "items")?
+                .iter()
+                .map(input_item)
+                .collect())
+        }
+        Some(Value::Array(_)) => Err(AgentError::invalid(
+            "items",
+            format!("At most {MAX_ITEMS_AT_ONCE} items can be added at once."),
+        )),
+        Some(_) => Err(AgentError::invalid(
+            "items",
+            "items must be a list of message items.",
+        )),
+    }
+}
+
+/// metadata: at most 16 strings, keys up to 64 and values up to 512 characters.
+pub fn check_metadata(metadata: Option<Value>) -> Result<Value, AgentError> {
+    match metadata {
+        None | Some(Value::Null) => Ok(json!({})),
+        Some(Value::Object(map)) => {
+            if map.len() > 16
+                || map
+                    .iter()
+                    .any(|(k, v)| k.len() > 64 || v.as_str().is_none_or(|s| s.len() > 512))
+            {
+                return Err(AgentError::invalid("metadata", "metadata holds at most 16 string values, keys up to 64 and values up to 512 characters."));
+            }
+            Ok(Value::Object(map))
+        }
+        Some(_) => Err(AgentError::invalid(
+            "metadata",
+            "metadata must be an object of strings.",
+        )),
+    }
+}
+
+/// The text of a stored item, for a transcript.
+fn item_text(item: &Value) -> String {
+    item.get("content")
+        .and_then(Value::as_array)
+        .map(|parts| {
+            parts
+                .iter()
+                .filter_map(|p| p.get("text").and_then(Value::as_str))
+                .collect::<Vec<_>>()
+                .join("\n")
+        })
+        .unwrap_or_default()
+}
+
+const PARAM: &str = "conversation_id";
+
+impl<S: ObjectStore> Agents<S> {
+    /// A new conversation of `owner`'s, with `items` (from [`parse_items`]).
+    pub fn create_conversation(
+        &self,
+        owner: &str,
+        metadata: Value,
+        items: Vec<Value>,
+    ) -> Result<Value, AgentError> {
+        let conversation = Conversation {
+            id: new_id("conv_"),
+            created_at: now_unix(),
+            metadata,
+            sessions: Vec::new(),
+            seen_through: None,
+            busy: false,
+        };
+        let id = conversation.id.clone();
+        let object = conversation.object();
+        self.store
+            .transact(|t| {
+                t.create(Scope::owner(owner), conversation)?;
+                let items = items.into_iter().map(ConversationItem).collect();
+                t.create_all(Scope::within(owner, &id), items)
+            })
+            .map_err(AgentError::store("conversation", &id, PARAM))?;
+        Ok(object)
+    }
+
+    /// Replaces the metadata of `owner`'s conversation `id`.
+    pub fn update_conversation(
+        &self,
+        owner: &str,
+        id: &str,
+        metadata: Value,
+    ) -> Result<Value, AgentError> {
+        self.store
+            .update(Scope::owner(owner), id, |c: &mut Conversation| {
+                c.metadata = metadata;
+                c.object()
+            })
+            .map_err(AgentError::store("conversation", id, PARAM))
+    }
+
+    /// Forgets a conversation and its items.
+    pub fn delete_conversation(&self, owner: &str, id: &str) -> Result<(), AgentError> {
+        self.store
+            .delete::<Conversation>(Scope::owner(owner), id)
+            .map(drop)
+            .map_err(AgentError::store("conversation", id, PARAM))
+    }
+
+    /// Adds `items` to a conversation that runs no turn.
+    pub fn add_items(
+        &self,
+        owner: &str,
+        id: &str,
+        items: Vec<Value>,
+    ) -> Result<Vec<Value>, AgentError> {
+        self.store.transact(|t| {
+            let stored = AgentError::store("conversation", id, PARAM);
+            let conversation = t
+                .get::<Conversation>(Scope::owner(owner), id)
+                .map_err(stored)?;
+            // Items added while a turn runs would be marked seen by its end unseen.
+            if conversation.busy {
+                return Err(AgentError::Busy {
+                    id: id.to_string(),
+                    param: PARAM,
+                });
+            }
+            let within = Scope::within(owner, id);
+            if t.count::<ConversationItem>(within)? + items.len() > MAX_ITEMS {
+                return Err(AgentError::invalid(
+                    "items",
+                    format!("A conversation holds at most {MAX_ITEMS} items."),
+                ));
+            }
+            let records = items.iter().cloned().map(ConversationItem).collect();
+            t.create_all(within, records)
+                .map_err(AgentError::store("conversation", id, PARAM))?;
+            Ok(items)
+        })
+    }
+
+    /// Removes one item; returns the conversation. The CLI's own session keeps what it
+    /// saw.
+    pub fn delete_item(&self, owner: &str, id: &str, item: &str) -> Result<Value, AgentError> {
+        self.store.transact(|t| {
+            let mut conversation = t
+                .get::<Conversation>(Scope::owner(owner), id)
+                .map_err(AgentError::store("conversation", id, PARAM))?;
+            let within = Scope::within(owner, id);
+            if conversation.seen_through.as_deref() == Some(item) {
+                // What was seen now ends at the item before it.
+                let before = ListQuery {
+                    after: Some(item),
+                    limit: 1,
+                    order: Order::Desc,
+                };
+                let page = t.list::<ConversationItem>(within, &before);
+                conversation.seen_through = page.ok().and_then(|p| p.first_id);
+                t.put(Scope::owner(owner), conversation.clone())?;
+            }
+            t.delete::<ConversationItem>(within, item)
+                .map_err(AgentError::store("item", item, "item_id"))?;
+            Ok(conversation.object())
+        })
+    }
+
+    /// Takes the conversation for a turn of `runtime`: marks it busy and returns the
+    /// CLI session to resume, if any, and what that session has not seen (the whole
+    /// conversation for a new session) as transcript lines.
+    pub(super) fn take_conversation(
+        &self,
+        owner: &str,
+        id: &str,
+        runtime: Runtime,
+    ) -> Result<(Option<String>, Vec<String>), AgentError> {
+        let stored = || AgentError::store("conversation", id, "conversation");
+        self.store.transact(|t| {
+            let mut conversation = t
+                .get::<Conversation>(Scope::owner(owner), id)
+                .map_err(stored())?;
+            if conversation.busy {
+                return Err(AgentError::Busy {
+                    id: id.to_string(),
+                    param: "conversation",
+                });
+            }
+            let within = Scope::within(owner, id);
+            if t.count::<ConversationItem>(within)? >= MAX_ITEMS {
+                let full = StoreError::Full {
+                    collection: "item",
+                    limit: MAX_ITEMS,
+                };
+                return Err(stored()(full));
+            }
+            conversation.busy = true;
+            let session = conversation.session(runtime).map(str::to_string);
+            // A CLI session that does not exist yet has seen nothing.
+            let after = match session {
+                Some(_) => conversation.seen_through.clone(),
+                None => None,
+            };
+            t.put(Scope::owner(owner), conversation)?;
+            let unseen = ListQuery {
+                after: after.as_deref(),
+                ..ListQuery::all()
+            };
+            let items = match t.list::<ConversationItem>(within, &unseen) {
+                Err(StoreError::UnknownCursor) => t.list(within, &ListQuery::all())?,
+                other => other?,
+            };
+            let lines = items
+                .data
+                .iter()
+                .map(|ConversationItem(item)| {
+                    let role = item.get("role").and_then(Value::as_str).unwrap_or("user");
+                    format!("{role}: {}", item_text(item))
+                })
+                .collect();
+            Ok((session, lines))
+        })
+    }
+
+    /// Keeps the CLI session of `runtime` as soon as the CLI reports it.
+    pub(super) fn keep_session(&self, owner: &str, id: &str, runtime: Runtime, session: &str) {
+        let _ = self
+            .store
+            .update(Scope::owner(owner), id, |c: &mut Conversation| {
+                c.set_session(runtime, session.to_string())
+            });
+    }
+
+    /// A turn's end: its items join the conversation and everything up to them counts
+    /// as seen. Items that would push it past a limit are left out (the response holds
+    /// them), and what was there before counts as seen.
+    pub(super) fn end_turn(
+        &self,
+        owner: &str,
+        id: &str,
+        runtime: Runtime,
+        session: Option<&str>,
+        items: Vec<Value>,
+    ) {
+        let scope = Scope::owner(owner);
+        let within = Scope::within(owner, id);
+        let appended = self.store.transact(|t| {
+            let mut conversation = t.get::<Conversation>(scope, id)?;
+            if let Some(session) = session {
+                conversation.set_session(runtime, session.to_string());
+            }
+            let items: Vec<ConversationItem> = items.into_iter().map(ConversationItem).collect();
+            if let Some(last) = items.last() {
+                conversation.seen_through = Some(last.id().to_string());
+            }
+            t.create_all(within, items)?;
+            t.put(scope, conversation)
+        });
+        if appended.is_ok() {
+            return;
+        }
+        let _ = self.store.transact(|t| {
+            let mut conversation = t.get::<Conversation>(scope, id)?;
+            if let Some(session) = session {
+                conversation.set_session(runtime, session.to_string());
+            }
+            let last = ListQuery {
+                after: None,
+                limit: 1,
+                order: Order::Desc,
+            };
+            conversation.seen_through = t.list::<ConversationItem>(within, &last)?.first_id;
+            t.put(scope, conversation)
+        });
+    }
+
+    /// Frees the conversation for its next turn.
+    pub(super) fn release_conversation(&self, owner: &str, id: &str) {
+        let _ = self
+            .store
+            .update(Scope::owner(owner), id, |c: &mut Conversation| {
+                c.busy = false
+            });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::agents::memory::MemoryStore;
+
+    fn message(text: &str) -> Value {
+        input_item(&InputMessage {
+            role: "user".into(),
+            text: text.into(),
+        })
+    }
+
+    #[test]
+    fn a_turn_sees_what_it_has_not_seen() {
+        let agents = Agents::<MemoryStore>::default();
+        let conversation = agents
+            .create_conversation("a", json!({}), vec![message("one")])
+            .unwrap();
+        let id = conversation["id"].as_str().unwrap();
+        // A new session gets everything.
+        let (resume, lines) = agents.take_conversation("a", id, Runtime::Codex).unwrap();
+        assert_eq!((resume, lines), (None, vec!["user: one".to_string()]));
+        assert!(matches!(
+            agents.take_conversation("a", id, Runtime::Codex),
+            Err(AgentError::Busy { .. })
+        ));
+        assert!(matches!(
+            agents.add_items("a", id, vec![message("x")]),
+            Err(AgentError::Busy { .. })
+        ));
+        agents.end_turn("a", id, Runtime::Codex, Some("T1"), vec![message("two")]);
+        agents.release_conversation("a", id);
+        let added = agents.add_items("a", id, vec![message("three")]).unwrap();
+        // The session resumes and gets only what was added since.
+        let (resume, lines) = agents.take_conversation("a", id, Runtime::Codex).unwrap();
+        assert_eq!(resume.as_deref(), Some("T1"));
+        assert_eq!(lines, ["user: three"]);
+        agents.release_conversation("a", id);
+        // Another runtime has no session: everything.
+        let (_, lines) = agents
+            .take_conversation("a", id, Runtime::QwenCode)
+            .unwrap();
+        assert_eq!(lines.len(), 3);
+        agents.release_conversation("a", id);
+        // Deleting the last seen item moves what was seen back by one.
+        let seen = agents
+            .store
+            .get::<Conversation>(Scope::owner("a"), id)
+            .unwrap()
+            .seen_through
+            .unwrap();
+        agents.delete_item("a", id, &seen).unwrap();
+        let (_, lines) = agents.take_conversation("a", id, Runtime::Codex).unwrap();
+        assert_eq!(lines, ["user: three"]);
+        assert_eq!(added.len(), 1);
+        // Another caller's conversation is an unknown one.
+        assert!(matches!(
+            agents.take_conversation("b", id, Runtime::Codex),
+            Err(AgentError::Store {
+                error: StoreError::NotFound,
+                ..
+            })
+        ));
+    }
+
+    #[test]
+    fn items_are_message_items_twenty_at_most() {
+        let twenty: Vec<Value> = (0..20)
+            .map(|i| json!({"role": "user", "content": format!("{i}")}))
+            .collect();
+        assert_eq!(
+            parse_items(Some(&Value::Array(twenty.clone())))
+                .unwrap()
+                .len(),
+            20
+        );
+        let mut more = twenty;
+        more.push(json!("x"));
+        assert!(parse_items(Some(&Value::Array(more))).is_err());
+        let AgentError::Invalid { param, .. } = parse_items(Some(
+            &json!([{"role": "user", "content": "x", "name": "me"}]),
+        ))
+        .unwrap_err() else {
+            panic!("not a 400")
+        };
+        assert_eq!(param, "items[0].name");
+        assert!(check_metadata(Some(json!({"k": 1}))).is_err());
+        assert_eq!(check_metadata(None).unwrap(), json!({}));
+    }
+}

@@ -1,0 +1,566 @@
+//! Responses: one turn of a local CLI as an OpenAI Response, and the stored responses
+//! afterwards. What a request asks for ([`TurnRequest`]) is checked and resolved here
+//! (the runtime, the input, where the CLI's session continues) into a [`Prepared`]
+//! turn, which [`super::run`] starts and runs.
+
+use std::sync::atomic::Ordering;
+
+use serde::{Deserialize, Serialize};
+use serde_json::{json, Value};
+
+use super::conversations::{check_metadata, input_item};
+use super::error::AgentError;
+use super::objects::{label, now_unix, Object};
+use super::records::{new_id, Collection, ObjectStore, Record, Scope};
+use super::run::TurnGuard;
+use super::{Agents, Runtime};
+
+/// Responses kept before the oldest finished one is forgotten.
+pub const MAX_RESPONSES: usize = 10_000;
+/// Responses one identity keeps before its oldest finished one is forgotten.
+pub const MAX_RESPONSES_PER_OWNER: usize = 1_000;
+
+/// What every local response differs in (codes documented in `docs/agents.md`).
+pub const DIFFERENCES: [&str; 5] = [
+    "model_is_runtime",
+    "tools_run_locally",
+    "usage_from_cli",
+    "usage_neutral_fields",
+    "objects_in_memory",
+];
+
+pub static RESPONSES: Collection = Collection {
+    name: "response",
+    parent: None,
+    max_total: MAX_RESPONSES,
+    max_per_owner: MAX_RESPONSES_PER_OWNER,
+    evicts: true,
+};
+
+pub static INPUT_ITEMS: Collection = Collection {
+    name: "input item",
+    parent: Some(&RESPONSES),
+    max_total: usize::MAX,
+    max_per_owner: usize::MAX,
+    evicts: false,
+};
+
+/// A CLI's own session, which the next turn resumes.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Session {
+    pub runtime: Runtime,
+    pub id: String,
+}
+
+/// A stored response.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct ResponseRecord {
+    /// The Response object as served (updated while the turn runs).
+    pub object: Value,
+    /// Where `previous_response_id` continues.
+    pub session: Option<Session>,
+    /// Its turn is running (a running response is never forgotten to make room).
+    pub running: bool,
+}
+
+impl Record for ResponseRecord {
+    fn collection() -> &'static Collection {
+        &RESPONSES
+    }
+    fn id(&self) -> &str {
+        self.object["id"].as_str().unwrap_or_default()
+    }
+    fn evictable(&self) -> bool {
+        !self.running
+    }
+}
+
+impl Object for ResponseRecord {
+    fn object(&self) -> Value {
+        self.object.clone()
+    }
+}
+
+/// One input item of a stored response.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct InputItem(pub Value);
+
+impl Record for InputItem {
+    fn collection() -> &'static Collection {
+        &INPUT_ITEMS
+    }
+    fn id(&self) -> &str {
+        self.0["id"].as_str().unwrap_or_default()
+    }
+}
+
+impl Object for InputItem {
+    fn object(&self) -> Value {
+        self.0.clone()
+    }
+}
+
+/// One input message.
+#[derive(Debug)]
+pub struct InputMessage {
+    pub role: String,
+    pub text: String,
+}
+
+/// `input`: a string, or a list of message items whose content is text.
+pub fn parse_input(input: &Value) -> Result<Vec<InputMessage>, AgentError> {
+    match input {
+        Value::Null => Err(AgentError::invalid(
+            "input",
+            "input is required: a string or a list of message items.",
+        )),
+        Value::String(text) => Ok(vec![InputMessage {
+            role: "user".into(),
+            text: text.clone(),
+        }]),
+        Value::Array(items) => parse_messages(items, "input"),
+        _ => Err(AgentError::invalid(
+            "input",
+            "input must be a string or a list of message items.",
+        )),
+    }
+}
+
+/// A list of message items whose content is text; refusals name `field[i]...`.
+pub fn parse_messages(items: &[Value], field: &str) -> Result<Vec<InputMessage>, AgentError> {
+    let mut messages = Vec::new();
+    for (i, item) in items.iter().enumerate() {
+        let at = |rest: &str| format!("{field}[{i}]{rest}");
+        let unknown = item.as_object().and_then(|o| {
+            o.keys()
+                .find(|k| !matches!(k.as_str(), "type" | "role" | "content" | "id" | "status"))
+        });
+        if let Some(key) = unknown {
+            return Err(AgentError::invalid(
+                at(&format!(".{key}")),
+                format!("Input items cannot carry '{key}' for a local runtime."),
+            ));
+        }
+        let kind = item
+            .get("type")
+            .and_then(Value::as_str)
+            .unwrap_or("message");
+        if kind != "message" {
+            return Err(AgentError::invalid(at(".type"), format!("Input items of type '{kind}' cannot be honoured by a local runtime; send message items.")));
+        }
+        let role = item.get("role").and_then(Value::as_str).unwrap_or("user");
+        if !matches!(role, "user" | "system" | "developer" | "assistant") {
+            return Err(AgentError::invalid(
+                at(".role"),
+                format!("Unknown role '{role}'."),
+            ));
+        }
+        let text = match item.get("content") {
+            Some(Value::String(text)) => text.clone(),
+            Some(Value::Array(parts)) => content_text(parts, &at(".content"))?,
+            _ => {
+                return Err(AgentError::invalid(
+                    at(".content"),
+                    "content must be a string or a list of input_text parts.",
+                ))
+            }
+        };
+        messages.push(InputMessage {
+            role: role.into(),
+            text,
+        });
+    }
+    if messages.is_empty() {
+        return Err(AgentError::invalid(
+            field,
+            format!("{field} must hold at least one message."),
+        ));
+    }
+    Ok(messages)
+}
+
+/// The text parts of a message's content, one per line.
+fn content_text(parts: &[Value], at: &str) -> Result<String, AgentError> {
+    let mut text = String::new();
+    for (j, part) in parts.iter().enumerate() {
+        let kind = part.get("type").and_then(Value::as_str).unwrap_or("");
+        match (kind, part.get("text").and_then(Value::as_str)) {
+            ("input_text" | "output_text" | "text", Some(t)) => {
+                if !text.is_empty() {
+                    text.push('\n');
+                }
+                text.push_str(t);
+            }
+            _ => return Err(AgentError::invalid(format!("{at}[{j}].type"), format!("Content of type '{kind}' cannot be honoured by a local runtime; send input_text."))),
+        }
+    }
+    Ok(text)
+}
+
+/// Which runtime a request selects (its `runtime`, else a `model` that names one, else
+/// `default`), and the model its CLI gets.
+pub fn select_runtime(
+    model: Option<&str>,
+    runtime: Option<&str>,
+    default: Runtime,
+) -> Result<(Runtime, Option<String>), AgentError> {
+    let named = match runtime {
+        None => None,
+        Some(name) => Some(Runtime::parse(name).ok_or_else(|| {
+            AgentError::invalid(
+                "runtime",
+                format!("Unknown runtime '{name}'. GET /v1/agents/runtimes lists them."),
+            )
+        })?),
+    };
+    // `model` may name a runtime (`codex`), or a runtime and its model (`codex/gpt-5`),
+    // or only the CLI's model.
+    let (from_model, cli_model) = match model {
+        None => (None, None),
+        Some(m) => match Runtime::parse(m) {
+            Some(r) => (Some(r), None),
+            None => match m.split_once('/') {
+                Some((prefix, rest)) if Runtime::parse(prefix).is_some() => {
+                    (Runtime::parse(prefix), Some(rest.to_string()))
+                }
+                _ => (None, Some(m.to_string())),
+            },
+        },
+    };
+    if let (Some(a), Some(b)) = (named, from_model) {
+        if a != b {
+            return Err(AgentError::invalid(
+                "model",
+                format!(
+                    "model names runtime '{}' but runtime is '{}'.",
+                    b.name(),
+                    a.name()
+                ),
+            ));
+        }
+    }
+    let runtime = named.or(from_model).unwrap_or(default);
+    if !runtime.implemented() {
+        return Err(AgentError::NotImplemented(runtime));
+    }
+    Ok((runtime, cli_model))
+}
+
+/// What `POST /v1/responses` asks for, its fields already of the right JSON types.
+#[derive(Debug, Default)]
+pub struct TurnRequest {
+    pub input: Value,
+    pub model: Option<String>,
+    pub runtime: Option<String>,
+    pub instructions: Option<String>,
+    /// Keep the response (default true).
+    pub store: bool,
+    pub metadata: Option<Value>,
+    /// An id or `{"id": ...}`.
+    pub conversation: Option<Value>,
+    pub previous_response_id: Option<String>,
+}
+
+/// Where the turn continues from.
+pub(super) enum Continuation {
+    New,
+    Conversation(String),
+    Previous(String),
+}
+
+/// A turn checked and resolved, ready to start.
+pub struct Prepared<S: ObjectStore> {
+    pub runtime: Runtime,
+    pub(super) cli_model: Option<String>,
+    pub(super) prompt: String,
+    pub(super) resume: Option<String>,
+    pub(super) continuation: Continuation,
+    pub(super) input_items: Vec<Value>,
+    pub(super) instructions: Option<String>,
+    pub(super) metadata: Value,
+    pub(super) store: bool,
+    /// Frees the conversation however the turn ends (or fails to start).
+    pub(super) guard: TurnGuard<S>,
+}
+
+fn conversation_id(value: Option<Value>) -> Result<Option<String>, AgentError> {
+    let refused = || {
+        AgentError::invalid(
+            "conversation",
+            "conversation must be an id or {\"id\": ...}.",
+        )
+    };
+    match value {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::String(id)) => Ok(Some(id)),
+        Some(Value::Object(o)) if o.len() == 1 => match o.get("id") {
+            Some(Value::String(id)) => Ok(Some(id.clone())),
+            _ => Err(refused()),
+        },
+        Some(_) => Err(refused()),
+    }
+}
+
+/// The prompt on the CLI's stdin: instructions, the transcript of what its session
+/// has not seen, the input.
+fn prompt(instructions: Option<&str>, unseen: &[String], messages: &[InputMessage]) -> String {
+    let mut prompt = String::new();
+    if let Some(instructions) = instructions {
+        prompt.push_str(instructions);
+        prompt.push_str("\n\n");
+    }
+    if !unseen.is_empty() {
+        prompt.push_str(&format!(
+            "Earlier in this conversation:\n{}\n\n",
+            unseen.join("\n")
+        ));
+    }
+    if let [only] = messages {
+        prompt.push_str(&only.text);
+    } else {
+        for message in messages {
+            prompt.push_str(&format!("{}: {}\n", message.role, message.text));
+        }
+    }
+    prompt
+}
+
+impl<S: ObjectStore> Agents<S> {
+    /// Checks a turn and resolves where it continues; a conversation is taken (busy)
+    /// until the returned turn, started or not, is dropped.
+    pub fn prepare(
+        self: &std::sync::Arc<Self>,
+        owner: &str,
+        request: TurnRequest,
+        default: Runtime,
+    ) -> Result<Prepared<S>, AgentError> {
+        let (runtime, cli_model) = select_runtime(
+            request.model.as_deref(),
+            request.runtime.as_deref(),
+            default,
+        )?;
+        let messages = parse_input(&request.input)?;
+        let metadata = check_metadata(request.metadata)?;
+        let conversation = conversation_id(request.conversation)?;
+        let continuation = match (conversation, request.previous_response_id) {
+            (Some(_), Some(_)) => {
+                return Err(AgentError::invalid(
+                    "previous_response_id",
+                    "Send conversation or previous_response_id, not both.",
+                ))
+            }
+            (Some(c), None) => Continuation::Conversation(c),
+            (None, Some(p)) => Continuation::Previous(p),
+            (None, None) => Continuation::New,
+        };
+        let mut guard = TurnGuard::new(self.clone(), owner);
+        let (resume, unseen) = match &continuation {
+            Continuation::New => (None, Vec::new()),
+            Continuation::Previous(id) => {
+                (Some(self.previous_session(owner, id, runtime)?), Vec::new())
+            }
+            Continuation::Conversation(id) => {
+                let taken = self.take_conversation(owner, id, runtime)?;
+                guard.conversation = Some(id.clone());
+                taken
+            }
+        };
+        Ok(Prepared {
+            runtime,
+            prompt: prompt(request.instructions.as_deref(), &unseen, &messages),
+            cli_model,
+            resume,
+            continuation,
+            input_items: messages.iter().map(input_item).collect(),
+            instructions: request.instructions,
+            metadata,
+            store: request.store,
+            guard,
+        })
+    }
+
+    /// The session `previous_response_id` continues, on the same runtime.
+    fn previous_session(
+        &self,
+        owner: &str,
+        id: &str,
+        runtime: Runtime,
+    ) -> Result<String, AgentError> {
+        let param = "previous_response_id";
+        let record: ResponseRecord = self
+            .store
+            .get(Scope::owner(owner), id)
+            .map_err(AgentError::store("response", id, param))?;
+        match record.session {
+            Some(s) if s.runtime == runtime => Ok(s.id),
+            Some(s) => Err(AgentError::invalid(param, format!("Response '{id}' ran on runtime '{}', not '{}'.", s.runtime.name(), runtime.name()))),
+            None => Err(AgentError::invalid(param, format!("Response '{id}' has no session to continue (it failed before the agent started)."))),
+        }
+    }
+
+    /// Stops a running response: its CLI's process group is killed. Answers the
+    /// response as cancelled.
+    pub fn cancel(&self, owner: &str, id: &str) -> Result<Value, AgentError> {
+        let running = self.running_turn(owner, id);
+        let record: ResponseRecord = self
+            .store
+            .get(Scope::owner(owner), id)
+            .map_err(AgentError::store("response", id, "response_id"))?;
+        match running {
+            Some((pgid, cancelled)) if record.running => {
+                cancelled.store(true, Ordering::Relaxed);
+                kill_group(pgid);
+                let mut object = record.object;
+                object["status"] = json!("cancelled");
+                Ok(object)
+            }
+            _ => Err(AgentError::invalid(
+                "response_id",
+                format!(
+                    "Response '{id}' is not in progress (status {}); only a running response can be cancelled.",
+                    record.object["status"]
+                ),
+            )),
+        }
+    }
+
+    /// Forgets a response, cancelling its turn first if it runs.
+    pub fn delete_response(&self, owner: &str, id: &str) -> Result<(), AgentError> {
+        let running = self.running_turn(owner, id);
+        let record: ResponseRecord = self
+            .store
+            .delete(Scope::owner(owner), id)
+            .map_err(AgentError::store("response", id, "response_id"))?;
+        if let (Some((pgid, cancelled)), true) = (running, record.running) {
+            cancelled.store(true, Ordering::Relaxed);
+            kill_group(pgid);
+        }
+        Ok(())
+    }
+}
+
+/// The Response object of a turn that starts now.
+pub(super) fn response_object<S: ObjectStore>(id: &str, turn: &Prepared<S>) -> Value {
+    let runtime = turn.runtime;
+    let (conversation, previous) = match &turn.continuation {
+        Continuation::Conversation(c) => (json!({"id": c}), Value::Null),
+        Continuation::Previous(p) => (Value::Null, json!(p)),
+        Continuation::New => (Value::Null, Value::Null),
+    };
+    json!({
+        "id": id,
+        "object": "response",
+        "created_at": now_unix(),
+        "status": "in_progress",
+        "background": false,
+        "error": null,
+        "incomplete_details": null,
+        "instructions": turn.instructions,
+        "max_output_tokens": null,
+        "model": match &turn.cli_model { Some(m) => format!("{}/{m}", runtime.name()), None => runtime.name().to_string() },
+        "output": [],
+        "parallel_tool_calls": true,
+        "previous_response_id": previous,
+        "conversation": conversation,
+        "reasoning": {"effort": null, "summary": null},
+        "store": turn.store,
+        "temperature": null,
+        "text": {"format": {"type": "text"}},
+        "tool_choice": "auto",
+        "tools": [],
+        "top_p": null,
+        "truncation": "disabled",
+        "usage": null,
+        "user": null,
+        "metadata": turn.metadata,
+        "x_agent_sandbox": label(runtime.name(), &DIFFERENCES),
+    })
+}
+
+fn kill_group(pgid: i32) {
+    if let Some(pid) = rustix::process::Pid::from_raw(pgid) {
+        let _ = rustix::process::kill_process_group(pid, rustix::process::Signal::KILL);
+    }
+}
+
+/// A new response id.
+pub(super) fn new_response_id() -> String {
+    new_id("resp_")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn param(error: AgentError) -> String {
+        match error {
+            AgentError::Invalid { param, .. } => param,
+            other => panic!("not a 400: {other:?}"),
+        }
+    }
+
+    #[test]
+    fn input_is_text_or_messages_of_text() {
+        assert_eq!(parse_input(&json!("hi")).unwrap()[0].text, "hi");
+        let messages = parse_input(&json!([
+            {"role": "user", "content": [{"type": "input_text", "text": "a"}, {"type": "input_text", "text": "b"}]},
+            {"type": "message", "role": "assistant", "content": "c"},
+        ]))
+        .unwrap();
+        assert_eq!(
+            (messages[0].text.as_str(), messages[1].role.as_str()),
+            ("a\nb", "assistant")
+        );
+        let image = parse_input(
+            &json!([{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]),
+        );
+        assert_eq!(param(image.unwrap_err()), "input[0].content[0].type");
+        assert_eq!(param(parse_input(&Value::Null).unwrap_err()), "input");
+        assert_eq!(param(parse_input(&json!([])).unwrap_err()), "input");
+        assert_eq!(
+            param(parse_input(&json!([{"type": "function_call_output"}])).unwrap_err()),
+            "input[0].type"
+        );
+    }
+
+    #[test]
+    fn the_runtime_comes_from_runtime_then_model_then_the_default() {
+        let pick = |model, runtime| select_runtime(model, runtime, Runtime::Codex);
+        assert_eq!(pick(None, None).unwrap(), (Runtime::Codex, None));
+        assert_eq!(pick(Some("qwen"), None).unwrap(), (Runtime::QwenCode, None));
+        assert_eq!(
+            pick(Some("codex/gpt-5"), None).unwrap(),
+            (Runtime::Codex, Some("gpt-5".into()))
+        );
+        assert_eq!(
+            pick(Some("gpt-5"), Some("qwen-code")).unwrap(),
+            (Runtime::QwenCode, Some("gpt-5".into()))
+        );
+        assert_eq!(
+            param(pick(Some("codex"), Some("qwen")).unwrap_err()),
+            "model"
+        );
+        assert_eq!(param(pick(None, Some("nonesuch")).unwrap_err()), "runtime");
+        assert!(matches!(
+            pick(None, Some("cursor")),
+            Err(AgentError::NotImplemented(Runtime::Cursor))
+        ));
+    }
+
+    #[test]
+    fn a_conversation_is_an_id_or_an_object_with_one() {
+        assert_eq!(
+            conversation_id(Some(json!("c1"))).unwrap().as_deref(),
+            Some("c1")
+        );
+        assert_eq!(
+            conversation_id(Some(json!({"id": "c2"})))
+                .unwrap()
+                .as_deref(),
+            Some("c2")
+        );
+        assert!(conversation_id(Some(json!({"id": "c", "x": 1}))).is_err());
+        assert!(conversation_id(Some(json!(3))).is_err());
+    }
+}

@@ -1,0 +1,432 @@
+//! Running a turn: the CLI started for a [`Prepared`] turn, its [`AgentEvent`]s turned
+//! into the Response object and OpenAI's stream events (in OpenAI's names and order,
+//! numbered from 0), the stored response and the conversation updated as it goes.
+//! Events go to a [`Sink`]: the routes' event stream, or nowhere for a whole answer.
+
+use std::ffi::OsString;
+use std::future::Future;
+use std::os::fd::OwnedFd;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde_json::{json, Value};
+
+use super::error::AgentError;
+use super::objects::{output_item, usage_json};
+use super::records::{ObjectStore, Scope, Transaction};
+use super::responses::{
+    new_response_id, response_object, InputItem, Prepared, ResponseRecord, Session,
+};
+use super::turn::Turn;
+use super::{AgentEvent, Agents, Item, Runtime, Usage};
+use crate::process::ChildRegistry;
+
+/// How long a CLI may take to exit after its last event before it is killed.
+const EXIT_GRACE: Duration = Duration::from_secs(2);
+
+/// One event of a response's stream: its name and its data (with `type` and
+/// `sequence_number`).
+#[derive(Debug)]
+pub struct Event {
+    pub name: &'static str,
+    pub data: Value,
+}
+
+/// Nobody reads the stream any more.
+#[derive(Debug)]
+pub struct Gone;
+
+/// Where a turn's events go.
+pub trait Sink {
+    fn send(&mut self, event: Event) -> impl Future<Output = Result<(), Gone>>;
+    /// Resolves when nobody reads any more.
+    fn gone(&mut self) -> impl Future<Output = ()>;
+}
+
+/// A whole answer's sink: its caller is watched by the engine, which drops the turn.
+struct Discard;
+
+impl Sink for Discard {
+    async fn send(&mut self, _: Event) -> Result<(), Gone> {
+        Ok(())
+    }
+
+    async fn gone(&mut self) {
+        std::future::pending::<()>().await
+    }
+}
+
+/// Numbers the events of one stream.
+struct Events<'a, K: Sink> {
+    sink: &'a mut K,
+    sequence: u64,
+}
+
+impl<K: Sink> Events<'_, K> {
+    async fn send(&mut self, name: &'static str, mut data: Value) -> Result<(), Gone> {
+        data["type"] = Value::String(name.to_string());
+        data["sequence_number"] = json!(self.sequence);
+        self.sequence += 1;
+        self.sink.send(Event { name, data }).await
+    }
+}
+
+/// What the CLI of a turn needs from the server.
+pub struct Launch<'a> {
+    /// The CLI's path (found on the children's `PATH`).
+    pub program: PathBuf,
+    /// The working directory: the base directory.
+    pub cwd: OwnedFd,
+    pub env: Vec<(OsString, OsString)>,
+    pub children: &'a Arc<ChildRegistry>,
+}
+
+/// Frees the conversation when its turn ends, however it ends, and marks a stored
+/// response whose turn was dropped unfinished (its client went away; dropping the turn
+/// killed the CLI) as cancelled rather than leaving it in progress forever.
+pub struct TurnGuard<S: ObjectStore> {
+    agents: Arc<Agents<S>>,
+    owner: String,
+    pub(super) conversation: Option<String>,
+    /// The stored response, until its turn has finished properly.
+    response: Option<String>,
+    /// The running turn this guard unregisters.
+    registered: Option<String>,
+}
+
+impl<S: ObjectStore> TurnGuard<S> {
+    pub(super) fn new(agents: Arc<Agents<S>>, owner: &str) -> TurnGuard<S> {
+        TurnGuard {
+            agents,
+            owner: owner.to_string(),
+            conversation: None,
+            response: None,
+            registered: None,
+        }
+    }
+}
+
+impl<S: ObjectStore> Drop for TurnGuard<S> {
+    fn drop(&mut self) {
+        if let Some(id) = &self.registered {
+            self.agents.unregister(id);
+        }
+        if let Some(id) = &self.conversation {
+            self.agents.release_conversation(&self.owner, id);
+        }
+        if let Some(id) = &self.response {
+            let _ = self.agents.store.update(
+                Scope::owner(&self.owner),
+                id,
+                |r: &mut ResponseRecord| {
+                    if std::mem::take(&mut r.running) {
+                        r.object["status"] = json!("cancelled");
+                    }
+                },
+            );
+        }
+    }
+}
+
+/// A started turn.
+pub struct TurnRun<S: ObjectStore> {
+    agents: Arc<Agents<S>>,
+    turn: Turn,
+    response: Value,
+    owner: String,
+    id: String,
+    runtime: Runtime,
+    stored: bool,
+    conversation: Option<String>,
+    input_items: Vec<Value>,
+    /// Raised by a cancel or a delete of the response.
+    cancelled: Arc<AtomicBool>,
+    guard: TurnGuard<S>,
+}
+
+/// What a turn's events left once it ended.
+#[derive(Default)]
+struct Outcome {
+    output: Vec<Value>,
+    other: Vec<Value>,
+    session: Option<String>,
+    result: Option<Result<Usage, String>>,
+    client_gone: bool,
+}
+
+impl<S: ObjectStore> Agents<S> {
+    /// Starts the CLI of `turn` and keeps its response (unless `store: false`). A
+    /// refused response drops the turn, which kills the CLI it started.
+    pub async fn start(
+        self: &Arc<Self>,
+        owner: &str,
+        mut turn: Prepared<S>,
+        launch: Launch<'_>,
+    ) -> Result<TurnRun<S>, AgentError> {
+        let runtime = turn.runtime;
+        let mut argv = runtime.turn_argv(turn.resume.as_deref(), turn.cli_model.as_deref());
+        argv[0] = launch.program.display().to_string();
+        let id = new_response_id();
+        let response = response_object(&id, &turn);
+        let cli = Turn::start(
+            runtime,
+            argv,
+            &turn.prompt,
+            launch.cwd,
+            launch.env,
+            launch.children,
+        )
+        .await
+        .map_err(|e| {
+            AgentError::Failed(format!(
+                "The {} CLI could not be started: {e}",
+                runtime.name()
+            ))
+        })?;
+        let cancelled = Arc::new(AtomicBool::new(false));
+        if turn.store {
+            let record = ResponseRecord {
+                object: response.clone(),
+                session: turn.resume.clone().map(|id| Session { runtime, id }),
+                running: true,
+            };
+            let items = turn.input_items.clone();
+            self.store
+                .transact(|t| {
+                    t.create(Scope::owner(owner), record)?;
+                    let items = items.into_iter().map(InputItem).collect();
+                    t.create_all(Scope::within(owner, &id), items)
+                })
+                .map_err(AgentError::store("response", &id, "input"))?;
+            self.register(&id, owner, cli.pgid(), cancelled.clone());
+            turn.guard.registered = Some(id.clone());
+            turn.guard.response = Some(id.clone());
+        }
+        Ok(TurnRun {
+            agents: self.clone(),
+            turn: cli,
+            response,
+            owner: owner.to_string(),
+            id,
+            runtime,
+            stored: turn.store,
+            conversation: turn.guard.conversation.clone(),
+            input_items: turn.input_items,
+            cancelled,
+            guard: turn.guard,
+        })
+    }
+}
+
+impl<S: ObjectStore> TurnRun<S> {
+    /// Runs the turn to its end and returns the final Response.
+    pub async fn whole(self) -> Value {
+        self.drive(&mut Events {
+            sink: &mut Discard,
+            sequence: 0,
+        })
+        .await
+    }
+
+    /// Runs the turn to its end, streaming its events to `sink`.
+    pub async fn stream(self, sink: &mut impl Sink) {
+        let mut events = Events { sink, sequence: 0 };
+        let created = json!({"response": self.response});
+        if events.send("response.created", created).await.is_err() {
+            return;
+        }
+        let running = json!({"response": self.response});
+        let _ = events.send("response.in_progress", running).await;
+        self.drive(&mut events).await;
+    }
+
+    async fn drive<K: Sink>(mut self, events: &mut Events<'_, K>) -> Value {
+        let mut outcome = Outcome::default();
+        loop {
+            // A stream's reader that leaves ends the turn at once, not at the next item.
+            let next = monoio::select! {
+                event = self.turn.next() => event,
+                _ = events.sink.gone() => {
+                    outcome.client_gone = true;
+                    None
+                }
+            };
+            let Some(event) = next else {
+                break;
+            };
+            match event {
+                AgentEvent::Session(id) => {
+                    self.keep_session(&id);
+                    outcome.session = Some(id);
+                }
+                AgentEvent::Item(Item::Other(value)) => outcome.other.push(value),
+                AgentEvent::Item(item) => {
+                    let value = output_item(&item, self.runtime);
+                    let index = outcome.output.len();
+                    outcome.output.push(value.clone());
+                    if item_events(events, index, &item, &value).await.is_err() {
+                        // Nobody reads the stream: the turn is not finished for anyone.
+                        outcome.client_gone = true;
+                        break;
+                    }
+                }
+                AgentEvent::Completed(usage) => outcome.result = Some(Ok(usage)),
+                AgentEvent::Failed(message) => outcome.result = Some(Err(message)),
+                AgentEvent::Notice(_) => {}
+            }
+        }
+        if outcome.client_gone {
+            self.turn.kill().await;
+        } else {
+            // The CLI may still be saving its session, which the next turn resumes.
+            self.turn.wait_exit(EXIT_GRACE).await;
+        }
+        let final_event = self.finish(&mut outcome);
+        self.record_end(&outcome);
+        let response = std::mem::take(&mut self.response);
+        // Finished properly: the guard only frees the conversation now.
+        self.guard.response = None;
+        drop(self);
+        if !outcome.client_gone {
+            let _ = events
+                .send(final_event, json!({"response": response}))
+                .await;
+        }
+        response
+    }
+
+    /// Kept at once: a turn cut short still leaves the session to resume.
+    fn keep_session(&self, session: &str) {
+        let runtime = self.runtime;
+        if self.stored {
+            let _ = self.agents.store.update(
+                Scope::owner(&self.owner),
+                &self.id,
+                |r: &mut ResponseRecord| {
+                    r.session = Some(Session {
+                        runtime,
+                        id: session.to_string(),
+                    })
+                },
+            );
+        }
+        if let Some(conversation) = &self.conversation {
+            self.agents
+                .keep_session(&self.owner, conversation, runtime, session);
+        }
+    }
+
+    /// The final status of the Response; returns the name of its last event.
+    fn finish(&mut self, outcome: &mut Outcome) -> &'static str {
+        let response = &mut self.response;
+        response["output"] = Value::Array(outcome.output.clone());
+        if !outcome.other.is_empty() {
+            response["x_agent_sandbox"]["other_items"] =
+                Value::Array(std::mem::take(&mut outcome.other));
+        }
+        let cancelled = self.cancelled.load(Ordering::Relaxed) || outcome.client_gone;
+        match (&outcome.result, cancelled) {
+            (_, true) => {
+                response["status"] = json!("cancelled");
+                "response.incomplete"
+            }
+            (Some(Ok(usage)), false) => {
+                response["status"] = json!("completed");
+                response["usage"] = usage_json(*usage);
+                "response.completed"
+            }
+            (Some(Err(message)), false) => {
+                response["status"] = json!("failed");
+                response["error"] = json!({"code": "server_error", "message": message});
+                "response.failed"
+            }
+            (None, false) => {
+                response["status"] = json!("failed");
+                response["error"] =
+                    json!({"code": "server_error", "message": "the CLI ended without a result"});
+                "response.failed"
+            }
+        }
+    }
+
+    /// The stored response and the conversation get what the turn did.
+    fn record_end(&mut self, outcome: &Outcome) {
+        if self.stored {
+            let finished = self.response.clone();
+            let _ = self.agents.store.update(
+                Scope::owner(&self.owner),
+                &self.id,
+                |r: &mut ResponseRecord| {
+                    r.object = finished;
+                    r.running = false;
+                },
+            );
+        }
+        if let Some(conversation) = &self.conversation {
+            let mut items = std::mem::take(&mut self.input_items);
+            items.extend(outcome.output.iter().cloned());
+            self.agents.end_turn(
+                &self.owner,
+                conversation,
+                self.runtime,
+                outcome.session.as_deref(),
+                items,
+            );
+        }
+    }
+}
+
+/// The events of one finished output item, in OpenAI's order.
+async fn item_events<K: Sink>(
+    events: &mut Events<'_, K>,
+    index: usize,
+    item: &Item,
+    value: &Value,
+) -> Result<(), Gone> {
+    let id = value["id"].clone();
+    let Item::Message { text } = item else {
+        let added = json!({"output_index": index, "item": value});
+        events.send("response.output_item.added", added).await?;
+        let done = json!({"output_index": index, "item": value});
+        return events.send("response.output_item.done", done).await;
+    };
+    let mut opened = value.clone();
+    opened["status"] = json!("in_progress");
+    opened["content"] = json!([]);
+    events
+        .send(
+            "response.output_item.added",
+            json!({"output_index": index, "item": opened}),
+        )
+        .await?;
+    let empty = json!({"type": "output_text", "text": "", "annotations": [], "logprobs": []});
+    let at = json!({"item_id": id, "output_index": index, "content_index": 0});
+    let with = |key: &str, value: Value| {
+        let mut data = at.clone();
+        data[key] = value;
+        data
+    };
+    events
+        .send("response.content_part.added", with("part", empty))
+        .await?;
+    let mut delta = with("delta", json!(text));
+    delta["logprobs"] = json!([]);
+    events.send("response.output_text.delta", delta).await?;
+    let mut done = with("text", json!(text));
+    done["logprobs"] = json!([]);
+    events.send("response.output_text.done", done).await?;
+    events
+        .send(
+            "response.content_part.done",
+            with("part", value["content"][0].clone()),
+        )
+        .await?;
+    events
+        .send(
+            "response.output_item.done",
+            json!({"output_index": index, "item": value}),
+        )
+        .await
+}

@@ -9,9 +9,10 @@ use std::pin::Pin;
 use std::sync::Arc;
 
 use super::auth::Identity;
-use super::endpoint::{Call, Handler, RawSink, Serve};
+use super::endpoint::RawSink;
 use super::request::{split_target, validate_json_object};
 use super::state::AppState;
+use super::state::{Call, Handler, Refusal, Serve, Upgraded};
 use crate::api::{ApiError, BodyMode, ErrorStyle, Listener, Method};
 use crate::config::MAX_JSON_BODY;
 use crate::http::conn::{describe_panic, CatchPanic};
@@ -201,11 +202,11 @@ impl ApiService {
             .authenticate(&head.headers, token, spec.auth_required)
         {
             // A terminal is input to a shell: another site's page may not open one.
-            _ if cross_origin.is_some() => Err(super::endpoint::Refusal {
+            _ if cross_origin.is_some() => Err(Refusal {
                 close_code: 4003,
                 reason: "cross_origin_refused".into(),
             }),
-            Err(_) => Err(super::endpoint::Refusal {
+            Err(_) => Err(Refusal {
                 close_code: 4001,
                 reason: "unauthorized".into(),
             }),
@@ -214,14 +215,14 @@ impl ApiService {
                 if access.allowed {
                     Ok(identity)
                 } else {
-                    Err(super::endpoint::Refusal {
+                    Err(Refusal {
                         close_code: 4003,
                         reason: access.reason.unwrap_or_else(|| "endpoint disabled".into()),
                     })
                 }
             }
         };
-        let upgraded = super::endpoint::Upgraded {
+        let upgraded = Upgraded {
             query,
             admitted,
             credentials,

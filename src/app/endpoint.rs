@@ -1,201 +1,28 @@
 //! One declaration per endpoint: its [`EndpointSpec`] (what `/capabilities`, the policy
 //! engine and the router read) plus how it is served. Handlers are plain async functions
-//! from a [`Call`] to `Result<Response, ApiError>`.
+//! from a call to `Result<Response, ApiError>`.
 //!
-//! The handler types live here, one layer above the vocabulary, because a [`Call`]
-//! carries the services handlers use (the confinement object, the I/O driver, the child
-//! registry), which belong to the domain layer.
+//! The declaration is generic over what a handler receives (`C`, the app's
+//! [`super::state::Call`]; `U`, its [`super::state::Upgraded`]): those carry the app's
+//! state, and the state holds the route table, so naming them here would tie this
+//! module and the state into a cycle. `super::state` names the concrete types
+//! (`Endpoint`, `Handler`, ...).
 
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 
-use serde::de::DeserializeOwned;
-use serde::Deserialize;
-use serde_json::{Map, Value};
-
-use super::auth::Identity;
-use super::policy::Decision;
-use super::state::{Catalog, Services};
-use crate::api::{
-    ApiError, Args, BodyMode, EndpointSpec, ErrorStyle, Group, Listener, Method, Param,
-    UnknownFields,
-};
+use crate::api::{ApiError, BodyMode, EndpointSpec, Group, Listener, Method, Param, UnknownFields};
 use crate::http::{LocalFuture, Response};
-
-/// What a handler receives: the request, the caller, its endpoint's spec and policy
-/// decision, and the services it may use.
-pub struct Call {
-    pub method: Method,
-    /// The path with the query removed and a trailing slash stripped (`/health/` is
-    /// `/health`), not percent-decoded, as the contract matches it.
-    pub path: String,
-    pub(crate) query: Vec<(String, String)>,
-    /// Header names in lower case, in arrival order.
-    pub(crate) headers: Vec<(String, String)>,
-    pub body: Vec<u8>,
-    pub(crate) path_params: Vec<(String, String)>,
-    pub identity: Arc<Identity>,
-    pub(crate) endpoint: usize,
-    pub(crate) state: Arc<super::state::AppState>,
-    /// The catalog generation the request was admitted under: it keeps it to the end,
-    /// whatever a policy reload does meanwhile.
-    pub(crate) catalog: super::state::CatalogRef,
-}
-
-impl Call {
-    /// The single value of query parameter `name`. Blank values count as absent, as with
-    /// Python's `parse_qs`; repeats were refused before the handler ran.
-    pub fn query(&self, name: &str) -> Option<&str> {
-        self.query
-            .iter()
-            .find(|(n, _)| n == name)
-            .map(|(_, v)| v.as_str())
-    }
-
-    /// The first value of header `name` (case-insensitive).
-    pub fn header(&self, name: &str) -> Option<&str> {
-        self.headers
-            .iter()
-            .find(|(n, _)| n.eq_ignore_ascii_case(name))
-            .map(|(_, v)| v.as_str())
-    }
-
-    /// A `{param}` segment of the route path, percent-decoded.
-    pub fn path_param(&self, name: &str) -> Option<&str> {
-        self.path_params
-            .iter()
-            .find(|(n, _)| n == name)
-            .map(|(_, v)| v.as_str())
-    }
-
-    /// The endpoint being served.
-    pub fn spec(&self) -> &EndpointSpec {
-        &self.catalog.endpoints[self.endpoint].spec
-    }
-
-    /// The policy's decision for this endpoint.
-    pub fn decision(&self) -> &Decision {
-        &self.catalog.decisions[self.endpoint]
-    }
-
-    /// What handlers work with: confinement, the I/O driver, limits, children.
-    pub fn services(&self) -> &Services {
-        &self.state.services
-    }
-
-    /// The state of type `T` a group registered (see [`super::groups`]).
-    pub fn group_state<T: Send + Sync + 'static>(&self) -> Result<&T, ApiError> {
-        self.state.services.groups.require::<T>()
-    }
-
-    /// The server's settings.
-    pub fn config(&self) -> &crate::config::Config {
-        &self.state.config
-    }
-
-    /// The route table and its decisions, for the discovery routes.
-    pub fn catalog(&self) -> &Catalog {
-        &self.catalog
-    }
-
-    /// The body as a JSON object deserialised into `T`; an empty body is `{}`. The
-    /// dispatcher already refused bodies that are not a JSON object, so an error here is
-    /// a field of the wrong type, reported as 400 with serde's description.
-    pub fn json<T: DeserializeOwned>(&self) -> Result<T, ApiError> {
-        parse_json(&self.body)
-    }
-
-    /// Like [`Call::json`], but `T` may borrow strings from the body, so a large base64
-    /// field is not copied.
-    pub fn json_borrowed<'a, T: Deserialize<'a>>(&'a self) -> Result<T, ApiError> {
-        parse_json(&self.body)
-    }
-
-    /// The endpoint's declared fields, read from the query and the JSON body and checked
-    /// against their declarations (see [`crate::api::fields`]); a refusal is worded in
-    /// the endpoint's error style.
-    pub fn args(&self) -> Result<Args, ApiError> {
-        self.args_of(&self.spec().params)
-    }
-
-    /// [`Call::args`] for some of the endpoint's declared fields: for a handler that
-    /// checks a field only after another check (a lookup, another field's path), as the
-    /// contract orders its refusals, or that reads one field by a rule no declaration
-    /// states (Python's `int()`).
-    pub fn args_of(&self, params: &[Param]) -> Result<Args, ApiError> {
-        let spec = self.spec();
-        let body = match spec.method.takes_json_body() {
-            true => Some(body_object(&self.body, spec.errors)?),
-            false => None,
-        };
-        crate::api::fields::parse(params, spec.errors, spec.unknown_fields, &self.query, body)
-    }
-
-    /// The endpoint's declared fields named `names`, in declaration order (for
-    /// [`Call::args_of`]).
-    pub fn params_named(&self, names: &[&str]) -> Vec<Param> {
-        self.spec()
-            .params
-            .iter()
-            .filter(|p| names.contains(&p.name))
-            .cloned()
-            .collect()
-    }
-
-    /// Moves the body out, e.g. to parse it on the blocking pool.
-    pub fn take_body(&mut self) -> Vec<u8> {
-        std::mem::take(&mut self.body)
-    }
-}
-
-/// Parses a JSON object body (empty is `{}`), worded as the contract's 400s.
-pub fn parse_json<'a, T: Deserialize<'a>>(body: &'a [u8]) -> Result<T, ApiError> {
-    let body: &[u8] = if is_blank(body) { b"{}" } else { body };
-    serde_json::from_slice(body).map_err(|e| match e.classify() {
-        serde_json::error::Category::Data => {
-            ApiError::bad_request(format!("Invalid request body: {e}"))
-        }
-        _ => ApiError::bad_request(format!("Invalid JSON body: {e}")),
-    })
-}
-
-/// The body as a JSON object (empty is `{}`), refused in `style`.
-fn body_object(body: &[u8], style: ErrorStyle) -> Result<Map<String, Value>, ApiError> {
-    match style {
-        ErrorStyle::Contract => parse_json(body),
-        ErrorStyle::OpenAi => {
-            if is_blank(body) {
-                return Ok(Map::new());
-            }
-            match serde_json::from_slice::<Value>(body) {
-                Ok(Value::Object(map)) => Ok(map),
-                Ok(_) => Err(crate::api::fields::refusal(
-                    style,
-                    "body",
-                    "The request body must be a JSON object.".into(),
-                )),
-                Err(e) => Err(crate::api::fields::refusal(
-                    style,
-                    "body",
-                    format!("The request body is not valid JSON: {e}"),
-                )),
-            }
-        }
-    }
-}
-
-/// Whether a body is empty for the contract's purposes (only whitespace).
-pub fn is_blank(body: &[u8]) -> bool {
-    body.iter().all(u8::is_ascii_whitespace)
-}
+use serde_json::Value;
 
 /// The future a handler returns. Handlers run on one worker thread, so it need not be
 /// `Send`.
 pub type HandlerFuture<T> = Pin<Box<dyn Future<Output = Result<T, ApiError>>>>;
 
-/// A handler: a plain async function from the call to its answer.
-pub type Handler = Arc<dyn Fn(Call) -> HandlerFuture<Response> + Send + Sync>;
+/// A handler: a plain async function from the call (`C`, [`super::state::Call`]) to
+/// its answer.
+pub type Handler<C> = Arc<dyn Fn(C) -> HandlerFuture<Response> + Send + Sync>;
 
 /// Receives a raw request body (an `application/octet-stream` upload) piece by piece.
 pub trait RawSink {
@@ -212,137 +39,28 @@ pub trait RawSink {
 }
 
 /// Opens the sink a raw body streams into (after the dispatcher accepted the request).
-pub type SinkHandler = Arc<dyn Fn(Call) -> HandlerFuture<Box<dyn RawSink>> + Send + Sync>;
-
-/// Wraps an async function as a [`Handler`].
-pub fn handler<F, Fut>(f: F) -> Handler
-where
-    F: Fn(Call) -> Fut + Send + Sync + 'static,
-    Fut: Future<Output = Result<Response, ApiError>> + 'static,
-{
-    Arc::new(move |call| Box::pin(f(call)))
-}
-
-/// Wraps an async function that opens a raw-body sink as a [`SinkHandler`].
-pub fn sink_handler<F, Fut>(f: F) -> SinkHandler
-where
-    F: Fn(Call) -> Fut + Send + Sync + 'static,
-    Fut: Future<Output = Result<Box<dyn RawSink>, ApiError>> + 'static,
-{
-    Arc::new(move |call| Box::pin(f(call)))
-}
-
-/// A WebSocket connection the dispatcher took over (it already answered `101`), with
-/// the outcome of authentication and policy: a refused connection is closed by the
-/// handler with the refusal's close code, since a WebSocket has no status to answer.
-pub struct Upgraded {
-    pub query: Vec<(String, String)>,
-    pub admitted: Result<Arc<Identity>, Refusal>,
-    /// What the client presented, to admit it again after a policy reload.
-    pub(crate) credentials: super::auth::Credentials,
-    /// The endpoint's index in the catalog (stable across reloads).
-    pub(crate) endpoint: usize,
-    pub(crate) state: Arc<super::state::AppState>,
-}
-
-impl Upgraded {
-    /// The single value of query parameter `name`.
-    pub fn query(&self, name: &str) -> Option<&str> {
-        self.query
-            .iter()
-            .find(|(n, _)| n == name)
-            .map(|(_, v)| v.as_str())
-    }
-
-    pub fn services(&self) -> &Services {
-        &self.state.services
-    }
-
-    /// The state of type `T` a group registered (see [`super::groups`]).
-    pub fn group_state<T: Send + Sync + 'static>(&self) -> Result<&T, ApiError> {
-        self.state.services.groups.require::<T>()
-    }
-
-    /// The endpoint's declared query fields, checked (see [`Call::args`]).
-    pub fn args(&self) -> Result<Args, ApiError> {
-        let catalog = self.state.catalog();
-        let spec = &catalog.endpoints[self.endpoint].spec;
-        crate::api::fields::parse(
-            &spec.params,
-            spec.errors,
-            spec.unknown_fields,
-            &self.query,
-            None,
-        )
-    }
-
-    /// The policy reloads seen so far; [`Upgraded::reloaded`] waits for the next.
-    pub fn reload_version(&self) -> u64 {
-        self.state.reloads().version()
-    }
-
-    /// Resolves once a policy reload happened after `seen` (from
-    /// [`Upgraded::reload_version`]).
-    pub async fn reloaded(&self, seen: u64) {
-        self.state.reloads().changed(seen).await
-    }
-
-    /// Admits the connection again under the current policy: the same identity must
-    /// still present valid credentials and still be allowed this endpoint. A revoked
-    /// identity (or token) is a 4001 refusal; a disabled endpoint or a lost scope, 4003.
-    pub fn readmit(&self) -> Result<Arc<Identity>, Refusal> {
-        let catalog = self.state.catalog();
-        let before = self.admitted.as_ref().map_err(Clone::clone)?;
-        let required = catalog.endpoints[self.endpoint].spec.auth_required;
-        let identity = match catalog.auth.identify(&self.credentials, required) {
-            Ok(identity) if identity.id == before.id => identity,
-            _ => {
-                return Err(Refusal {
-                    close_code: 4001,
-                    reason: "unauthorized: the credentials were revoked".into(),
-                })
-            }
-        };
-        let access = catalog.access(self.endpoint, &identity);
-        if !access.allowed {
-            return Err(Refusal {
-                close_code: 4003,
-                reason: access.reason.unwrap_or_else(|| "endpoint disabled".into()),
-            });
-        }
-        Ok(identity)
-    }
-}
-
-/// Why a WebSocket is closed right after its handshake.
-#[derive(Debug, Clone)]
-pub struct Refusal {
-    /// 4001 for credentials, 4003 for policy (disabled, or a missing scope).
-    pub close_code: u16,
-    pub reason: String,
-}
+pub type SinkHandler<C> = Arc<dyn Fn(C) -> HandlerFuture<Box<dyn RawSink>> + Send + Sync>;
 
 /// Serves a WebSocket endpoint: takes the upgraded socket (and bytes the client sent
 /// after its handshake).
-pub type UpgradeHandler = Arc<
-    dyn Fn(Upgraded, monoio::net::TcpStream, Vec<u8>) -> crate::http::LocalFuture<'static, ()>
+pub type UpgradeHandler<U> = Arc<
+    dyn Fn(U, monoio::net::TcpStream, Vec<u8>) -> crate::http::LocalFuture<'static, ()>
         + Send
         + Sync,
 >;
 
 /// How an endpoint is served.
-#[derive(Clone)]
-pub enum Serve {
+pub enum Serve<C, U> {
     /// A WebSocket on the PTY port.
-    Upgrade(UpgradeHandler),
+    Upgrade(UpgradeHandler<U>),
     /// By a handler (with the JSON body, or none for GET).
-    Handler(Handler),
+    Handler(Handler<C>),
     /// The body streams into a sink as it arrives: a JSON body into the one `json`
     /// opens, a raw `application/octet-stream` body (when `raw` is set) into the one
     /// `raw` opens.
     Sinks {
-        json: SinkHandler,
-        raw: Option<SinkHandler>,
+        json: SinkHandler<C>,
+        raw: Option<SinkHandler<C>>,
     },
     /// Declared but not part of this build, with the reason: listed in `/capabilities`
     /// as disabled (rule `build:unavailable`), whatever the policy says.
@@ -350,29 +68,53 @@ pub enum Serve {
 }
 
 /// One endpoint of the table: the spec and how it is served.
-#[derive(Clone)]
-pub struct Endpoint {
+pub struct Endpoint<C, U> {
     pub spec: EndpointSpec,
-    pub serve: Serve,
+    pub serve: Serve<C, U>,
 }
 
-impl Endpoint {
+// By hand: a derive would ask `C: Clone` and `U: Clone`, which the shared handlers do
+// not need.
+impl<C, U> Clone for Endpoint<C, U> {
+    fn clone(&self) -> Self {
+        Self {
+            spec: self.spec.clone(),
+            serve: self.serve.clone(),
+        }
+    }
+}
+
+impl<C, U> Clone for Serve<C, U> {
+    fn clone(&self) -> Self {
+        match self {
+            Serve::Upgrade(h) => Serve::Upgrade(h.clone()),
+            Serve::Handler(h) => Serve::Handler(h.clone()),
+            Serve::Sinks { json, raw } => Serve::Sinks {
+                json: json.clone(),
+                raw: raw.clone(),
+            },
+            Serve::Unavailable(reason) => Serve::Unavailable(reason),
+        }
+    }
+}
+
+impl<C, U> Endpoint<C, U> {
     /// A new endpoint with the contract's defaults: auth required, not streaming, no
     /// scopes, params or limits, a JSON body. The id defaults to `"METHOD /path"`
     /// (custom routes).
-    pub fn new(method: Method, path: &str, group: Group, handler: Handler) -> Endpoint {
-        Endpoint {
+    pub fn new(method: Method, path: &str, group: Group, handler: Handler<C>) -> Self {
+        Self {
             spec: EndpointSpec::new(method, path, group),
             serve: Serve::Handler(handler),
         }
     }
 
     /// A WebSocket endpoint on the PTY port.
-    pub fn websocket(path: &str, group: Group, handler: UpgradeHandler) -> Endpoint {
+    pub fn websocket(path: &str, group: Group, handler: UpgradeHandler<U>) -> Self {
         let mut spec = EndpointSpec::new(Method::Get, path, group);
         spec.body = BodyMode::Upgrade;
         spec.listener = Listener::Pty;
-        Endpoint {
+        Self {
             spec,
             serve: Serve::Upgrade(handler),
         }
@@ -399,10 +141,10 @@ impl Endpoint {
 
     /// An endpoint whose JSON body streams into the sink `json` opens (see
     /// [`BodyMode::StreamedJson`]).
-    pub fn streamed(method: Method, path: &str, group: Group, json: SinkHandler) -> Endpoint {
+    pub fn streamed(method: Method, path: &str, group: Group, json: SinkHandler<C>) -> Self {
         let mut spec = EndpointSpec::new(method, path, group);
         spec.body = BodyMode::StreamedJson;
-        Endpoint {
+        Self {
             spec,
             serve: Serve::Sinks { json, raw: None },
         }
@@ -410,7 +152,7 @@ impl Endpoint {
 
     /// Also accepts a raw `application/octet-stream` body, streamed into the sink `raw`
     /// opens (see [`BodyMode::RawOrStreamedJson`]); for [`Endpoint::streamed`] ones.
-    pub fn raw_body(mut self, raw: SinkHandler) -> Self {
+    pub fn raw_body(mut self, raw: SinkHandler<C>) -> Self {
         if let Serve::Sinks { json, .. } = self.serve {
             self.serve = Serve::Sinks {
                 json,

@@ -14,6 +14,7 @@ pub mod request;
 pub mod router;
 pub mod state;
 
-pub use endpoint::{handler, sink_handler, Call, Endpoint, Handler, RawSink, Upgraded};
+pub use endpoint::RawSink;
 pub use groups::{GroupSetup, Registrar};
 pub use state::AppState;
+pub use state::{handler, sink_handler, Call, Endpoint, Handler, Upgraded};

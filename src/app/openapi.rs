@@ -5,7 +5,7 @@
 
 use serde_json::{json, Map, Value};
 
-use super::endpoint::{Endpoint, Serve};
+use super::state::{Endpoint, Serve};
 use crate::api::{BodyMode, ErrorStyle, Listener, ParamIn};
 
 /// The document for the endpoints of `listener`.

@@ -28,7 +28,7 @@ pub struct RouteMatch {
 impl Router {
     /// Indexes the endpoints `listener` serves. Two endpoints with one method and path
     /// (after normalising `{param}` names) are a configuration error.
-    pub fn new(endpoints: &[Endpoint], listener: Listener) -> Result<Router, String> {
+    pub fn new<C, U>(endpoints: &[Endpoint<C, U>], listener: Listener) -> Result<Router, String> {
         let mut exact: HashMap<String, Vec<(Method, usize)>> = HashMap::new();
         let mut patterns = Vec::new();
         let mut seen: HashMap<(Method, String), usize> = HashMap::new();
@@ -133,7 +133,7 @@ fn normalise(path: &str) -> String {
 mod tests {
     use super::*;
     use crate::api::Group;
-    use crate::app::endpoint::handler;
+    use crate::app::state::{handler, Endpoint};
     use crate::http::Response;
 
     fn ep(method: Method, path: &str) -> Endpoint {

@@ -3,21 +3,38 @@
 //! through two narrow views: [`Services`] (what domain code needs) and [`Catalog`] (the
 //! route table and its decisions, for the discovery routes).
 
+use std::future::Future;
 use std::sync::Arc;
 use std::time::Instant;
 
+use serde::de::DeserializeOwned;
+use serde::Deserialize;
+use serde_json::{Map, Value};
+
 use super::auth::{token_digest, Auth, Identity, TokenIdentity};
-use super::endpoint::Endpoint;
+use super::endpoint::{self, RawSink};
 use super::policy::TokenSource;
 use super::policy::{Decision, Policy};
 use super::router::Router;
-use crate::api::{Group, Listener};
+use crate::api::{ApiError, Args, EndpointSpec, ErrorStyle, Group, Listener, Method, Param};
 use crate::bridge::Bridge;
 use crate::commands::{self, Command};
 use crate::config::Config;
 use crate::fs::BaseDir;
+use crate::http::Response;
 use crate::process::{ChildRegistry, Environment, ProcessTable};
 use crate::runtime::IoDriver;
+
+/// The route table's entries as this app serves them.
+pub type Endpoint = endpoint::Endpoint<Call, Upgraded>;
+/// How one is served.
+pub type Serve = endpoint::Serve<Call, Upgraded>;
+/// A handler of this app.
+pub type Handler = endpoint::Handler<Call>;
+/// Opens a raw-body sink.
+pub type SinkHandler = endpoint::SinkHandler<Call>;
+/// Serves a WebSocket.
+pub type UpgradeHandler = endpoint::UpgradeHandler<Upgraded>;
 
 /// What handlers work with.
 pub struct Services {
@@ -526,4 +543,279 @@ impl Catalog {
             .collect::<Vec<_>>()
             .join(",")
     }
+}
+
+/// What a handler receives: the request, the caller, its endpoint's spec and policy
+/// decision, and the services it may use.
+pub struct Call {
+    pub method: Method,
+    /// The path with the query removed and a trailing slash stripped (`/health/` is
+    /// `/health`), not percent-decoded, as the contract matches it.
+    pub path: String,
+    pub(crate) query: Vec<(String, String)>,
+    /// Header names in lower case, in arrival order.
+    pub(crate) headers: Vec<(String, String)>,
+    pub body: Vec<u8>,
+    pub(crate) path_params: Vec<(String, String)>,
+    pub identity: Arc<Identity>,
+    pub(crate) endpoint: usize,
+    pub(crate) state: Arc<AppState>,
+    /// The catalog generation the request was admitted under: it keeps it to the end,
+    /// whatever a policy reload does meanwhile.
+    pub(crate) catalog: CatalogRef,
+}
+
+impl Call {
+    /// The single value of query parameter `name`. Blank values count as absent, as with
+    /// Python's `parse_qs`; repeats were refused before the handler ran.
+    pub fn query(&self, name: &str) -> Option<&str> {
+        self.query
+            .iter()
+            .find(|(n, _)| n == name)
+            .map(|(_, v)| v.as_str())
+    }
+
+    /// The first value of header `name` (case-insensitive).
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers
+            .iter()
+            .find(|(n, _)| n.eq_ignore_ascii_case(name))
+            .map(|(_, v)| v.as_str())
+    }
+
+    /// A `{param}` segment of the route path, percent-decoded.
+    pub fn path_param(&self, name: &str) -> Option<&str> {
+        self.path_params
+            .iter()
+            .find(|(n, _)| n == name)
+            .map(|(_, v)| v.as_str())
+    }
+
+    /// The endpoint being served.
+    pub fn spec(&self) -> &EndpointSpec {
+        &self.catalog.endpoints[self.endpoint].spec
+    }
+
+    /// The policy's decision for this endpoint.
+    pub fn decision(&self) -> &Decision {
+        &self.catalog.decisions[self.endpoint]
+    }
+
+    /// What handlers work with: confinement, the I/O driver, limits, children.
+    pub fn services(&self) -> &Services {
+        &self.state.services
+    }
+
+    /// The state of type `T` a group registered (see [`super::groups`]).
+    pub fn group_state<T: Send + Sync + 'static>(&self) -> Result<&T, ApiError> {
+        self.state.services.groups.require::<T>()
+    }
+
+    /// The server's settings.
+    pub fn config(&self) -> &crate::config::Config {
+        &self.state.config
+    }
+
+    /// The route table and its decisions, for the discovery routes.
+    pub fn catalog(&self) -> &Catalog {
+        &self.catalog
+    }
+
+    /// The body as a JSON object deserialised into `T`; an empty body is `{}`. The
+    /// dispatcher already refused bodies that are not a JSON object, so an error here is
+    /// a field of the wrong type, reported as 400 with serde's description.
+    pub fn json<T: DeserializeOwned>(&self) -> Result<T, ApiError> {
+        parse_json(&self.body)
+    }
+
+    /// Like [`Call::json`], but `T` may borrow strings from the body, so a large base64
+    /// field is not copied.
+    pub fn json_borrowed<'a, T: Deserialize<'a>>(&'a self) -> Result<T, ApiError> {
+        parse_json(&self.body)
+    }
+
+    /// The endpoint's declared fields, read from the query and the JSON body and checked
+    /// against their declarations (see [`crate::api::fields`]); a refusal is worded in
+    /// the endpoint's error style.
+    pub fn args(&self) -> Result<Args, ApiError> {
+        self.args_of(&self.spec().params)
+    }
+
+    /// [`Call::args`] for some of the endpoint's declared fields: for a handler that
+    /// checks a field only after another check (a lookup, another field's path), as the
+    /// contract orders its refusals, or that reads one field by a rule no declaration
+    /// states (Python's `int()`).
+    pub fn args_of(&self, params: &[Param]) -> Result<Args, ApiError> {
+        let spec = self.spec();
+        let body = match spec.method.takes_json_body() {
+            true => Some(body_object(&self.body, spec.errors)?),
+            false => None,
+        };
+        crate::api::fields::parse(params, spec.errors, spec.unknown_fields, &self.query, body)
+    }
+
+    /// The endpoint's declared fields named `names`, in declaration order (for
+    /// [`Call::args_of`]).
+    pub fn params_named(&self, names: &[&str]) -> Vec<Param> {
+        self.spec()
+            .params
+            .iter()
+            .filter(|p| names.contains(&p.name))
+            .cloned()
+            .collect()
+    }
+
+    /// Moves the body out, e.g. to parse it on the blocking pool.
+    pub fn take_body(&mut self) -> Vec<u8> {
+        std::mem::take(&mut self.body)
+    }
+}
+
+/// Parses a JSON object body (empty is `{}`), worded as the contract's 400s.
+pub fn parse_json<'a, T: Deserialize<'a>>(body: &'a [u8]) -> Result<T, ApiError> {
+    let body: &[u8] = if is_blank(body) { b"{}" } else { body };
+    serde_json::from_slice(body).map_err(|e| match e.classify() {
+        serde_json::error::Category::Data => {
+            ApiError::bad_request(format!("Invalid request body: {e}"))
+        }
+        _ => ApiError::bad_request(format!("Invalid JSON body: {e}")),
+    })
+}
+
+/// The body as a JSON object (empty is `{}`), refused in `style`.
+fn body_object(body: &[u8], style: ErrorStyle) -> Result<Map<String, Value>, ApiError> {
+    match style {
+        ErrorStyle::Contract => parse_json(body),
+        ErrorStyle::OpenAi => {
+            if is_blank(body) {
+                return Ok(Map::new());
+            }
+            match serde_json::from_slice::<Value>(body) {
+                Ok(Value::Object(map)) => Ok(map),
+                Ok(_) => Err(crate::api::fields::refusal(
+                    style,
+                    "body",
+                    "The request body must be a JSON object.".into(),
+                )),
+                Err(e) => Err(crate::api::fields::refusal(
+                    style,
+                    "body",
+                    format!("The request body is not valid JSON: {e}"),
+                )),
+            }
+        }
+    }
+}
+
+/// Whether a body is empty for the contract's purposes (only whitespace).
+pub fn is_blank(body: &[u8]) -> bool {
+    body.iter().all(u8::is_ascii_whitespace)
+}
+
+/// Wraps an async function as a [`Handler`].
+pub fn handler<F, Fut>(f: F) -> Handler
+where
+    F: Fn(Call) -> Fut + Send + Sync + 'static,
+    Fut: Future<Output = Result<Response, ApiError>> + 'static,
+{
+    Arc::new(move |call| Box::pin(f(call)))
+}
+
+/// Wraps an async function that opens a raw-body sink as a [`SinkHandler`].
+pub fn sink_handler<F, Fut>(f: F) -> SinkHandler
+where
+    F: Fn(Call) -> Fut + Send + Sync + 'static,
+    Fut: Future<Output = Result<Box<dyn RawSink>, ApiError>> + 'static,
+{
+    Arc::new(move |call| Box::pin(f(call)))
+}
+
+/// A WebSocket connection the dispatcher took over (it already answered `101`), with
+/// the outcome of authentication and policy: a refused connection is closed by the
+/// handler with the refusal's close code, since a WebSocket has no status to answer.
+pub struct Upgraded {
+    pub query: Vec<(String, String)>,
+    pub admitted: Result<Arc<Identity>, Refusal>,
+    /// What the client presented, to admit it again after a policy reload.
+    pub(crate) credentials: super::auth::Credentials,
+    /// The endpoint's index in the catalog (stable across reloads).
+    pub(crate) endpoint: usize,
+    pub(crate) state: Arc<AppState>,
+}
+
+impl Upgraded {
+    /// The single value of query parameter `name`.
+    pub fn query(&self, name: &str) -> Option<&str> {
+        self.query
+            .iter()
+            .find(|(n, _)| n == name)
+            .map(|(_, v)| v.as_str())
+    }
+
+    pub fn services(&self) -> &Services {
+        &self.state.services
+    }
+
+    /// The state of type `T` a group registered (see [`super::groups`]).
+    pub fn group_state<T: Send + Sync + 'static>(&self) -> Result<&T, ApiError> {
+        self.state.services.groups.require::<T>()
+    }
+
+    /// The endpoint's declared query fields, checked (see [`Call::args`]).
+    pub fn args(&self) -> Result<Args, ApiError> {
+        let catalog = self.state.catalog();
+        let spec = &catalog.endpoints[self.endpoint].spec;
+        crate::api::fields::parse(
+            &spec.params,
+            spec.errors,
+            spec.unknown_fields,
+            &self.query,
+            None,
+        )
+    }
+
+    /// The policy reloads seen so far; [`Upgraded::reloaded`] waits for the next.
+    pub fn reload_version(&self) -> u64 {
+        self.state.reloads().version()
+    }
+
+    /// Resolves once a policy reload happened after `seen` (from
+    /// [`Upgraded::reload_version`]).
+    pub async fn reloaded(&self, seen: u64) {
+        self.state.reloads().changed(seen).await
+    }
+
+    /// Admits the connection again under the current policy: the same identity must
+    /// still present valid credentials and still be allowed this endpoint. A revoked
+    /// identity (or token) is a 4001 refusal; a disabled endpoint or a lost scope, 4003.
+    pub fn readmit(&self) -> Result<Arc<Identity>, Refusal> {
+        let catalog = self.state.catalog();
+        let before = self.admitted.as_ref().map_err(Clone::clone)?;
+        let required = catalog.endpoints[self.endpoint].spec.auth_required;
+        let identity = match catalog.auth.identify(&self.credentials, required) {
+            Ok(identity) if identity.id == before.id => identity,
+            _ => {
+                return Err(Refusal {
+                    close_code: 4001,
+                    reason: "unauthorized: the credentials were revoked".into(),
+                })
+            }
+        };
+        let access = catalog.access(self.endpoint, &identity);
+        if !access.allowed {
+            return Err(Refusal {
+                close_code: 4003,
+                reason: access.reason.unwrap_or_else(|| "endpoint disabled".into()),
+            });
+        }
+        Ok(identity)
+    }
+}
+
+/// Why a WebSocket is closed right after its handshake.
+#[derive(Debug, Clone)]
+pub struct Refusal {
+    /// 4001 for credentials, 4003 for policy (disabled, or a missing scope).
+    pub close_code: u16,
+    pub reason: String,
 }

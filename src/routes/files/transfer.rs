@@ -10,8 +10,9 @@ use serde_json::json;
 
 use super::{confine, fs_error, take_string};
 use crate::api::{ApiError, Param, ParamIn};
-use crate::app::endpoint::{parse_json, HandlerFuture};
+use crate::app::endpoint::HandlerFuture;
 use crate::app::request::validate_json_object;
+use crate::app::state::parse_json;
 use crate::app::{Call, RawSink};
 use crate::fs::read::{open_file, Opened};
 use crate::fs::upload_body::{UploadBodyError, UploadScanner};

@@ -84,10 +84,11 @@ impl Server {
     pub fn check_policy(self) -> Result<String, String> {
         let mut endpoints = builtin_endpoints();
         endpoints.extend(self.custom);
+        let mut registrars = crate::routes::builtin_registrars();
+        registrars.push(crate::routes::commands::registrar(self.commands, None));
         let extras = Extras {
-            commands: self.commands,
             group_switches: self.group_switches,
-            registrars: crate::routes::builtin_registrars(),
+            registrars,
             ..Extras::default()
         };
         let state = AppState::build(
@@ -178,17 +179,26 @@ impl Server {
         let mut endpoints = builtin_endpoints();
         endpoints.extend(self.custom);
         let mut extras = Extras {
-            commands: self.commands,
             group_switches: self.group_switches,
             registrars: crate::routes::builtin_registrars(),
             ..Extras::default()
         };
+        let mut commands = self.commands;
+        let mut bridge = None;
         if let Some(app) = &self.config.python_app {
-            let (bridge, children) = start_python(app, &self.config, &mut endpoints, &mut extras)?;
-            extras.bridge = Some(bridge);
+            let (started, children) = start_python(
+                app,
+                &self.config,
+                &mut endpoints,
+                &mut commands,
+                &mut extras,
+            )?;
+            bridge = Some(started);
             extras.children = Some(children);
         }
-        let bridge = extras.bridge.clone();
+        extras
+            .registrars
+            .push(crate::routes::commands::registrar(commands, bridge.clone()));
         let state = Arc::new(AppState::build(self.config, endpoints, driver, extras)?);
         check_kernel()?;
         check_base_dir(state.services.base.path())?;
@@ -283,11 +293,6 @@ impl Server {
                     bridge.stop();
                 }
                 children_state.services.groups.shut_down();
-                children_state.services.browser.stop();
-                // Terminal jobs live in process groups of their own, out of the registry.
-                for session in children_state.services.sessions.all() {
-                    session.kill();
-                }
                 let children = &children_state.services.children;
                 if children.signal_all(nix::sys::signal::Signal::SIGTERM) > 0 {
                     std::thread::sleep(std::time::Duration::from_millis(200));
@@ -309,6 +314,7 @@ fn start_python(
     app: &str,
     config: &Config,
     endpoints: &mut Vec<Endpoint>,
+    commands: &mut Vec<Command>,
     extras: &mut Extras,
 ) -> Result<(Arc<Bridge>, Arc<ChildRegistry>), String> {
     let app = PythonApp::from_env_value(app)?;
@@ -320,9 +326,7 @@ fn start_python(
     };
     let (bridge, manifest) = Bridge::start(app, options, children.clone())?;
     let described = |e: String| format!("the Python worker's registrations: {e}");
-    extras
-        .commands
-        .extend(manifest.commands().map_err(described)?);
+    commands.extend(manifest.commands().map_err(described)?);
     extras
         .group_switches
         .extend(manifest.group_switches().map_err(described)?);

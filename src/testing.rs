@@ -80,7 +80,11 @@ impl Builder {
             crate::routes::builtin_endpoints(),
             DRIVER,
             Extras {
-                registrars: crate::routes::builtin_registrars(),
+                registrars: {
+                    let mut registrars = crate::routes::builtin_registrars();
+                    registrars.push(crate::routes::commands::registrar(Vec::new(), None));
+                    registrars
+                },
                 ..Extras::default()
             },
         )

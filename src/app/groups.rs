@@ -85,6 +85,13 @@ impl GroupStates {
             .and_then(|(_, value)| value.downcast_ref::<T>())
     }
 
+    /// The shared handle of the state of type `T`, to keep beyond the request.
+    pub fn get_arc<T: Send + Sync + 'static>(&self) -> Option<Arc<T>> {
+        let id = TypeId::of::<T>();
+        let (_, value) = self.entries.iter().find(|(entry, _)| *entry == id)?;
+        value.clone().downcast::<T>().ok()
+    }
+
     /// Like [`GroupStates::get`], as a handler wants it: a group state that is missing
     /// is a server built without its group's registrar, a 500 that says so.
     pub fn require<T: Send + Sync + 'static>(&self) -> Result<&T, ApiError> {

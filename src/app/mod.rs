@@ -15,6 +15,6 @@ pub mod router;
 pub mod state;
 
 pub use endpoint::RawSink;
-pub use groups::{GroupSetup, Registrar};
+pub use groups::Registrar;
 pub use state::AppState;
 pub use state::{handler, sink_handler, Call, Endpoint, Handler, Upgraded};

@@ -17,12 +17,10 @@ use super::policy::TokenSource;
 use super::policy::{Decision, Policy};
 use super::router::Router;
 use crate::api::{ApiError, Args, EndpointSpec, ErrorStyle, Group, Listener, Method, Param};
-use crate::bridge::Bridge;
-use crate::commands::{self, Command};
 use crate::config::Config;
 use crate::fs::BaseDir;
 use crate::http::Response;
-use crate::process::{ChildRegistry, Environment, ProcessTable};
+use crate::process::{ChildRegistry, Environment};
 use crate::runtime::IoDriver;
 
 /// The route table's entries as this app serves them.
@@ -48,18 +46,6 @@ pub struct Services {
     pub children: Arc<ChildRegistry>,
     /// The environment children start with (`POST /env` changes it).
     pub environment: Environment,
-    /// Background processes started by `/process/start`.
-    pub processes: ProcessTable,
-    /// Named commands (`/commands`), frozen at startup.
-    pub commands: commands::Registry,
-    /// The Python worker behind Python commands and routes, when serving a `commands.py`.
-    pub bridge: Option<Arc<Bridge>>,
-    /// Terminal sessions.
-    pub sessions: crate::pty::Sessions,
-    /// The shared Chromium page (`/browser/*`); starts nothing until first used.
-    pub browser: Arc<crate::browser::Browser>,
-    /// The `/v1` responses and conversations.
-    pub agents: Arc<crate::agents::Agents>,
     /// How long a write may wait for a client that does not read (the read timeout).
     pub write_timeout: std::time::Duration,
     configured_pty_port: u16,
@@ -177,10 +163,8 @@ impl CatalogCell {
 /// What the embedding program (or the Python worker's manifest) adds to the built-ins.
 #[derive(Default)]
 pub struct Extras {
-    pub commands: Vec<Command>,
     /// `enable_group` / `disable_group` calls, in order.
     pub group_switches: Vec<(Group, bool)>,
-    pub bridge: Option<Arc<Bridge>>,
     /// The registry the bridge's worker was registered in, if it already exists.
     pub children: Option<Arc<ChildRegistry>>,
     /// Each group's state, registered in order (see [`super::groups`]).
@@ -219,7 +203,6 @@ impl AppState {
             .clone()
             .unwrap_or_else(|| config.base_dir.clone());
         let token_vars = policy.token_env_names();
-        let (commands, replaced) = commands::Registry::new(extras.commands);
         let file_token = config.token_file.as_deref().and_then(read_token_file);
         let mut catalog = compile(
             &config,
@@ -228,11 +211,6 @@ impl AppState {
             &extras.group_switches,
             file_token.as_deref(),
         )?;
-        for name in replaced {
-            catalog.warnings.push(format!(
-                "command '{name}' is registered twice; the later registration wins"
-            ));
-        }
         let children: Arc<ChildRegistry> = extras.children.unwrap_or_default();
         let groups = super::groups::GroupStates::build(
             extras.registrars,
@@ -246,18 +224,9 @@ impl AppState {
                 driver,
                 max_upload_size: config.max_upload_size,
                 children: children.clone(),
-                agents: Arc::default(),
-                browser: Arc::new(crate::browser::Browser::new(
-                    config.browser_path.clone(),
-                    children,
-                )),
                 // A policy identity's token variable is the server's secret, not the
                 // children's: a caller with /shell could otherwise read it.
                 environment: Environment::from_process_without(&token_vars),
-                processes: ProcessTable::default(),
-                commands,
-                bridge: extras.bridge,
-                sessions: Default::default(),
                 write_timeout: config.read_timeout,
                 configured_pty_port: config.pty_port,
                 bound_pty_port: std::sync::OnceLock::new(),
@@ -609,6 +578,16 @@ impl Call {
     /// The state of type `T` a group registered (see [`super::groups`]).
     pub fn group_state<T: Send + Sync + 'static>(&self) -> Result<&T, ApiError> {
         self.state.services.groups.require::<T>()
+    }
+
+    /// [`Call::group_state`] as a shared handle, for work that outlives the request.
+    pub fn group_arc<T: Send + Sync + 'static>(&self) -> Result<Arc<T>, ApiError> {
+        self.state.services.groups.require::<T>()?;
+        self.state
+            .services
+            .groups
+            .get_arc::<T>()
+            .ok_or_else(|| ApiError::internal("RuntimeError", "a group state changed type"))
     }
 
     /// The server's settings.

@@ -28,7 +28,12 @@ fn schema_object(required: &[&str], properties: serde_json::Value) -> serde_json
 /// their shutdown hooks run. The commands group's is [`commands::registrar`]: it
 /// takes the embedding program's commands.
 pub fn builtin_registrars() -> Vec<Registrar> {
-    Vec::new()
+    vec![
+        process::registrar(),
+        terminal::registrar(),
+        browser::registrar(),
+        agents::registrar(),
+    ]
 }
 
 /// Every built-in endpoint, in the order `/capabilities` lists them.

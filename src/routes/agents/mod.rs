@@ -57,8 +57,8 @@ pub fn path_value(call: &Call, name: &str) -> String {
 }
 
 /// The agents surface the call's server keeps.
-fn agents_of(call: &Call) -> &Arc<Agents> {
-    &call.services().agents
+fn agents_of(call: &Call) -> Result<Arc<Agents>, ApiError> {
+    call.group_arc::<Agents>()
 }
 
 /// The declared fields of the call. A field no declaration names is refused naming the
@@ -227,4 +227,13 @@ async fn find_cli(call: &Call, runtime: Runtime) -> Option<std::path::PathBuf> {
         .await
         .ok()
         .flatten()
+}
+
+/// The group's state: the `/v1` objects and the turns running now.
+pub fn registrar() -> crate::app::Registrar {
+    Box::new(|setup| {
+        setup.provide(Arc::new(
+            Agents::<crate::agents::memory::MemoryStore>::default(),
+        ))
+    })
 }

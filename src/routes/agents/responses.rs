@@ -107,7 +107,7 @@ async fn create(call: Call) -> Result<Response, ApiError> {
         conversation: args.take("conversation"),
     };
     let owner = &call.identity.id;
-    let agents = agents_of(&call);
+    let agents = agents_of(&call)?;
     let turn = agents.prepare(owner, request, default_runtime(&call))?;
     let program = find_cli(&call, turn.runtime)
         .await
@@ -152,7 +152,7 @@ impl Sink for Events {
 
 async fn delete(call: Call) -> Result<Response, ApiError> {
     let id = path_value(&call, RESPONSE.param);
-    agents_of(&call).delete_response(&call.identity.id, &id)?;
+    agents_of(&call)?.delete_response(&call.identity.id, &id)?;
     Ok(Response::ok(&json!({
         "id": id, "object": "response", "deleted": true,
         "x_agent_sandbox": label("agent-sandbox", &[]),
@@ -161,6 +161,6 @@ async fn delete(call: Call) -> Result<Response, ApiError> {
 
 async fn cancel(call: Call) -> Result<Response, ApiError> {
     let id = path_value(&call, RESPONSE.param);
-    let object = agents_of(&call).cancel(&call.identity.id, &id)?;
+    let object = agents_of(&call)?.cancel(&call.identity.id, &id)?;
     Ok(Response::ok(&object))
 }

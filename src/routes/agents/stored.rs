@@ -39,7 +39,7 @@ pub fn get<T: Object>(parent: Option<Named>, target: Named) -> Handler {
             Some(p) => Scope::within(owner, p),
             None => Scope::owner(owner),
         };
-        let record = agents_of(&call)
+        let record = agents_of(&call)?
             .store
             .get::<T>(scope, &id)
             .map_err(|e| scoped_error(e, parent, parent_id.as_deref(), target, &id))?;
@@ -68,7 +68,7 @@ pub fn list<T: Object>(parent: Option<Named>) -> Handler {
             object: "object",
             param: "after",
         };
-        let page = agents_of(&call)
+        let page = agents_of(&call)?
             .store
             .list::<T>(scope, &query)
             .map_err(|e| {

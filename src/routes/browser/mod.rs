@@ -266,10 +266,9 @@ fn api_error(error: BrowserError, timeout: Duration) -> ApiError {
 
 /// Hands `op` to the browser actor and answers with what it returns.
 async fn run(call: &Call, op: Op, timeout: Duration) -> Result<Response, ApiError> {
-    let services = call.services();
-    let pending = services
-        .browser
-        .submit(op, timeout, services.environment.snapshot())
+    let pending = call
+        .group_state::<crate::browser::Browser>()?
+        .submit(op, timeout, call.services().environment.snapshot())
         .map_err(|e| api_error(e, timeout))?;
     match pending.wait().await {
         Ok(value) => Ok(Response::ok(&value)),
@@ -467,6 +466,20 @@ async fn info(call: Call) -> Result<Response, ApiError> {
 
 async fn close(call: Call) -> Result<Response, ApiError> {
     run(&call, Op::Close, Duration::from_millis(DEFAULT_TIMEOUT_MS)).await
+}
+
+/// The group's state: the one Chromium page (started on first use), stopped at
+/// shutdown.
+pub fn registrar() -> crate::app::Registrar {
+    Box::new(|setup| {
+        let browser = std::sync::Arc::new(crate::browser::Browser::new(
+            setup.config.browser_path.clone(),
+            setup.children.clone(),
+        ));
+        let stopping = browser.clone();
+        setup.on_shutdown(move || stopping.stop());
+        setup.provide(browser);
+    })
 }
 
 #[cfg(test)]

@@ -14,7 +14,7 @@ use crate::api::{ApiError, Group, Method, Param};
 use crate::app::{handler, Call, Endpoint};
 use crate::bridge::link::{self, Answer};
 use crate::bridge::BridgeError;
-use crate::commands::{coerce, CommandArg, Implementation};
+use crate::commands::{coerce, CommandArg, Implementation, Registry};
 use crate::http::response::JSON_CONTENT_TYPE;
 use crate::http::Response;
 
@@ -49,8 +49,7 @@ struct Listed<'a> {
 async fn list(call: Call) -> Result<Response, ApiError> {
     let identity = &call.identity;
     let commands: Vec<Listed<'_>> = call
-        .services()
-        .commands
+        .group_state::<Registry>()?
         .listed(|scopes| identity.has_scopes(scopes))
         .map(|c| Listed {
             name: &c.name,
@@ -64,7 +63,7 @@ async fn list(call: Call) -> Result<Response, ApiError> {
 /// `POST /commands/{name}`.
 async fn run(call: Call) -> Result<Response, ApiError> {
     let name = call.path_param("name").unwrap_or_default().to_string();
-    let Some(command) = call.services().commands.get(&name) else {
+    let Some(command) = call.group_state::<Registry>()?.get(&name) else {
         return Err(ApiError::new(
             404,
             "ValueError",
@@ -95,14 +94,18 @@ async fn run(call: Call) -> Result<Response, ApiError> {
             Err(error) => Err(ApiError::new(500, error.type_name, error.message)),
         },
         Implementation::Python => {
-            let bridge = call.services().bridge.as_ref().ok_or_else(|| {
-                ApiError::internal(
-                    "RuntimeError",
-                    "this command is implemented in Python, but no Python worker is configured",
-                )
-            })?;
+            let bridge = call
+                .services()
+                .groups
+                .get_arc::<crate::bridge::Bridge>()
+                .ok_or_else(|| {
+                    ApiError::internal(
+                        "RuntimeError",
+                        "this command is implemented in Python, but no Python worker is configured",
+                    )
+                })?;
             let request = json!({"op": "command", "name": name, "args": args});
-            match link::call(bridge, &call.services().environment, &request)
+            match link::call(&bridge, &call.services().environment, &request)
                 .await
                 .map_err(bridge_error)?
             {
@@ -143,4 +146,24 @@ pub(crate) fn bridge_error(error: BridgeError) -> ApiError {
         }
         BridgeError::Protocol(why) => ApiError::internal("RuntimeError", why).with_code("worker_protocol"),
     }
+}
+
+/// The group's state: the frozen registry of named commands (the embedding program's
+/// and the Python worker's), and the Python worker when there is one.
+pub fn registrar(
+    commands: Vec<crate::commands::Command>,
+    bridge: Option<std::sync::Arc<crate::bridge::Bridge>>,
+) -> crate::app::Registrar {
+    Box::new(move |setup| {
+        let (registry, replaced) = crate::commands::Registry::new(commands);
+        for name in replaced {
+            setup.warn(format!(
+                "command '{name}' is registered twice; the later registration wins"
+            ));
+        }
+        setup.provide(std::sync::Arc::new(registry));
+        if let Some(bridge) = bridge {
+            setup.provide(bridge);
+        }
+    })
 }

@@ -240,11 +240,11 @@ fn tools(call: &Call) -> Vec<Value> {
         }));
     }
     if allowed("commands_run") {
-        for command in call
-            .services()
-            .commands
-            .listed(|scopes| identity.has_scopes(scopes))
-        {
+        let registry = match call.group_state::<crate::commands::Registry>() {
+            Ok(registry) => registry,
+            Err(_) => return tools,
+        };
+        for command in registry.listed(|scopes| identity.has_scopes(scopes)) {
             let mut properties = Map::new();
             let mut required = Vec::new();
             for arg in &command.args {

@@ -11,6 +11,7 @@ use crate::app::Call;
 use crate::http::Response;
 use crate::process::run::timeout_duration;
 use crate::process::table::{Managed, StdinError, TableFull, MAX_PROCESSES};
+use crate::process::ProcessTable;
 
 /// The signals callers may send, as the contract lists them.
 const ALLOWED_SIGNALS: [(i32, rustix::process::Signal); 5] = [
@@ -36,7 +37,7 @@ pub async fn start(call: Call) -> Result<Response, ApiError> {
     check_command(&call, &argv)?;
     // A bad cwd is 403 even when the table is full.
     let cwd = working_dir(&call, request.cwd.as_deref()).await?;
-    let table = &call.services().processes;
+    let table = call.group_state::<ProcessTable>()?;
     let slot = table.reserve().map_err(|TableFull| {
         ApiError::new(
             429,
@@ -76,8 +77,7 @@ fn describe(managed: &Arc<Managed>) -> Value {
 /// `GET /process/list`.
 pub async fn list(call: Call) -> Result<Response, ApiError> {
     let rows: Vec<Value> = call
-        .services()
-        .processes
+        .group_state::<ProcessTable>()?
         .list_running()
         .iter()
         .filter(|m| m.owner == call.identity.id)
@@ -97,7 +97,7 @@ fn row(call: &Call) -> Result<Arc<Managed>, ApiError> {
         .parse()
         .map_err(|_| ApiError::bad_request(format!("pid must be an integer, not '{text}'")))?;
     let owned = |m: &Arc<Managed>| m.owner == call.identity.id;
-    call.services().processes.get(pid).filter(owned).ok_or_else(|| {
+    call.group_state::<ProcessTable>()?.get(pid).filter(owned).ok_or_else(|| {
         ApiError::new(
             404,
             "ValueError",

@@ -522,3 +522,8 @@ mod schema {
         )
     }
 }
+
+/// The group's state: the table of background processes.
+pub fn registrar() -> crate::app::Registrar {
+    Box::new(|setup| setup.provide(std::sync::Arc::new(crate::process::ProcessTable::default())))
+}

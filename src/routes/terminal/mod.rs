@@ -14,7 +14,8 @@ use crate::api::{ApiError, Args, Group, Method, Param};
 use crate::app::{handler, Call, Endpoint};
 use crate::http::Response;
 use crate::pty::{
-    CreateError, NewSession, Session, SessionInfo, ALLOWED_SHELLS, MAX_SESSIONS, STRIPPED_VARS,
+    CreateError, NewSession, Session, SessionInfo, Sessions, ALLOWED_SHELLS, MAX_SESSIONS,
+    STRIPPED_VARS,
 };
 
 const DEFAULT_SHELL: &str = "/bin/bash";
@@ -159,9 +160,9 @@ async fn create(call: Call) -> Result<Response, ApiError> {
         env.push(("TERM".into(), "xterm-256color".into()));
     }
     let cwd = working_dir(&call, None).await?;
-    kill_off_the_loop(services.sessions.take_idle()).await;
-    let session = services
-        .sessions
+    let sessions = call.group_state::<Sessions>()?;
+    kill_off_the_loop(sessions.take_idle()).await;
+    let session = sessions
         .create(
             NewSession { owner: call.identity.id.clone(), shell: shell.clone(), cols, rows, env, cwd },
             &services.children,
@@ -213,10 +214,9 @@ fn env_overrides(pairs: Vec<(String, String)>) -> Result<Vec<(String, String)>, 
 
 /// `GET /pty/sessions`.
 async fn list(call: Call) -> Result<Response, ApiError> {
-    kill_off_the_loop(call.services().sessions.take_idle()).await;
-    let sessions: Vec<Value> = call
-        .services()
-        .sessions
+    let table = call.group_state::<Sessions>()?;
+    kill_off_the_loop(table.take_idle()).await;
+    let sessions: Vec<Value> = table
         .list(&call.identity.id)
         .iter()
         .map(|s| session_json(&s.info()))
@@ -228,8 +228,7 @@ async fn list(call: Call) -> Result<Response, ApiError> {
 async fn get(call: Call) -> Result<Response, ApiError> {
     let id = call.path_param("id").unwrap_or_default();
     let session = call
-        .services()
-        .sessions
+        .group_state::<Sessions>()?
         .get(id, &call.identity.id)
         .ok_or_else(|| not_found(id))?;
     Ok(Response::ok(&session_json(&session.info())))
@@ -242,8 +241,7 @@ async fn resize(call: Call) -> Result<Response, ApiError> {
     let cols = dimension(&args, "cols");
     let rows = dimension(&args, "rows");
     let session = call
-        .services()
-        .sessions
+        .group_state::<Sessions>()?
         .get(&id, &call.identity.id)
         .ok_or_else(|| not_found(&id))?;
     session
@@ -256,12 +254,26 @@ async fn resize(call: Call) -> Result<Response, ApiError> {
 async fn delete(call: Call) -> Result<Response, ApiError> {
     let id = call.path_param("id").unwrap_or_default().to_string();
     let session = call
-        .services()
-        .sessions
+        .group_state::<Sessions>()?
         .remove(&id, &call.identity.id)
         .ok_or_else(|| not_found(&id))?;
     kill_off_the_loop(vec![session]).await;
     Ok(Response::ok(&json!({"status": "closed", "session_id": id})))
+}
+
+/// The group's state: the terminal sessions, killed at shutdown (their jobs live in
+/// process groups of their own, out of the child registry).
+pub fn registrar() -> crate::app::Registrar {
+    Box::new(|setup| {
+        let sessions = std::sync::Arc::new(crate::pty::Sessions::default());
+        let ending = sessions.clone();
+        setup.on_shutdown(move || {
+            for session in ending.all() {
+                session.kill();
+            }
+        });
+        setup.provide(sessions);
+    })
 }
 
 #[cfg(test)]

@@ -32,6 +32,7 @@ const INPUT_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
 const CLOSE_NORMAL: u16 = 1000;
 const CLOSE_BAD_REQUEST: u16 = 4000;
 const CLOSE_NO_SESSION: u16 = 4004;
+const CLOSE_INTERNAL: u16 = 1011;
 
 pub fn endpoint() -> Endpoint {
     Endpoint::websocket(
@@ -68,7 +69,13 @@ async fn serve(upgraded: Upgraded, stream: TcpStream, leftover: Vec<u8>) {
             return;
         }
     };
-    let sessions = &upgraded.services().sessions;
+    let sessions = match upgraded.group_state::<crate::pty::Sessions>() {
+        Ok(sessions) => sessions,
+        Err(error) => {
+            let _ = ws.close(CLOSE_INTERNAL, &error.message).await;
+            return;
+        }
+    };
     // Another identity's session is closed exactly like an unknown one.
     let Some(session) = sessions.get(&id, &owner) else {
         let _ = ws

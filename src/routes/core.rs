@@ -169,7 +169,7 @@ async fn capabilities_check(call: Call) -> Result<Response, ApiError> {
     }
     if let Some(path) = &path {
         if let Err(refusal) = call.services().base.confine(path) {
-            let refusal = super::files::fs_error(refusal);
+            let refusal = crate::routes::shared::fs_error(refusal);
             let rule = if catalog.policy.base_dir.is_some() {
                 "policy:base_dir"
             } else {
@@ -197,11 +197,12 @@ async fn capabilities_check(call: Call) -> Result<Response, ApiError> {
     };
     if let Some(path) = &path {
         if let Ok(caller) = call.services().base.confine(path) {
-            if let Some(error) = super::files::paths_refusal(decision, &endpoint, &caller) {
+            if let Some(error) = crate::routes::shared::paths_refusal(decision, &endpoint, &caller)
+            {
                 return refused(error, format!("policy:endpoints.{endpoint}.paths"));
             }
             if let Some((error, knob)) =
-                super::files::transfer::extension_refusal(decision, &endpoint, &caller)
+                crate::routes::shared::extension_refusal(decision, &endpoint, &caller)
             {
                 return refused(error, format!("policy:endpoints.{endpoint}.{knob}"));
             }
@@ -211,7 +212,7 @@ async fn capabilities_check(call: Call) -> Result<Response, ApiError> {
     if let Some(command) = args.str("command") {
         let argv = crate::process::shlex::split(command)
             .map_err(|e| ApiError::bad_request(format!("command: {}", e.0)))?;
-        if let Some(error) = super::process::command_refusal(decision, &endpoint, &argv) {
+        if let Some(error) = crate::routes::shared::command_refusal(decision, &endpoint, &argv) {
             return refused(error, format!("policy:endpoints.{endpoint}.commands"));
         }
     }

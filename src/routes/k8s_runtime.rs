@@ -12,9 +12,6 @@ use std::pin::Pin;
 use rustix::fs::{AtFlags, Mode, OFlags};
 use serde_json::{json, Value};
 
-use super::files::transfer::{check_extension, refused_overwrite};
-use super::files::{confine, fs_error};
-use super::process::{command_refusal, run_program, working_dir, ProgramRun};
 use crate::api::{ApiError, Group, Listener, Method, Param};
 use crate::app::endpoint::HandlerFuture;
 use crate::app::{handler, sink_handler, Call, Endpoint, RawSink};
@@ -24,6 +21,10 @@ use crate::fs::write::Upload;
 use crate::fs::{BaseDir, CallerPath, FsError};
 use crate::http::multipart::{self, Event, Scanner};
 use crate::http::{LocalFuture, Response};
+use crate::routes::shared::{
+    check_extension, command_refusal, confine, fs_error, refused_overwrite, run_program,
+    working_dir, ProgramRun,
+};
 use crate::runtime::{blocking, AsyncFile, FileStream};
 
 /// The reference runtime's default (`SANDBOX_EXEC_TIMEOUT_SECONDS`).
@@ -49,7 +50,7 @@ pub fn endpoints() -> Vec<Endpoint> {
                     .doc("Seconds above 0; without it 300, or the policy's timeout_seconds, which also caps it."),
             ])
             .limit("timeout_seconds", DEFAULT_TIMEOUT_SECS as u64)
-            .limit("max_output_bytes", super::process::SHELL_MAX_OUTPUT_BYTES),
+            .limit("max_output_bytes", crate::routes::shared::SHELL_MAX_OUTPUT_BYTES),
         Endpoint::streamed(
             Method::Post,
             "/upload",
@@ -144,7 +145,9 @@ async fn execute(call: Call) -> Result<Response, ApiError> {
     let max_output = call
         .decision()
         .knob_u64("max_output_bytes")
-        .map_or(super::process::SHELL_MAX_OUTPUT_BYTES, |cap| cap as usize);
+        .map_or(crate::routes::shared::SHELL_MAX_OUTPUT_BYTES, |cap| {
+            cap as usize
+        });
     let program = argv[0].clone();
     let timeout = crate::process::run::timeout_duration(seconds);
     match run_program(&call, argv, cwd, &[], timeout, max_output).await {

@@ -13,6 +13,7 @@ pub mod files;
 pub mod k8s_runtime;
 pub mod mcp;
 pub mod process;
+pub mod shared;
 pub mod system;
 pub mod terminal;
 

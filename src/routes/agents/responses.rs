@@ -112,7 +112,7 @@ async fn create(call: Call) -> Result<Response, ApiError> {
     let program = find_cli(&call, turn.runtime)
         .await
         .ok_or(AgentError::NotInstalled(turn.runtime))?;
-    let cwd = super::super::process::working_dir(&call, None)
+    let cwd = crate::routes::shared::working_dir(&call, None)
         .await
         .map_err(|e| {
             ApiError::new(

@@ -50,7 +50,7 @@ async fn runtimes(call: Call) -> Result<Response, ApiError> {
             false => None,
         };
         let version = match &found {
-            Some(path) => match super::super::process::working_dir(&call, None).await {
+            Some(path) => match crate::routes::shared::working_dir(&call, None).await {
                 Ok(cwd) => {
                     let services = call.services();
                     let env = services.environment.with(&[]);

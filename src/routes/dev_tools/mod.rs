@@ -6,18 +6,18 @@ use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 
-use super::process::{run_program, run_program_in, working_dir, ProgramRun};
 use super::schema_object;
 use crate::api::{ApiError, Group, Method, Param};
 use crate::app::{handler, Call, Endpoint};
 use crate::git;
 use crate::http::Response;
+use crate::routes::shared::{run_program, run_program_in, working_dir, ProgramRun};
 use crate::system::round_to;
 
 const CODE_DEFAULT_TIMEOUT: f64 = 30.0;
 const CODE_MAX_TIMEOUT: f64 = 300.0;
 /// Each of stdout and stderr of a code run is kept up to this (as `/shell`).
-const CODE_MAX_OUTPUT: usize = super::process::SHELL_MAX_OUTPUT_BYTES;
+const CODE_MAX_OUTPUT: usize = crate::routes::shared::SHELL_MAX_OUTPUT_BYTES;
 const GIT_TIMEOUT: Duration = Duration::from_secs(30);
 /// `GET /git/diff` cuts the patch here and says so on a last line.
 const DIFF_LIMIT: usize = 1024 * 1024;
@@ -185,14 +185,14 @@ async fn prepare_git(call: &Call, path: Option<&str>) -> Result<GitRun, ApiError
     let base = call.services().base.clone();
     let caller = base
         .confine(path.unwrap_or("."))
-        .map_err(super::files::fs_error)?;
+        .map_err(crate::routes::shared::fs_error)?;
     let found = crate::runtime::file::blocking(move || {
         let beneath = base.open()?;
         Ok::<_, crate::fs::FsError>(repo::discover(&beneath, &caller))
     })
     .await
     .map_err(|e| crate::api::errno::os_error(&e, None))?
-    .map_err(super::files::fs_error)?;
+    .map_err(crate::routes::shared::fs_error)?;
     let repository = match found {
         Ok(repository) => repository,
         Err(RepoError::NotARepository) => {

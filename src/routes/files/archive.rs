@@ -2,11 +2,11 @@
 
 use serde_json::Value;
 
-use super::fs_error;
 use crate::api::ApiError;
 use crate::app::Call;
 use crate::fs::archive::{self, Format, Limits};
 use crate::http::{Response, JSON_CONTENT_TYPE};
+use crate::routes::shared::fs_error;
 use crate::runtime::blocking;
 
 pub const MAX_FILES: usize = 10_000;
@@ -32,7 +32,7 @@ pub async fn archive(call: Call) -> Result<Response, ApiError> {
     };
     // Each member root passes the same checks as any file route's path.
     for input in &inputs {
-        super::confine(&call, input)?;
+        crate::routes::shared::confine(&call, input)?;
     }
     let args = call.args_of(&call.params_named(&["format"]))?;
     let name = args.str("format").unwrap_or_default();

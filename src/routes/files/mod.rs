@@ -10,10 +10,8 @@ mod watch;
 
 use serde_json::Value;
 
-use crate::api::errno::os_error;
 use crate::api::{ApiError, Args, Group, Method, Param};
-use crate::app::{handler, sink_handler, Call, Endpoint};
-use crate::fs::FsError;
+use crate::app::{handler, sink_handler, Endpoint};
 
 /// The sentence for a missing `path` query parameter.
 const PATH_QUERY_MISSING: &str = "path is required (query parameter ?path=)";
@@ -378,41 +376,6 @@ mod schema {
     }
 }
 
-/// Words a file operation's failure as the contract does.
-pub fn fs_error(error: FsError) -> ApiError {
-    let message = error.to_string();
-    match error {
-        FsError::NotAllowed { .. } | FsError::BaseDirectory { .. } => {
-            ApiError::new(403, "PermissionError", message).with_code("path_not_allowed")
-        }
-        FsError::Invalid(_) => ApiError::bad_request(message),
-        FsError::NotFound(_) => ApiError::new(404, "FileNotFoundError", message),
-        FsError::TooManyFiles { .. } => ApiError::bad_request(message),
-        FsError::TooLarge { .. } => {
-            ApiError::new(413, "ValueError", message).with_code("payload_too_large")
-        }
-        FsError::Io { error, .. } if is_out_of_descriptors(&error) => ApiError::new(
-            503,
-            "OSError",
-            "The server has no file descriptors left for this request; retry shortly",
-        )
-        .with_code("resource_exhausted")
-        .with_header("Retry-After", "1"),
-        FsError::Io { error, path } => os_error(&error, Some(&path)),
-        FsError::Os { errno, .. } => {
-            let mut api =
-                ApiError::internal(crate::api::errno::python_exception(Some(errno)), message);
-            api.code = crate::api::errno::os_error_code(Some(errno));
-            api
-        }
-    }
-}
-
-/// EMFILE or ENFILE: a passing shortage of descriptors, not a fault of the request.
-fn is_out_of_descriptors(error: &std::io::Error) -> bool {
-    matches!(error.raw_os_error(), Some(23 | 24))
-}
-
 /// String field `name` moved out of the checked fields (empty when absent: a required
 /// one was checked).
 fn take_string(args: &mut Args, name: &str) -> String {
@@ -431,58 +394,6 @@ fn named_path(args: &mut Args, name: &str) -> Result<String, ApiError> {
         return Err(ApiError::bad_request("path is required"));
     }
     Ok(path)
-}
-
-/// Checks a caller path against the base directory, then against the endpoint's
-/// policy `paths` rule.
-pub(crate) fn confine(call: &Call, input: &str) -> Result<crate::fs::CallerPath, ApiError> {
-    let caller = call.services().base.confine(input).map_err(fs_error)?;
-    match paths_refusal(call.decision(), &call.spec().id, &caller) {
-        Some(refusal) => Err(refusal),
-        None => Ok(caller),
-    }
-}
-
-/// The policy's `paths: {allow, deny}` for an endpoint, matched (as `fnmatch`: `*`
-/// crosses `/`) against the path beneath the base directory (`work/notes.txt`) and
-/// the absolute path (`/home/user/work/notes.txt`). A `deny` match, or no `allow`
-/// match when `allow` is given, is 403 `path_not_allowed`. The check is lexical, on
-/// the path as written.
-pub(crate) fn paths_refusal(
-    decision: &crate::app::policy::Decision,
-    id: &str,
-    caller: &crate::fs::CallerPath,
-) -> Option<ApiError> {
-    let allow = decision.knob_list("paths.allow");
-    let deny = decision.knob_list("paths.deny");
-    if allow.is_none() && deny.is_none() {
-        return None;
-    }
-    let rel = caller.rel.to_string_lossy();
-    let shown = caller.display();
-    let matches = |globs: &[&str]| {
-        globs.iter().any(|glob| {
-            let target = if glob.starts_with('/') {
-                shown.as_str()
-            } else {
-                rel.as_ref()
-            };
-            crate::fs::fnmatch::fnmatch(glob.as_bytes(), target.as_bytes())
-        })
-    };
-    let refused =
-        deny.as_deref().is_some_and(matches) || allow.as_deref().is_some_and(|a| !matches(a));
-    refused.then(|| {
-        ApiError::new(
-            403,
-            "PermissionError",
-            format!(
-                "Path '{}' is not allowed by policy rule endpoints.{id}.paths; use a path its allow list names",
-                caller.input
-            ),
-        )
-        .with_code("path_not_allowed")
-    })
 }
 
 #[cfg(test)]

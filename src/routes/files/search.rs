@@ -4,11 +4,12 @@ use std::time::Duration;
 
 use serde_json::{json, Map, Value};
 
-use super::{confine, fs_error, named_path, take_string};
+use super::{named_path, take_string};
 use crate::api::{ApiError, Param};
 use crate::app::Call;
 use crate::fs::tree;
 use crate::http::Response;
+use crate::routes::shared::{confine, fs_error};
 
 pub const DEFAULT_DEPTH: i64 = 5;
 pub const DEFAULT_RESULTS: i64 = 100;

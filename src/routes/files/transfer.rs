@@ -8,7 +8,7 @@ use std::pin::Pin;
 use serde::Deserialize;
 use serde_json::json;
 
-use super::{confine, fs_error, take_string};
+use super::take_string;
 use crate::api::{ApiError, Param, ParamIn};
 use crate::app::endpoint::HandlerFuture;
 use crate::app::request::validate_json_object;
@@ -19,6 +19,7 @@ use crate::fs::upload_body::{UploadBodyError, UploadScanner};
 use crate::fs::write::{write_atomic, Upload};
 use crate::fs::FsError;
 use crate::http::{LocalFuture, Response, JSON_CONTENT_TYPE};
+use crate::routes::shared::{check_extension, confine, fs_error, refused_overwrite};
 use crate::runtime::{blocking, AsyncFile, Base64FileStream, FileStream};
 
 /// Bodies and payloads above this are parsed, decoded and encoded on the blocking pool,
@@ -68,83 +69,9 @@ fn upload_limit(call: &Call) -> u64 {
         .map_or(configured, |cap| cap.min(configured))
 }
 
-/// The policy's `allow_extensions` / `deny_extensions` for this endpoint, against the
-/// file name's extension (case-insensitive, with or without the dot in the policy).
-/// 403 `extension_not_allowed` otherwise.
-pub fn check_extension(call: &Call, caller: &crate::fs::CallerPath) -> Result<(), ApiError> {
-    extension_refusal(call.decision(), &call.spec().id, caller).map_or(Ok(()), |(e, _)| Err(e))
-}
-
-/// The refusal [`check_extension`] gives, for `/capabilities/check` too.
-/// The name is the confined path's last component (`evil.py/` is `evil.py`). Also
-/// returns the knob that refused (`allow_extensions` or `deny_extensions`).
-pub fn extension_refusal(
-    decision: &crate::app::policy::Decision,
-    id: &str,
-    caller: &crate::fs::CallerPath,
-) -> Option<(ApiError, &'static str)> {
-    let input = caller.input.as_str();
-    let allow = decision.knob_list("allow_extensions");
-    let deny = decision.knob_list("deny_extensions");
-    if allow.is_none() && deny.is_none() {
-        return None;
-    }
-    let name = caller
-        .file_name()
-        .map(|n| n.to_string_lossy().into_owned())
-        .unwrap_or_default();
-    let extension = name
-        .rsplit_once('.')
-        .filter(|(stem, _)| !stem.is_empty())
-        .map(|(_, ext)| ext.to_ascii_lowercase())
-        .unwrap_or_default();
-    let listed = |list: &[&str]| {
-        list.iter()
-            .any(|e| e.trim_start_matches('.').eq_ignore_ascii_case(&extension))
-    };
-    let denied = deny.as_deref().is_some_and(listed);
-    let refused = denied || allow.as_deref().is_some_and(|a| !listed(a));
-    let knob = if denied {
-        "deny_extensions"
-    } else {
-        "allow_extensions"
-    };
-    refused.then(|| {
-        let shown = if extension.is_empty() {
-            "(none)".to_string()
-        } else {
-            format!(".{extension}")
-        };
-        ApiError::new(
-            403,
-            "PermissionError",
-            format!("Extension {shown} of '{input}' is not allowed by policy rule endpoints.{id} (allow_extensions / deny_extensions)"),
-        )
-        .with_code("extension_not_allowed")
-    })
-    .map(|error| (error, knob))
-}
-
 /// The policy's `overwrite: false` met a file at the target: 409 `FileExistsError`.
 fn exists_error(call: &Call, error: crate::fs::FsError) -> ApiError {
     refused_overwrite(error, call.decision().knob_bool("overwrite") != Some(false))
-}
-
-pub(crate) fn refused_overwrite(error: crate::fs::FsError, overwrite: bool) -> ApiError {
-    match &error {
-        crate::fs::FsError::Io { error: io, path }
-            if !overwrite && io.raw_os_error() == Some(libc::EEXIST) =>
-        {
-            ApiError::new(
-                409,
-                "FileExistsError",
-                format!(
-                    "File exists: '{path}' (the policy sets overwrite: false for this endpoint)"
-                ),
-            )
-        }
-        _ => fs_error(error),
-    }
 }
 
 fn upload_too_large(limit: u64) -> ApiError {

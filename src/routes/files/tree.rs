@@ -2,12 +2,13 @@
 
 use serde_json::{json, Value};
 
-use super::{confine, fs_error, named_path, take_string};
+use super::{named_path, take_string};
 use crate::api::ApiError;
 use crate::app::Call;
 use crate::fs::resolve::{self, Kind};
 use crate::fs::{tree, CallerPath};
 use crate::http::{Response, JSON_CONTENT_TYPE};
+use crate::routes::shared::{confine, fs_error};
 use crate::timefmt::iso8601_utc;
 
 /// `GET /files/list`.
@@ -127,7 +128,8 @@ pub async fn move_path(call: Call) -> Result<Response, ApiError> {
     if let (Some(name), Ok(Some(st))) = (source.file_name(), tree::stat(base, &destination).await) {
         if rustix::fs::FileType::from_raw_mode(st.st_mode).is_dir() {
             let landing = destination.join(name);
-            if let Some(refusal) = super::paths_refusal(call.decision(), &call.spec().id, &landing)
+            if let Some(refusal) =
+                crate::routes::shared::paths_refusal(call.decision(), &call.spec().id, &landing)
             {
                 return Err(refusal);
             }

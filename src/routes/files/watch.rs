@@ -7,13 +7,14 @@ use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 
-use super::{confine, fs_error, take_string};
+use super::take_string;
 use crate::api::{ApiError, Args};
 use crate::app::Call;
 use crate::fs::resolve::Kind;
 use crate::fs::watch::{Change, EntryState, WatchEnd, Watcher, MAX_TRACKED};
 use crate::fs::FsError;
 use crate::http::{sse, Response};
+use crate::routes::shared::{confine, fs_error};
 use crate::timefmt::iso8601_utc;
 
 /// A comment line is sent after this much silence, so a vanished client is noticed.

@@ -5,13 +5,14 @@ use std::time::Duration;
 
 use serde_json::{json, Value};
 
-use super::{check_command, spawn_in, split, working_dir, RunRequest};
+use super::{check_command, spawn_in, split, RunRequest};
 use crate::api::ApiError;
 use crate::app::Call;
 use crate::http::Response;
 use crate::process::run::timeout_duration;
 use crate::process::table::{Managed, StdinError, TableFull, MAX_PROCESSES};
 use crate::process::ProcessTable;
+use crate::routes::shared::working_dir;
 
 /// The signals callers may send, as the contract lists them.
 const ALLOWED_SIGNALS: [(i32, rustix::process::Signal); 5] = [

@@ -11,15 +11,12 @@ use serde_json::{json, Value};
 use crate::api::{ApiError, Group, Method, Param};
 use crate::app::policy::pydumps::dumps_sorted;
 use crate::app::{handler, Call, Endpoint};
-use crate::fs::FsError;
 use crate::process::shlex;
 use crate::process::{Child, Spawn};
+use crate::routes::shared::{command_refusal, spawn_error, working_dir, SHELL_MAX_OUTPUT_BYTES};
 
 /// `timeout` when the caller sends none, or one that is not a positive number.
 const DEFAULT_TIMEOUT_SECS: f64 = 300.0;
-/// Output `/shell` keeps per stream; more is read and dropped and `truncated` is set.
-pub const SHELL_MAX_OUTPUT_BYTES: usize = 64 * 1024 * 1024;
-
 pub fn endpoints() -> Vec<Endpoint> {
     let run_params = || {
         vec![
@@ -258,43 +255,6 @@ fn check_command(call: &Call, argv: &[String]) -> Result<(), ApiError> {
     command_refusal(call.decision(), &call.spec().id, argv).map_or(Ok(()), Err)
 }
 
-/// The refusal [`check_command`] gives, for `/capabilities/check` too.
-pub(crate) fn command_refusal(
-    decision: &crate::app::policy::Decision,
-    id: &str,
-    argv: &[String],
-) -> Option<ApiError> {
-    let program = argv.first().map(String::as_str).unwrap_or_default();
-    let name = program.rsplit('/').next().unwrap_or(program);
-    let matches = |globs: &[&str]| {
-        globs.iter().any(|glob| {
-            crate::fs::fnmatch::fnmatch(glob.as_bytes(), name.as_bytes())
-                || crate::fs::fnmatch::fnmatch(glob.as_bytes(), program.as_bytes())
-        })
-    };
-    let denied = decision
-        .knob_list("commands.deny")
-        .is_some_and(|deny| matches(&deny));
-    let not_allowed = decision
-        .knob_list("commands.allow")
-        .is_some_and(|allow| !matches(&allow));
-    (denied || not_allowed).then(|| {
-        ApiError::new(
-            403,
-            "PermissionError",
-            format!(
-                "Command '{name}' is not allowed by policy rule endpoints.{id}.commands ({})",
-                if denied {
-                    "it matches commands.deny"
-                } else {
-                    "it matches nothing in commands.allow"
-                }
-            ),
-        )
-        .with_code("command_not_allowed")
-    })
-}
-
 /// The seconds a run may take: the caller's (or the default), no more than the
 /// policy's `timeout_seconds`, which is also the default when the caller gives none.
 fn effective_timeout(call: &Call, request: &RunRequest, given: bool) -> f64 {
@@ -308,40 +268,6 @@ fn effective_timeout(call: &Call, request: &RunRequest, given: bool) -> f64 {
 /// A shlex failure, with the status each route gives it (500 on `/shell`, 400 else).
 fn split(command: &str, status: u16) -> Result<Vec<String>, ApiError> {
     shlex::split(command).map_err(|e| ApiError::new(status, "ValueError", e.0))
-}
-
-/// The working directory: the caller's (confined, existing directory) or the base.
-pub(crate) async fn working_dir(call: &Call, cwd: Option<&str>) -> Result<OwnedFd, ApiError> {
-    let base = &call.services().base;
-    let input = cwd.unwrap_or(".");
-    let caller = base.confine(input).map_err(super::files::fs_error)?;
-    if let Some(refusal) = super::files::paths_refusal(call.decision(), &call.spec().id, &caller) {
-        return Err(refusal);
-    }
-    match crate::fs::tree::open_dir(base, &caller).await {
-        Ok(fd) => Ok(fd),
-        // The base directory, made if missing: a caller who sent no cwd is never refused
-        // for one it did not send.
-        Err(_) if cwd.is_none() => crate::fs::tree::open_base_creating(base)
-            .await
-            .map_err(super::files::fs_error),
-        Err(FsError::Io { error, .. }) if matches!(error.raw_os_error(), Some(23 | 24)) => {
-            Err(super::files::fs_error(FsError::Io {
-                error,
-                path: input.to_string(),
-            }))
-        }
-        // Missing, not a directory, or outside: the contract's one answer for a cwd.
-        Err(_) => Err(ApiError::new(
-            403,
-            "PermissionError",
-            format!(
-                "cwd '{input}' is not an existing directory inside the allowed directories ({}); use a directory beneath it",
-                base.path().display()
-            ),
-        )
-        .with_code("path_not_allowed")),
-    }
 }
 
 /// Spawns `argv`; an `exec` failure is a 500 named like Python's `Popen` exception.
@@ -378,80 +304,6 @@ async fn spawn_in(
     Child::spawn(spec, &services.children)
         .await
         .map_err(|e| spawn_error(&e, &program))
-}
-
-/// `[Errno 2] No such file or directory: 'nosuch'`, as Python words it. Running out of
-/// descriptors (for the pipes) is the same passing 503 the file routes give.
-pub(crate) fn spawn_error(error: &std::io::Error, program: &str) -> ApiError {
-    if matches!(error.raw_os_error(), Some(23 | 24)) {
-        return super::files::fs_error(FsError::Io {
-            error: std::io::Error::from_raw_os_error(error.raw_os_error().unwrap_or(24)),
-            path: program.to_string(),
-        });
-    }
-    let kind = crate::api::errno::python_exception(error.raw_os_error());
-    let message = match error.raw_os_error() {
-        Some(errno) => {
-            let text = std::io::Error::from_raw_os_error(errno).to_string();
-            let text = text.split(" (os error").next().unwrap_or(&text).to_string();
-            format!("[Errno {errno}] {text}: '{program}'")
-        }
-        None => error.to_string(),
-    };
-    ApiError::internal(kind, message)
-}
-
-/// How a helper program (git, pip, a language runtime) ended.
-pub(crate) enum ProgramRun {
-    Completed(crate::process::run::Completed),
-    /// The program is not installed (not on the child's `PATH`).
-    Missing,
-    TimedOut,
-}
-
-/// Runs `argv` in `cwd` with the shared environment plus `env`, capturing at most
-/// `max_output` bytes of each stream, killing its group after `timeout`.
-pub(crate) async fn run_program(
-    call: &Call,
-    argv: Vec<String>,
-    cwd: OwnedFd,
-    env: &[(String, String)],
-    timeout: std::time::Duration,
-    max_output: usize,
-) -> Result<ProgramRun, ApiError> {
-    let env = call.services().environment.with(env);
-    run_program_in(call, argv, cwd, env, timeout, max_output).await
-}
-
-/// [`run_program`] with the child's whole environment given.
-pub(crate) async fn run_program_in(
-    call: &Call,
-    argv: Vec<String>,
-    cwd: OwnedFd,
-    env: Vec<(std::ffi::OsString, std::ffi::OsString)>,
-    timeout: std::time::Duration,
-    max_output: usize,
-) -> Result<ProgramRun, ApiError> {
-    let services = call.services();
-    let program = argv[0].clone();
-    let spec = Spawn {
-        argv,
-        cwd,
-        env,
-        stdin: false,
-        capture: true,
-        terminal: None,
-    };
-    let child = match Child::spawn(spec, &services.children).await {
-        Ok(child) => child,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(ProgramRun::Missing),
-        Err(e) => return Err(spawn_error(&e, &program)),
-    };
-    match crate::process::run::run_to_end(child, timeout, max_output).await {
-        Ok(crate::process::run::RunEnd::Completed(done)) => Ok(ProgramRun::Completed(done)),
-        Ok(crate::process::run::RunEnd::TimedOut) => Ok(ProgramRun::TimedOut),
-        Err(error) => Err(crate::api::errno::os_error(&error, None)),
-    }
 }
 
 /// JSON Schemas of the success bodies, for the OpenAPI document.

@@ -4,13 +4,14 @@ use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 
-use super::{check_command, effective_timeout, spawn, split, RunRequest, SHELL_MAX_OUTPUT_BYTES};
+use super::{check_command, effective_timeout, spawn, split, RunRequest};
 use crate::api::ApiError;
 use crate::app::Call;
 use crate::http::{sse, BodyStream, LocalFuture, Response, JSON_CONTENT_TYPE};
 use crate::process::output::Stream;
 use crate::process::run::{run_to_end, timeout_duration, Lines, Outputs, RunEnd};
 use crate::process::Child;
+use crate::routes::shared::SHELL_MAX_OUTPUT_BYTES;
 
 /// A comment line is sent after this much silence, so a vanished client is noticed
 /// even when the connection itself cannot tell.

@@ -9,12 +9,12 @@ use std::time::Duration;
 
 use serde_json::{json, Map, Value};
 
-use super::process::{run_program, working_dir, ProgramRun};
 use super::schema_object;
 use crate::api::{ApiError, Group, Method, Param};
 use crate::app::{handler, Call, Endpoint};
 use crate::http::Response;
 use crate::pytext::str_of;
+use crate::routes::shared::{run_program, working_dir, ProgramRun};
 use crate::system::{self, ports, round_to, Disk, Memory, Uname};
 
 /// How long `GET /packages` lets pip or npm run.

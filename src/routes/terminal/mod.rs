@@ -8,7 +8,6 @@ use std::sync::Arc;
 
 use serde_json::{json, Value};
 
-use super::process::working_dir;
 use super::schema_object;
 use crate::api::{ApiError, Args, Group, Method, Param};
 use crate::app::{handler, Call, Endpoint};
@@ -17,6 +16,7 @@ use crate::pty::{
     CreateError, NewSession, Session, SessionInfo, Sessions, ALLOWED_SHELLS, MAX_SESSIONS,
     STRIPPED_VARS,
 };
+use crate::routes::shared::working_dir;
 
 const DEFAULT_SHELL: &str = "/bin/bash";
 
@@ -174,7 +174,7 @@ async fn create(call: Call) -> Result<Response, ApiError> {
                 "ResourceError",
                 format!("Too many terminal sessions: at most {MAX_SESSIONS}; delete one first (DELETE /pty/sessions/<id>)"),
             ),
-            CreateError::Io(error) => super::process::spawn_error(&error, &shell),
+            CreateError::Io(error) => crate::routes::shared::spawn_error(&error, &shell),
         })?;
     let mut ws_url = format!(
         "ws://localhost:{}/pty?session_id={}",

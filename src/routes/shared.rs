@@ -1,0 +1,322 @@
+//! Helpers more than one group's routes use: how a domain failure is worded (a file
+//! error, a spawn error), the caller path's confinement and the policy's `paths`,
+//! `commands` and extension rules, the working directory of a child, running a program
+//! to its end. They live here, not in the group that used them first, so no group's
+//! routes are another's helper layer.
+
+use std::os::fd::OwnedFd;
+
+use crate::api::errno::os_error;
+use crate::api::ApiError;
+use crate::app::Call;
+use crate::fs::FsError;
+use crate::process::{Child, Spawn};
+
+/// Words a file operation's failure as the contract does.
+pub fn fs_error(error: FsError) -> ApiError {
+    let message = error.to_string();
+    match error {
+        FsError::NotAllowed { .. } | FsError::BaseDirectory { .. } => {
+            ApiError::new(403, "PermissionError", message).with_code("path_not_allowed")
+        }
+        FsError::Invalid(_) => ApiError::bad_request(message),
+        FsError::NotFound(_) => ApiError::new(404, "FileNotFoundError", message),
+        FsError::TooManyFiles { .. } => ApiError::bad_request(message),
+        FsError::TooLarge { .. } => {
+            ApiError::new(413, "ValueError", message).with_code("payload_too_large")
+        }
+        FsError::Io { error, .. } if is_out_of_descriptors(&error) => ApiError::new(
+            503,
+            "OSError",
+            "The server has no file descriptors left for this request; retry shortly",
+        )
+        .with_code("resource_exhausted")
+        .with_header("Retry-After", "1"),
+        FsError::Io { error, path } => os_error(&error, Some(&path)),
+        FsError::Os { errno, .. } => {
+            let mut api =
+                ApiError::internal(crate::api::errno::python_exception(Some(errno)), message);
+            api.code = crate::api::errno::os_error_code(Some(errno));
+            api
+        }
+    }
+}
+
+/// EMFILE or ENFILE: a passing shortage of descriptors, not a fault of the request.
+fn is_out_of_descriptors(error: &std::io::Error) -> bool {
+    matches!(error.raw_os_error(), Some(23 | 24))
+}
+
+/// Checks a caller path against the base directory, then against the endpoint's
+/// policy `paths` rule.
+pub(crate) fn confine(call: &Call, input: &str) -> Result<crate::fs::CallerPath, ApiError> {
+    let caller = call.services().base.confine(input).map_err(fs_error)?;
+    match paths_refusal(call.decision(), &call.spec().id, &caller) {
+        Some(refusal) => Err(refusal),
+        None => Ok(caller),
+    }
+}
+
+/// The policy's `paths: {allow, deny}` for an endpoint, matched (as `fnmatch`: `*`
+/// crosses `/`) against the path beneath the base directory (`work/notes.txt`) and
+/// the absolute path (`/home/user/work/notes.txt`). A `deny` match, or no `allow`
+/// match when `allow` is given, is 403 `path_not_allowed`. The check is lexical, on
+/// the path as written.
+pub(crate) fn paths_refusal(
+    decision: &crate::app::policy::Decision,
+    id: &str,
+    caller: &crate::fs::CallerPath,
+) -> Option<ApiError> {
+    let allow = decision.knob_list("paths.allow");
+    let deny = decision.knob_list("paths.deny");
+    if allow.is_none() && deny.is_none() {
+        return None;
+    }
+    let rel = caller.rel.to_string_lossy();
+    let shown = caller.display();
+    let matches = |globs: &[&str]| {
+        globs.iter().any(|glob| {
+            let target = if glob.starts_with('/') {
+                shown.as_str()
+            } else {
+                rel.as_ref()
+            };
+            crate::fs::fnmatch::fnmatch(glob.as_bytes(), target.as_bytes())
+        })
+    };
+    let refused =
+        deny.as_deref().is_some_and(matches) || allow.as_deref().is_some_and(|a| !matches(a));
+    refused.then(|| {
+        ApiError::new(
+            403,
+            "PermissionError",
+            format!(
+                "Path '{}' is not allowed by policy rule endpoints.{id}.paths; use a path its allow list names",
+                caller.input
+            ),
+        )
+        .with_code("path_not_allowed")
+    })
+}
+
+/// Output `/shell` keeps per stream; more is read and dropped and `truncated` is set.
+pub const SHELL_MAX_OUTPUT_BYTES: usize = 64 * 1024 * 1024;
+
+/// The refusal [`check_command`] gives, for `/capabilities/check` too.
+pub(crate) fn command_refusal(
+    decision: &crate::app::policy::Decision,
+    id: &str,
+    argv: &[String],
+) -> Option<ApiError> {
+    let program = argv.first().map(String::as_str).unwrap_or_default();
+    let name = program.rsplit('/').next().unwrap_or(program);
+    let matches = |globs: &[&str]| {
+        globs.iter().any(|glob| {
+            crate::fs::fnmatch::fnmatch(glob.as_bytes(), name.as_bytes())
+                || crate::fs::fnmatch::fnmatch(glob.as_bytes(), program.as_bytes())
+        })
+    };
+    let denied = decision
+        .knob_list("commands.deny")
+        .is_some_and(|deny| matches(&deny));
+    let not_allowed = decision
+        .knob_list("commands.allow")
+        .is_some_and(|allow| !matches(&allow));
+    (denied || not_allowed).then(|| {
+        ApiError::new(
+            403,
+            "PermissionError",
+            format!(
+                "Command '{name}' is not allowed by policy rule endpoints.{id}.commands ({})",
+                if denied {
+                    "it matches commands.deny"
+                } else {
+                    "it matches nothing in commands.allow"
+                }
+            ),
+        )
+        .with_code("command_not_allowed")
+    })
+}
+
+/// The working directory: the caller's (confined, existing directory) or the base.
+pub(crate) async fn working_dir(call: &Call, cwd: Option<&str>) -> Result<OwnedFd, ApiError> {
+    let base = &call.services().base;
+    let input = cwd.unwrap_or(".");
+    let caller = base.confine(input).map_err(fs_error)?;
+    if let Some(refusal) = paths_refusal(call.decision(), &call.spec().id, &caller) {
+        return Err(refusal);
+    }
+    match crate::fs::tree::open_dir(base, &caller).await {
+        Ok(fd) => Ok(fd),
+        // The base directory, made if missing: a caller who sent no cwd is never refused
+        // for one it did not send.
+        Err(_) if cwd.is_none() => crate::fs::tree::open_base_creating(base)
+            .await
+            .map_err(fs_error),
+        Err(FsError::Io { error, .. }) if matches!(error.raw_os_error(), Some(23 | 24)) => {
+            Err(fs_error(FsError::Io {
+                error,
+                path: input.to_string(),
+            }))
+        }
+        // Missing, not a directory, or outside: the contract's one answer for a cwd.
+        Err(_) => Err(ApiError::new(
+            403,
+            "PermissionError",
+            format!(
+                "cwd '{input}' is not an existing directory inside the allowed directories ({}); use a directory beneath it",
+                base.path().display()
+            ),
+        )
+        .with_code("path_not_allowed")),
+    }
+}
+
+/// `[Errno 2] No such file or directory: 'nosuch'`, as Python words it. Running out of
+/// descriptors (for the pipes) is the same passing 503 the file routes give.
+pub(crate) fn spawn_error(error: &std::io::Error, program: &str) -> ApiError {
+    if matches!(error.raw_os_error(), Some(23 | 24)) {
+        return fs_error(FsError::Io {
+            error: std::io::Error::from_raw_os_error(error.raw_os_error().unwrap_or(24)),
+            path: program.to_string(),
+        });
+    }
+    let kind = crate::api::errno::python_exception(error.raw_os_error());
+    let message = match error.raw_os_error() {
+        Some(errno) => {
+            let text = std::io::Error::from_raw_os_error(errno).to_string();
+            let text = text.split(" (os error").next().unwrap_or(&text).to_string();
+            format!("[Errno {errno}] {text}: '{program}'")
+        }
+        None => error.to_string(),
+    };
+    ApiError::internal(kind, message)
+}
+
+/// How a helper program (git, pip, a language runtime) ended.
+pub(crate) enum ProgramRun {
+    Completed(crate::process::run::Completed),
+    /// The program is not installed (not on the child's `PATH`).
+    Missing,
+    TimedOut,
+}
+
+/// Runs `argv` in `cwd` with the shared environment plus `env`, capturing at most
+/// `max_output` bytes of each stream, killing its group after `timeout`.
+pub(crate) async fn run_program(
+    call: &Call,
+    argv: Vec<String>,
+    cwd: OwnedFd,
+    env: &[(String, String)],
+    timeout: std::time::Duration,
+    max_output: usize,
+) -> Result<ProgramRun, ApiError> {
+    let env = call.services().environment.with(env);
+    run_program_in(call, argv, cwd, env, timeout, max_output).await
+}
+
+/// [`run_program`] with the child's whole environment given.
+pub(crate) async fn run_program_in(
+    call: &Call,
+    argv: Vec<String>,
+    cwd: OwnedFd,
+    env: Vec<(std::ffi::OsString, std::ffi::OsString)>,
+    timeout: std::time::Duration,
+    max_output: usize,
+) -> Result<ProgramRun, ApiError> {
+    let services = call.services();
+    let program = argv[0].clone();
+    let spec = Spawn {
+        argv,
+        cwd,
+        env,
+        stdin: false,
+        capture: true,
+        terminal: None,
+    };
+    let child = match Child::spawn(spec, &services.children).await {
+        Ok(child) => child,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(ProgramRun::Missing),
+        Err(e) => return Err(spawn_error(&e, &program)),
+    };
+    match crate::process::run::run_to_end(child, timeout, max_output).await {
+        Ok(crate::process::run::RunEnd::Completed(done)) => Ok(ProgramRun::Completed(done)),
+        Ok(crate::process::run::RunEnd::TimedOut) => Ok(ProgramRun::TimedOut),
+        Err(error) => Err(crate::api::errno::os_error(&error, None)),
+    }
+}
+
+/// The policy's `allow_extensions` / `deny_extensions` for this endpoint, against the
+/// file name's extension (case-insensitive, with or without the dot in the policy).
+/// 403 `extension_not_allowed` otherwise.
+pub fn check_extension(call: &Call, caller: &crate::fs::CallerPath) -> Result<(), ApiError> {
+    extension_refusal(call.decision(), &call.spec().id, caller).map_or(Ok(()), |(e, _)| Err(e))
+}
+
+/// The refusal [`check_extension`] gives, for `/capabilities/check` too.
+/// The name is the confined path's last component (`evil.py/` is `evil.py`). Also
+/// returns the knob that refused (`allow_extensions` or `deny_extensions`).
+pub fn extension_refusal(
+    decision: &crate::app::policy::Decision,
+    id: &str,
+    caller: &crate::fs::CallerPath,
+) -> Option<(ApiError, &'static str)> {
+    let input = caller.input.as_str();
+    let allow = decision.knob_list("allow_extensions");
+    let deny = decision.knob_list("deny_extensions");
+    if allow.is_none() && deny.is_none() {
+        return None;
+    }
+    let name = caller
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let extension = name
+        .rsplit_once('.')
+        .filter(|(stem, _)| !stem.is_empty())
+        .map(|(_, ext)| ext.to_ascii_lowercase())
+        .unwrap_or_default();
+    let listed = |list: &[&str]| {
+        list.iter()
+            .any(|e| e.trim_start_matches('.').eq_ignore_ascii_case(&extension))
+    };
+    let denied = deny.as_deref().is_some_and(listed);
+    let refused = denied || allow.as_deref().is_some_and(|a| !listed(a));
+    let knob = if denied {
+        "deny_extensions"
+    } else {
+        "allow_extensions"
+    };
+    refused.then(|| {
+        let shown = if extension.is_empty() {
+            "(none)".to_string()
+        } else {
+            format!(".{extension}")
+        };
+        ApiError::new(
+            403,
+            "PermissionError",
+            format!("Extension {shown} of '{input}' is not allowed by policy rule endpoints.{id} (allow_extensions / deny_extensions)"),
+        )
+        .with_code("extension_not_allowed")
+    })
+    .map(|error| (error, knob))
+}
+
+pub(crate) fn refused_overwrite(error: crate::fs::FsError, overwrite: bool) -> ApiError {
+    match &error {
+        crate::fs::FsError::Io { error: io, path }
+            if !overwrite && io.raw_os_error() == Some(libc::EEXIST) =>
+        {
+            ApiError::new(
+                409,
+                "FileExistsError",
+                format!(
+                    "File exists: '{path}' (the policy sets overwrite: false for this endpoint)"
+                ),
+            )
+        }
+        _ => fs_error(error),
+    }
+}

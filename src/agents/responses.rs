@@ -271,6 +271,9 @@ pub(super) enum Continuation {
 
 /// A turn checked and resolved, ready to start.
 pub struct Prepared<S: ObjectStore> {
+    /// The response's id, chosen before the CLI starts (a stream may show the response
+    /// while the CLI is still being installed).
+    pub id: String,
     pub runtime: Runtime,
     pub(super) cli_model: Option<String>,
     pub(super) prompt: String,
@@ -367,6 +370,7 @@ impl<S: ObjectStore> Agents<S> {
             }
         };
         Ok(Prepared {
+            id: new_response_id(),
             runtime,
             prompt: prompt(request.instructions.as_deref(), &unseen, &messages),
             cli_model,
@@ -441,6 +445,13 @@ impl<S: ObjectStore> Agents<S> {
 }
 
 /// The Response object of a turn that starts now.
+impl<S: ObjectStore> Prepared<S> {
+    /// The Response object as it is before its turn starts.
+    pub fn preview(&self) -> Value {
+        response_object(&self.id, self)
+    }
+}
+
 pub(super) fn response_object<S: ObjectStore>(id: &str, turn: &Prepared<S>) -> Value {
     let runtime = turn.runtime;
     let (conversation, previous) = match &turn.continuation {

@@ -17,7 +17,7 @@ use super::error::AgentError;
 use super::objects::{output_item, usage_json};
 use super::records::{ObjectStore, Scope, Transaction};
 use super::responses::{
-    new_response_id, response_object, InputItem, Prepared, ResponseRecord, Session,
+    response_object, InputItem, Prepared, ResponseRecord, Session,
 };
 use super::turn::Turn;
 use super::{AgentEvent, Agents, Item, Runtime, Usage};
@@ -168,7 +168,7 @@ impl<S: ObjectStore> Agents<S> {
         let runtime = turn.runtime;
         let mut argv = runtime.turn_argv(turn.resume.as_deref(), turn.cli_model.as_deref());
         argv[0] = launch.program.display().to_string();
-        let id = new_response_id();
+        let id = turn.id.clone();
         let response = response_object(&id, &turn);
         let cli = Turn::start(
             runtime,
@@ -237,6 +237,20 @@ impl<S: ObjectStore> TurnRun<S> {
         if events.send("response.created", created).await.is_err() {
             return;
         }
+        self.stream_on(events).await;
+    }
+
+    /// Continues a stream that already carried `response.created` and `sent` events in
+    /// all (the CLI's install progress, see [`crate::agents::install`]).
+    pub async fn stream_after(self, sink: &mut impl Sink, sent: u64) {
+        let events = Events {
+            sink,
+            sequence: sent,
+        };
+        self.stream_on(events).await;
+    }
+
+    async fn stream_on<K: Sink>(self, mut events: Events<'_, K>) {
         let running = json!({"response": self.response});
         let _ = events.send("response.in_progress", running).await;
         self.drive(&mut events).await;

@@ -153,6 +153,10 @@ impl ApiError {
                 if let Value::String(rule) = field("rule") {
                     error["rule"] = Value::String(rule);
                 }
+                // What this server adds (an install failure's runtime and npm lines).
+                if let details @ Value::Object(_) = field("x_agent_sandbox") {
+                    error["x_agent_sandbox"] = details;
+                }
                 serde_json::json!({ "error": error })
             }
         }

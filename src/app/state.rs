@@ -31,8 +31,6 @@ pub type Serve = endpoint::Serve<Call, Upgraded>;
 pub type Handler = endpoint::Handler<Call>;
 /// Opens a raw-body sink.
 pub type SinkHandler = endpoint::SinkHandler<Call>;
-/// Serves a WebSocket.
-pub type UpgradeHandler = endpoint::UpgradeHandler<Upgraded>;
 
 /// What handlers work with.
 pub struct Services {

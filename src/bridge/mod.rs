@@ -144,11 +144,6 @@ impl Bridge {
         self.retire(0, "the server is shutting down".into());
     }
 
-    /// How many times the worker was restarted.
-    pub fn restarts(&self) -> u64 {
-        self.restarts.load(Ordering::Relaxed)
-    }
-
     fn lock(&self) -> std::sync::MutexGuard<'_, Pool> {
         self.pool.lock().unwrap_or_else(|e| e.into_inner())
     }

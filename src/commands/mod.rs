@@ -212,6 +212,7 @@ impl Registry {
     }
 
     /// Every command, hidden ones included, in registration order.
+    #[cfg(test)]
     pub fn all(&self) -> &[Command] {
         &self.commands
     }
@@ -227,13 +228,6 @@ impl Registry {
             .filter(move |c| !c.hidden && holds(&c.scopes))
     }
 
-    pub fn is_empty(&self) -> bool {
-        self.commands.is_empty()
-    }
-
-    pub fn len(&self) -> usize {
-        self.commands.len()
-    }
 }
 
 #[cfg(test)]

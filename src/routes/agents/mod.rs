@@ -9,6 +9,7 @@
 //! its declared fields (`call.args()`), calls the domain and shapes the answer; the
 //! domain's refusals are worded here.
 
+mod cli;
 mod conversations;
 mod resource;
 mod responses;
@@ -220,20 +221,12 @@ fn default_runtime(call: &Call) -> Runtime {
         .unwrap_or(Runtime::Codex)
 }
 
-/// Where `runtime`'s CLI is on the children's `PATH`, looked up on the pool.
-async fn find_cli(call: &Call, runtime: Runtime) -> Option<std::path::PathBuf> {
-    let env = call.services().environment.snapshot();
-    monoio::spawn_blocking(move || runtime.find_cli(&env))
-        .await
-        .ok()
-        .flatten()
-}
-
 /// The group's state: the `/v1` objects and the turns running now.
 pub fn registrar() -> crate::app::Registrar {
     Box::new(|setup| {
         setup.provide(Arc::new(
             Agents::<crate::agents::memory::MemoryStore>::default(),
-        ))
+        ));
+        setup.provide(Arc::new(cli::installer(setup.config)));
     })
 }

@@ -5,11 +5,11 @@
 use serde_json::{json, Map, Value};
 
 use super::resource::{Named, Op, Resource};
-use super::{agents_of, args, cannot, default_runtime, find_cli, path_value};
+use super::{agents_of, args, cannot, cli, default_runtime, path_value};
 use crate::agents::objects::label;
 use crate::agents::responses::{select_runtime, InputItem, ResponseRecord, TurnRequest};
 use crate::agents::run::{Event, Gone, Launch, Sink};
-use crate::agents::AgentError;
+use crate::agents::install::{Located, Progress};
 use crate::api::{ApiError, Args, Method, Param};
 use crate::app::{handler, Call, Endpoint};
 use crate::http::{sse, Response};
@@ -109,10 +109,28 @@ async fn create(call: Call) -> Result<Response, ApiError> {
     let owner = &call.identity.id;
     let agents = agents_of(&call)?;
     let turn = agents.prepare(owner, request, default_runtime(&call))?;
-    let program = find_cli(&call, turn.runtime)
-        .await
-        .ok_or(AgentError::NotInstalled(turn.runtime))?;
-    let cwd = crate::routes::shared::working_dir(&call, None)
+    if !args.flag("stream") {
+        let located = cli::ready(&call, turn.runtime).await?;
+        let run = agents.start(owner, turn, launch(&call, &located).await?).await?;
+        return Ok(Response::ok(&run.whole().await));
+    }
+    let (tx, rx) = sse::channel(64);
+    match cli::find(&call, turn.runtime).await? {
+        cli::Found::Ready(located) => {
+            let run = agents.start(owner, turn, launch(&call, &located).await?).await?;
+            monoio::spawn(async move { run.stream(&mut Events(tx)).await });
+        }
+        cli::Found::Installing(watch) => {
+            monoio::spawn(stream_after_install(call, turn, watch, Events(tx)));
+        }
+    }
+    Ok(Response::sse(rx))
+}
+
+/// How the turn's CLI is started: the base directory, the children's environment with
+/// the CLI's own directories first on `PATH`.
+async fn launch<'a>(call: &'a Call, located: &Located) -> Result<Launch<'a>, ApiError> {
+    let cwd = crate::routes::shared::working_dir(call, None)
         .await
         .map_err(|e| {
             ApiError::new(
@@ -121,20 +139,86 @@ async fn create(call: Call) -> Result<Response, ApiError> {
                 format!("The base directory cannot be opened: {}", e.message),
             )
         })?;
-    let services = call.services();
-    let launch = Launch {
-        program,
+    Ok(Launch {
+        program: located.program.clone(),
         cwd,
-        env: services.environment.with(&[]),
-        children: &services.children,
+        env: cli::environment(call, located),
+        children: &call.services().children,
+    })
+}
+
+/// A streamed turn whose CLI is being installed: the response is shown at once
+/// (`response.created`), each batch of npm's lines is a `response.in_progress` whose
+/// `x_agent_sandbox.install` says so, then the turn streams on; a failed install is
+/// an `error` event with the failure's code.
+async fn stream_after_install(
+    call: Call,
+    turn: crate::agents::responses::Prepared<crate::agents::memory::MemoryStore>,
+    mut watch: crate::agents::install::Watch,
+    mut events: Events,
+) {
+    let runtime = turn.runtime;
+    let mut response = turn.preview();
+    let mut sent = 0u64;
+    let send = |name: &'static str, mut data: Value, sent: &mut u64| {
+        data["type"] = json!(name);
+        data["sequence_number"] = json!(*sent);
+        *sent += 1;
+        Event { name, data }
     };
-    let run = agents.start(owner, turn, launch).await?;
-    if !args.flag("stream") {
-        return Ok(Response::ok(&run.whole().await));
+    let created = send("response.created", json!({"response": response}), &mut sent);
+    if events.send(created).await.is_err() {
+        return;
     }
-    let (tx, rx) = sse::channel(64);
-    monoio::spawn(async move { run.stream(&mut Events(tx)).await });
-    Ok(Response::sse(rx))
+    let failure = loop {
+        match watch.next().await {
+            Progress::Lines(lines) => {
+                response["x_agent_sandbox"]["install"] = cli::install_note(runtime, &lines);
+                let note = send("response.in_progress", json!({"response": response}), &mut sent);
+                if events.send(note).await.is_err() {
+                    return;
+                }
+            }
+            Progress::Done(Ok(())) => break None,
+            Progress::Done(Err(failure)) => break Some(cli::install_failed(runtime, &failure)),
+        }
+    };
+    let started = match failure {
+        Some(error) => Err(error),
+        None => match cli::installed(&call, runtime).await {
+            Ok(located) => match launch(&call, &located).await {
+                Ok(launch) => {
+                    let agents = match agents_of(&call) {
+                        Ok(agents) => agents,
+                        Err(error) => return refuse(&mut events, error, &mut sent).await,
+                    };
+                    agents
+                        .start(&call.identity.id, turn, launch)
+                        .await
+                        .map_err(ApiError::from)
+                }
+                Err(error) => Err(error),
+            },
+            Err(error) => Err(error),
+        },
+    };
+    match started {
+        Ok(run) => run.stream_after(&mut events, sent).await,
+        Err(error) => refuse(&mut events, error, &mut sent).await,
+    }
+}
+
+/// Ends a stream with OpenAI's `error` event for `error`.
+async fn refuse(events: &mut Events, error: ApiError, sent: &mut u64) {
+    let data = json!({
+        "type": "error",
+        "code": error.code,
+        "message": error.message,
+        "param": null,
+        "sequence_number": *sent,
+    });
+    *sent += 1;
+    let _ = events.send(Event { name: "error", data }).await;
 }
 
 /// A turn's events as server-sent events.

@@ -4,7 +4,7 @@
 use serde_json::{json, Value};
 
 use super::resource::{Named, Op, Resource};
-use super::{cannot, default_runtime, find_cli, not_implemented, path_value, route};
+use super::{cannot, cli, default_runtime, not_implemented, path_value, route};
 use crate::agents::objects::{label, now_unix};
 use crate::agents::Runtime;
 use crate::api::{ApiError, Method};
@@ -43,31 +43,32 @@ pub fn endpoints() -> Vec<Endpoint> {
 
 async fn runtimes(call: Call) -> Result<Response, ApiError> {
     let default = default_runtime(&call);
+    let auto_install = call.config().agents_auto_install;
     let mut data = Vec::new();
     for runtime in Runtime::ALL {
-        let found = match runtime.implemented() {
-            true => find_cli(&call, runtime).await,
+        let status = match runtime.implemented() {
+            true => Some(cli::status(&call, runtime).await?),
             false => None,
         };
-        let version = match &found {
-            Some(path) => match crate::routes::shared::working_dir(&call, None).await {
-                Ok(cwd) => {
-                    let services = call.services();
-                    let env = services.environment.with(&[]);
-                    crate::agents::cli_version(path, cwd, env, &services.children).await
-                }
-                Err(_) => None,
-            },
-            None => None,
-        };
+        let usable = status.as_ref().and_then(|s| s.usable.as_ref());
         let cli = runtime.cli();
         data.push(json!({
             "id": runtime.name(),
             "object": "agents.runtime",
             "aliases": runtime.aliases(),
             "implemented": runtime.implemented(),
-            "installed": found.is_some(),
-            "version": version,
+            "installed": usable.is_some(),
+            "version": usable.map(|u| u.version.clone()),
+            "source": usable.map(|u| u.source.name()),
+            "program": usable.map(|u| u.program.display().to_string()),
+            "installing": status.as_ref().is_some_and(|s| s.installing),
+            "auto_install": runtime.implemented() && auto_install,
+            "ignored_on_path": status.as_ref().and_then(|s| s.ignored.as_ref()).map(|(path, version)| {
+                json!({"program": path.display().to_string(), "version": version})
+            }),
+            "last_install_error": status.as_ref().and_then(|s| s.last_failure.as_ref()).map(|f| {
+                json!({"code": f.code, "message": f.message})
+            }),
             "default": runtime == default,
             "cli": cli.as_ref().map(|c| c.program),
             "pinned_version": cli.as_ref().map(|c| c.version),

@@ -326,7 +326,9 @@ impl Installer {
         };
         let cwd = prepared.map_err(|e| io_failure("cannot prepare the install directory", &e))?;
         let mut packages = vec![format!("{}@{}", cli.package, cli.version)];
-        if !node_is_new_enough(&context).await {
+        // qwen-code asks for Node.js 22 (`engines`); codex's launcher runs on 16 and
+        // later, so it does not pay for a second Node.js.
+        if runtime == Runtime::QwenCode && !node_is_new_enough(&context).await {
             packages.push(format!(
                 "node-linux-{}@{}",
                 node_arch(),
@@ -350,14 +352,13 @@ impl Installer {
             argv.push(format!("--registry={registry}"));
         }
         argv.extend(packages.iter().cloned());
-        self.push_line(
-            runtime,
-            format!(
-                "installing {} into {}",
-                packages.join(" "),
-                final_prefix.display()
-            ),
+        let starting = format!(
+            "installing {} into {}",
+            packages.join(" "),
+            final_prefix.display()
         );
+        crate::log!("agents: {starting}");
+        self.push_line(runtime, starting);
         let spawned = Child::spawn(
             Spawn {
                 argv,
@@ -410,7 +411,10 @@ impl Installer {
                     .await
                 };
                 match moved {
-                    Ok(()) => Ok(()),
+                    Ok(()) => {
+                        crate::log!("agents: installed {} {}", cli.package, cli.version);
+                        Ok(())
+                    }
                     Err(e) => {
                         let _ = remove(temporary).await;
                         Err(InstallFailure {
@@ -422,7 +426,9 @@ impl Installer {
             }
             Ok(status) => {
                 let _ = remove(temporary).await;
-                Err(classify(&cli, status, kept))
+                let failure = classify(&cli, status, kept);
+                crate::log!("agents: {} ({})", failure.message, failure.code);
+                Err(failure)
             }
             Err(message) => {
                 let _ = remove(temporary).await;

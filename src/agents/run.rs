@@ -16,9 +16,7 @@ use serde_json::{json, Value};
 use super::error::AgentError;
 use super::objects::{output_item, usage_json};
 use super::records::{ObjectStore, Scope, Transaction};
-use super::responses::{
-    response_object, InputItem, Prepared, ResponseRecord, Session,
-};
+use super::responses::{response_object, InputItem, Prepared, ResponseRecord, Session};
 use super::turn::Turn;
 use super::{AgentEvent, Agents, Item, Runtime, Usage};
 use crate::process::ChildRegistry;

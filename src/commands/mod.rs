@@ -227,7 +227,6 @@ impl Registry {
             .iter()
             .filter(move |c| !c.hidden && holds(&c.scopes))
     }
-
 }
 
 #[cfg(test)]

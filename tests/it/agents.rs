@@ -1049,3 +1049,244 @@ fn the_store_caps_each_identity(driver: &'static str) {
 }
 
 crate::on_both_drivers!(the_store_caps_each_identity);
+
+/// A directory holding a `codex` that reports another version than the pin: on `PATH`,
+/// it must not be used (ABX_AGENTS_PATH_CLI defaults to `pinned`).
+fn decoy_codex(home: &TempDir) -> String {
+    let dir = home.path().join("decoy");
+    std::fs::create_dir_all(&dir).unwrap();
+    let codex = dir.join("codex");
+    std::fs::write(
+        &codex,
+        "#!/bin/sh\necho 'codex-cli 0.1.0'\necho 'decoy ran' >&2\nexit 3\n",
+    )
+    .unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&codex, std::fs::Permissions::from_mode(0o755)).unwrap();
+    dir.display().to_string()
+}
+
+/// A server whose children's `PATH` has the machine's npm and Node.js and the decoy,
+/// but no pinned CLI; installs go to `<home>/state`, npm uses the machine's cache.
+fn first_use_server(upstream: &Upstream, home: &TempDir, extra: &[(&str, &str)]) -> Server {
+    let path = format!("{}:/usr/local/bin:/usr/bin:/bin", decoy_codex(home));
+    let cache = std::env::var("HOME").map_or("/root/.npm".to_string(), |h| format!("{h}/.npm"));
+    let state = home.path().join("state");
+    let mut env: Vec<(&str, &str)> = vec![
+        ("PATH", &path),
+        ("ABX_STATE_DIR", state.to_str().unwrap()),
+        ("npm_config_cache", &cache),
+        ("npm_config_fetch_retries", "0"),
+    ];
+    env.extend_from_slice(extra);
+    agents_server(upstream, home, &env)
+}
+
+fn runtime_entry(server: &Server, id: &str) -> Value {
+    let (status, list) = server.v1_get("/v1/agents/runtimes");
+    assert_eq!(status, 200, "{list}");
+    list["data"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["id"] == id)
+        .cloned()
+        .unwrap()
+}
+
+fn installs_started(server: &Server) -> usize {
+    server
+        .output
+        .try_iter()
+        .filter(|l| l.contains("agents: installing @openai/codex@"))
+        .count()
+}
+
+/// The contract: the CLIs are not installed until a session uses them. Eight first
+/// requests at once share one npm install of the pinned version (from the real
+/// registry, into the server's own prefix), then every one of them runs its turn.
+#[test]
+fn the_cli_is_installed_once_on_first_use() {
+    let upstream = serve_upstream();
+    let home = TempDir::new("first-use");
+    let server = first_use_server(&upstream, &home, &[]);
+    let before = runtime_entry(&server, "codex");
+    assert_eq!(before["installed"], false, "{before}");
+    assert_eq!(before["ignored_on_path"]["version"], "0.1.0", "{before}");
+    let addr = server.addr;
+    let threads: Vec<_> = (0..8)
+        .map(|i| {
+            std::thread::spawn(move || {
+                let body = json!({"model": "codex", "input": format!("SAY first {i}")});
+                crate::support::request_within(
+                    addr,
+                    "POST",
+                    "/v1/responses",
+                    &[("Content-Type", "application/json")],
+                    Some(body.to_string().as_bytes()),
+                    Duration::from_secs(600),
+                )
+            })
+        })
+        .collect();
+    for (i, thread) in threads.into_iter().enumerate() {
+        let reply = thread.join().unwrap();
+        assert_eq!(reply.status, 200, "{}", reply.text());
+        let response = reply.json();
+        assert_eq!(response["status"], "completed", "{response}");
+        assert_eq!(output_text(&response), format!("first {i}"));
+    }
+    assert_eq!(
+        installs_started(&server),
+        1,
+        "one install for eight requests"
+    );
+    let after = runtime_entry(&server, "codex");
+    assert_eq!(after["installed"], true, "{after}");
+    assert_eq!(after["source"], "managed", "{after}");
+    assert_eq!(after["version"], pin("CODEX_VERSION").as_str(), "{after}");
+    let runtimes = home.path().join("state/runtimes");
+    let names: Vec<String> = std::fs::read_dir(&runtimes)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    assert_eq!(
+        names,
+        [format!("codex-{}", pin("CODEX_VERSION"))],
+        "{names:?}"
+    );
+    use std::os::unix::fs::PermissionsExt;
+    let mode = std::fs::metadata(&runtimes).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode, 0o700);
+    // A restarted server finds its install and starts no other.
+    drop(server);
+    let server = first_use_server(&upstream, &home, &[]);
+    let (status, response) = server.v1_post(
+        "/v1/responses",
+        json!({"model": "codex", "input": "SAY again"}),
+    );
+    assert_eq!(status, 200, "{response}");
+    assert_eq!(output_text(&response), "again");
+    assert_eq!(installs_started(&server), 0);
+}
+
+/// A streamed first request follows the install (`response.in_progress` events whose
+/// `x_agent_sandbox.install` carries npm's lines), then the turn; a plain request that
+/// waits longer than ABX_AGENTS_INSTALL_WAIT is 503 with `Retry-After`.
+#[test]
+fn a_stream_follows_the_install_and_a_plain_request_is_told_to_retry() {
+    let upstream = serve_upstream();
+    let home = TempDir::new("first-use-stream");
+    let server = first_use_server(&upstream, &home, &[("ABX_AGENTS_INSTALL_WAIT", "0.2")]);
+    let reply = server.post_value("/v1/responses", json!({"model": "codex", "input": "SAY x"}));
+    assert_eq!(reply.status, 503, "{}", reply.text());
+    assert_eq!(reply.json()["error"]["code"], "agents.runtime_installing");
+    assert_eq!(reply.header("retry-after"), Some("10"));
+    let body = json!({"model": "codex", "input": "SAY streamed", "stream": true}).to_string();
+    let request = format!(
+        "POST /v1/responses HTTP/1.0\r\nHost: test\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    let mut reader = crate::support::open_event_stream(&server, request.as_bytes());
+    reader
+        .get_ref()
+        .set_read_timeout(Some(Duration::from_secs(300)))
+        .unwrap();
+    let mut names = Vec::new();
+    let mut notes = 0;
+    let mut text = String::new();
+    loop {
+        let (name, data) = read_event(&mut reader);
+        assert_eq!(data["sequence_number"], names.len(), "{name} {data}");
+        if name == "response.in_progress"
+            && data["response"]["x_agent_sandbox"]["install"].is_object()
+        {
+            let note = &data["response"]["x_agent_sandbox"]["install"];
+            assert_eq!(note["phase"], "installing", "{note}");
+            assert_eq!(note["version"], pin("CODEX_VERSION").as_str());
+            notes += 1;
+        }
+        if name == "response.output_text.delta" {
+            text.push_str(data["delta"].as_str().unwrap());
+        }
+        let done = name == "response.completed" || name == "error";
+        names.push(name);
+        if done {
+            break;
+        }
+    }
+    assert_eq!(names.first().map(String::as_str), Some("response.created"));
+    assert_eq!(
+        names.last().map(String::as_str),
+        Some("response.completed"),
+        "{names:?}"
+    );
+    assert!(notes >= 1, "{names:?}");
+    assert_eq!(text, "streamed");
+}
+
+/// An install that cannot reach its registry is 503 with its cause's code and npm's
+/// last lines, leaves nothing behind, and is answered from memory for a while; with
+/// auto-install off the answer is the refusal naming the npm command.
+#[test]
+fn a_failed_install_leaves_nothing_and_auto_install_can_be_off() {
+    let upstream = serve_upstream();
+    let home = TempDir::new("first-use-fail");
+    let closed = crate::support::unused_addr();
+    let registry = format!("http://{closed}/");
+    let server = first_use_server(&upstream, &home, &[("ABX_AGENTS_NPM_REGISTRY", &registry)]);
+    let reply = crate::support::request_within(
+        server.addr,
+        "POST",
+        "/v1/responses",
+        &[("Content-Type", "application/json")],
+        Some(
+            json!({"model": "codex", "input": "SAY x"})
+                .to_string()
+                .as_bytes(),
+        ),
+        Duration::from_secs(300),
+    );
+    assert_eq!(reply.status, 503, "{}", reply.text());
+    let error = reply.json()["error"].clone();
+    assert_eq!(error["code"], "agents.install_failed.registry", "{error}");
+    assert!(
+        error["message"]
+            .as_str()
+            .unwrap()
+            .contains("npm's last lines"),
+        "{error}"
+    );
+    assert_eq!(error["x_agent_sandbox"]["runtime"], "codex", "{error}");
+    assert!(reply.header("retry-after").is_some());
+    let runtimes = home.path().join("state/runtimes");
+    let left: Vec<String> = std::fs::read_dir(&runtimes)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    assert!(left.is_empty(), "left behind: {left:?}");
+    // Remembered: the next request is answered at once, with no second npm run.
+    let started = std::time::Instant::now();
+    let (status, again) =
+        server.v1_post("/v1/responses", json!({"model": "codex", "input": "SAY y"}));
+    assert_eq!(
+        (status, again["error"]["code"].as_str()),
+        (503, Some("agents.install_failed.registry"))
+    );
+    assert!(started.elapsed() < Duration::from_secs(5));
+    assert_eq!(installs_started(&server), 1);
+    let entry = runtime_entry(&server, "codex");
+    assert_eq!(
+        entry["last_install_error"]["code"],
+        "agents.install_failed.registry"
+    );
+    drop(server);
+
+    let off = first_use_server(&upstream, &home, &[("ABX_AGENTS_AUTO_INSTALL", "0")]);
+    let (status, refused) =
+        off.v1_post("/v1/responses", json!({"model": "codex", "input": "SAY z"}));
+    assert_eq!(status, 503, "{refused}");
+    assert_eq!(refused["error"]["code"], "agents.runtime_not_installed");
+    assert_eq!(installs_started(&off), 0);
+    assert_eq!(runtime_entry(&off, "codex")["auto_install"], false);
+}

@@ -412,7 +412,20 @@ pub fn request_at(
     headers: &[(&str, &str)],
     body: Option<&[u8]>,
 ) -> Reply {
+    request_within(addr, method, path, headers, body, Duration::from_secs(20))
+}
+
+/// [`request_at`] for an answer that may take up to `within` (a CLI install).
+pub fn request_within(
+    addr: SocketAddr,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: Option<&[u8]>,
+    within: Duration,
+) -> Reply {
     let mut stream = connect_to(addr);
+    stream.set_read_timeout(Some(within)).unwrap();
     // A test that names its own Host (the server's own origin) replaces the default.
     let host = headers
         .iter()

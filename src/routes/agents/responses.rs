@@ -6,10 +6,10 @@ use serde_json::{json, Map, Value};
 
 use super::resource::{Named, Op, Resource};
 use super::{agents_of, args, cannot, cli, default_runtime, path_value};
+use crate::agents::install::{Located, Progress};
 use crate::agents::objects::label;
 use crate::agents::responses::{select_runtime, InputItem, ResponseRecord, TurnRequest};
 use crate::agents::run::{Event, Gone, Launch, Sink};
-use crate::agents::install::{Located, Progress};
 use crate::api::{ApiError, Args, Method, Param};
 use crate::app::{handler, Call, Endpoint};
 use crate::http::{sse, Response};
@@ -111,13 +111,17 @@ async fn create(call: Call) -> Result<Response, ApiError> {
     let turn = agents.prepare(owner, request, default_runtime(&call))?;
     if !args.flag("stream") {
         let located = cli::ready(&call, turn.runtime).await?;
-        let run = agents.start(owner, turn, launch(&call, &located).await?).await?;
+        let run = agents
+            .start(owner, turn, launch(&call, &located).await?)
+            .await?;
         return Ok(Response::ok(&run.whole().await));
     }
     let (tx, rx) = sse::channel(64);
     match cli::find(&call, turn.runtime).await? {
         cli::Found::Ready(located) => {
-            let run = agents.start(owner, turn, launch(&call, &located).await?).await?;
+            let run = agents
+                .start(owner, turn, launch(&call, &located).await?)
+                .await?;
             monoio::spawn(async move { run.stream(&mut Events(tx)).await });
         }
         cli::Found::Installing(watch) => {
@@ -174,7 +178,11 @@ async fn stream_after_install(
         match watch.next().await {
             Progress::Lines(lines) => {
                 response["x_agent_sandbox"]["install"] = cli::install_note(runtime, &lines);
-                let note = send("response.in_progress", json!({"response": response}), &mut sent);
+                let note = send(
+                    "response.in_progress",
+                    json!({"response": response}),
+                    &mut sent,
+                );
                 if events.send(note).await.is_err() {
                     return;
                 }
@@ -218,7 +226,12 @@ async fn refuse(events: &mut Events, error: ApiError, sent: &mut u64) {
         "sequence_number": *sent,
     });
     *sent += 1;
-    let _ = events.send(Event { name: "error", data }).await;
+    let _ = events
+        .send(Event {
+            name: "error",
+            data,
+        })
+        .await;
 }
 
 /// A turn's events as server-sent events.

@@ -197,6 +197,13 @@ fn is_tool(endpoint: &Endpoint) -> bool {
         && spec.body != BodyMode::Upgrade
 }
 
+/// The endpoints the text tools and the command tools wrap: each is listed while its
+/// caller may use that endpoint, and calls it. (`wrapped_endpoints_exist` checks that
+/// every id names a built-in endpoint.)
+const DOWNLOAD_ENDPOINT: &str = "download";
+const UPLOAD_ENDPOINT: &str = "upload";
+const COMMANDS_ENDPOINT: &str = "commands_run";
+
 /// The tools `call`'s identity may use under the catalog in force now.
 fn tools(call: &Call) -> Vec<Value> {
     let catalog = call.catalog();
@@ -219,12 +226,12 @@ fn tools(call: &Call) -> Vec<Value> {
             "description": format!("{} ({} {})", spec.summary, spec.method_name(), spec.path),
             "inputSchema": mcp::input_schema(&spec.params),
             "annotations": {
-                "readOnlyHint": spec.method == Method::Get,
+                "readOnlyHint": spec.effect == crate::api::Effect::Reads,
                 "destructiveHint": spec.method == Method::Delete,
             },
         }));
     }
-    if allowed("download") {
+    if allowed(DOWNLOAD_ENDPOINT) {
         tools.push(json!({
             "name": "download_text",
             "description": "Read a UTF-8 text file beneath the base directory (download, without base64).",
@@ -232,14 +239,14 @@ fn tools(call: &Call) -> Vec<Value> {
             "annotations": {"readOnlyHint": true},
         }));
     }
-    if allowed("upload") {
+    if allowed(UPLOAD_ENDPOINT) {
         tools.push(json!({
             "name": "upload_text",
             "description": "Write a text file beneath the base directory, replacing it (upload, without base64).",
             "inputSchema": {"type": "object", "properties": {"path": {"type": "string"}, "content": {"type": "string"}}, "required": ["path", "content"]},
         }));
     }
-    if allowed("commands_run") {
+    if allowed(COMMANDS_ENDPOINT) {
         let registry = match call.group_state::<crate::commands::Registry>() {
             Ok(registry) => registry,
             Err(_) => return tools,
@@ -523,6 +530,21 @@ async fn end(call: Call) -> Result<Response, ApiError> {
 #[cfg(test)]
 mod tests {
     use serde_json::{json, Value};
+
+    #[test]
+    fn wrapped_endpoints_exist() {
+        let endpoints = crate::routes::builtin_endpoints();
+        for id in [
+            super::DOWNLOAD_ENDPOINT,
+            super::UPLOAD_ENDPOINT,
+            super::COMMANDS_ENDPOINT,
+        ] {
+            assert!(
+                endpoints.iter().any(|e| e.spec.id == id),
+                "the MCP tools wrap '{id}', which no endpoint is"
+            );
+        }
+    }
 
     use crate::testing::{run, TestApp};
 

@@ -7,8 +7,8 @@ use serde_json::{json, Map, Value};
 use super::resource::{Named, Op, Resource};
 use super::{agents_of, args, cannot, default_runtime, find_cli, path_value};
 use crate::agents::objects::label;
-use crate::agents::responses::{select_runtime, InputItem, ResponseRecord, TurnRequest};
-use crate::agents::run::{Event, Gone, Launch, Sink};
+use crate::agents::responses::{prepare, select_runtime, InputItem, ResponseRecord, TurnRequest};
+use crate::agents::run::{start, Event, Gone, Launch, Sink};
 use crate::agents::AgentError;
 use crate::api::{ApiError, Args, Method, Param};
 use crate::app::{handler, Call, Endpoint};
@@ -108,7 +108,7 @@ async fn create(call: Call) -> Result<Response, ApiError> {
     };
     let owner = &call.identity.id;
     let agents = agents_of(&call);
-    let turn = agents.prepare(owner, request, default_runtime(&call))?;
+    let turn = prepare(agents, owner, request, default_runtime(&call))?;
     let program = find_cli(&call, turn.runtime)
         .await
         .ok_or(AgentError::NotInstalled(turn.runtime))?;
@@ -128,13 +128,13 @@ async fn create(call: Call) -> Result<Response, ApiError> {
         env: services.environment.with(&[]),
         children: &services.children,
     };
-    let run = agents.start(owner, turn, launch).await?;
+    let run = start(agents, owner, turn, launch).await?;
     if !args.flag("stream") {
         return Ok(Response::ok(&run.whole().await));
     }
     let (tx, rx) = sse::channel(64);
     monoio::spawn(async move { run.stream(&mut Events(tx)).await });
-    Ok(Response::sse(rx))
+    Ok(sse::response(rx))
 }
 
 /// A turn's events as server-sent events.

@@ -139,7 +139,7 @@ async fn serve(call: Call, route: String, streaming: bool) -> Result<Response, A
                     }
                 }
             });
-            Ok(Response::sse(rx))
+            Ok(sse::response(rx))
         }
     }
 }

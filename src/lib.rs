@@ -19,6 +19,8 @@ mod http;
 #[doc(hidden)]
 pub mod log;
 mod mcp;
+#[cfg(test)]
+mod module_graph;
 mod process;
 mod pty;
 mod pytext;
@@ -38,9 +40,11 @@ pub use http::Response;
 pub use server::Server;
 
 /// Server-sent events for streaming custom routes: `let (tx, rx) = sse::channel(n)`,
-/// feed `tx` from a task, answer `Response::sse(rx)`.
+/// feed `tx` from a task, answer `sse::response(rx)`.
 pub mod sse {
-    pub use crate::http::sse::{channel, format_event, SseSender, SseStream, StreamClosed};
+    pub use crate::http::sse::{
+        channel, format_event, response, SseSender, SseStream, StreamClosed,
+    };
 }
 
 /// `ABX_CHILD_USER`: children start as this program in a helper mode that drops to the

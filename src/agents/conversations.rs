@@ -10,12 +10,13 @@ use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 
 use super::error::AgentError;
+use super::input::{input_item, parse_messages};
 use super::objects::{label, now_unix, Object};
 use super::records::{
     new_id, Collection, ListQuery, ObjectStore, Order, Record, Scope, StoreError, Transaction,
 };
-use super::responses::{parse_messages, InputMessage, Session};
-use super::{Agents, Runtime};
+use super::runtime::{Runtime, Session};
+use super::surface::Agents;
 
 /// Conversations kept at most.
 pub const MAX_CONVERSATIONS: usize = 1_000;
@@ -115,18 +116,6 @@ impl Object for ConversationItem {
     }
 }
 
-/// A message item with a fresh id, as conversations and responses keep input.
-pub fn input_item(message: &InputMessage) -> Value {
-    json!({
-        "id": new_id("msg_"),
-        "type": "message",
-        "role": message.role,
-        "status": "completed",
-        "content": [{"type": "input_text", "text": message.text}],
-        "x_agent_sandbox": label("agent-sandbox", &[]),
-    })
-}
-
 /// `items` of a request (at most [`MAX_ITEMS_AT_ONCE`] message items) as stored items.
 pub fn parse_items(items: Option<&Value>) -> Result<Vec<Value>, AgentError> {
     match items {
@@ -144,27 +133,6 @@ pub fn parse_items(items: Option<&Value>) -> Result<Vec<Value>, AgentError> {
         Some(_) => Err(AgentError::invalid(
             "items",
             "items must be a list of message items.",
-        )),
-    }
-}
-
-/// metadata: at most 16 strings, keys up to 64 and values up to 512 characters.
-pub fn check_metadata(metadata: Option<Value>) -> Result<Value, AgentError> {
-    match metadata {
-        None | Some(Value::Null) => Ok(json!({})),
-        Some(Value::Object(map)) => {
-            if map.len() > 16
-                || map
-                    .iter()
-                    .any(|(k, v)| k.len() > 64 || v.as_str().is_none_or(|s| s.len() > 512))
-            {
-                return Err(AgentError::invalid("metadata", "metadata holds at most 16 string values, keys up to 64 and values up to 512 characters."));
-            }
-            Ok(Value::Object(map))
-        }
-        Some(_) => Err(AgentError::invalid(
-            "metadata",
-            "metadata must be an object of strings.",
         )),
     }
 }
@@ -415,6 +383,7 @@ impl<S: ObjectStore> Agents<S> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::agents::input::{check_metadata, InputMessage};
     use crate::agents::memory::MemoryStore;
 
     fn message(text: &str) -> Value {

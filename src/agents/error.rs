@@ -2,7 +2,7 @@
 //! routes word it in OpenAI's envelope.
 
 use super::records::StoreError;
-use super::Runtime;
+use super::runtime::Runtime;
 
 #[derive(Debug)]
 pub enum AgentError {

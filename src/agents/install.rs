@@ -33,7 +33,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use super::{pin, Runtime};
+use super::runtime::{node_requirement, pin, Cli, Runtime};
 use crate::process::output::Notify;
 use crate::process::run::{run_to_end, Outputs, RunEnd};
 use crate::process::{Child, ChildRegistry, Spawn};
@@ -618,7 +618,7 @@ fn libc_enospc() -> i32 {
 }
 
 /// Names the cause of a failed npm run from what it printed.
-fn classify(cli: &super::Cli, status: i32, last_lines: Vec<String>) -> InstallFailure {
+fn classify(cli: &Cli, status: i32, last_lines: Vec<String>) -> InstallFailure {
     let text = last_lines.join("\n");
     let has = |needles: &[&str]| needles.iter().any(|n| text.contains(n));
     let (code, cause) = if has(&["ENOSPC", "no space left"]) {
@@ -635,7 +635,7 @@ fn classify(cli: &super::Cli, status: i32, last_lines: Vec<String>) -> InstallFa
             "agents.install_failed.node",
             format!(
                 "npm or the CLI needs {}; this machine's is too old",
-                super::node_requirement()
+                node_requirement()
             ),
         )
     } else if has(&[

@@ -4,8 +4,9 @@
 
 use serde_json::{json, Value};
 
+use super::events::{Item, Usage};
 use super::records::{new_id, Record};
-use super::{Item, Runtime, Usage};
+use super::runtime::Runtime;
 
 /// A record answered as an OpenAI object.
 pub trait Object: Record {

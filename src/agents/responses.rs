@@ -4,16 +4,17 @@
 //! turn, which [`super::run`] starts and runs.
 
 use std::sync::atomic::Ordering;
+use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 
-use super::conversations::{check_metadata, input_item};
 use super::error::AgentError;
+use super::input::{check_metadata, input_item, parse_input, InputMessage};
 use super::objects::{label, now_unix, Object};
 use super::records::{new_id, Collection, ObjectStore, Record, Scope};
-use super::run::TurnGuard;
-use super::{Agents, Runtime};
+use super::runtime::{Runtime, Session};
+use super::surface::Agents;
 
 /// Responses kept before the oldest finished one is forgotten.
 pub const MAX_RESPONSES: usize = 10_000;
@@ -44,13 +45,6 @@ pub static INPUT_ITEMS: Collection = Collection {
     max_per_owner: usize::MAX,
     evicts: false,
 };
-
-/// A CLI's own session, which the next turn resumes.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Session {
-    pub runtime: Runtime,
-    pub id: String,
-}
 
 /// A stored response.
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -99,103 +93,6 @@ impl Object for InputItem {
     fn object(&self) -> Value {
         self.0.clone()
     }
-}
-
-/// One input message.
-#[derive(Debug)]
-pub struct InputMessage {
-    pub role: String,
-    pub text: String,
-}
-
-/// `input`: a string, or a list of message items whose content is text.
-pub fn parse_input(input: &Value) -> Result<Vec<InputMessage>, AgentError> {
-    match input {
-        Value::Null => Err(AgentError::invalid(
-            "input",
-            "input is required: a string or a list of message items.",
-        )),
-        Value::String(text) => Ok(vec![InputMessage {
-            role: "user".into(),
-            text: text.clone(),
-        }]),
-        Value::Array(items) => parse_messages(items, "input"),
-        _ => Err(AgentError::invalid(
-            "input",
-            "input must be a string or a list of message items.",
-        )),
-    }
-}
-
-/// A list of message items whose content is text; refusals name `field[i]...`.
-pub fn parse_messages(items: &[Value], field: &str) -> Result<Vec<InputMessage>, AgentError> {
-    let mut messages = Vec::new();
-    for (i, item) in items.iter().enumerate() {
-        let at = |rest: &str| format!("{field}[{i}]{rest}");
-        let unknown = item.as_object().and_then(|o| {
-            o.keys()
-                .find(|k| !matches!(k.as_str(), "type" | "role" | "content" | "id" | "status"))
-        });
-        if let Some(key) = unknown {
-            return Err(AgentError::invalid(
-                at(&format!(".{key}")),
-                format!("Input items cannot carry '{key}' for a local runtime."),
-            ));
-        }
-        let kind = item
-            .get("type")
-            .and_then(Value::as_str)
-            .unwrap_or("message");
-        if kind != "message" {
-            return Err(AgentError::invalid(at(".type"), format!("Input items of type '{kind}' cannot be honoured by a local runtime; send message items.")));
-        }
-        let role = item.get("role").and_then(Value::as_str).unwrap_or("user");
-        if !matches!(role, "user" | "system" | "developer" | "assistant") {
-            return Err(AgentError::invalid(
-                at(".role"),
-                format!("Unknown role '{role}'."),
-            ));
-        }
-        let text = match item.get("content") {
-            Some(Value::String(text)) => text.clone(),
-            Some(Value::Array(parts)) => content_text(parts, &at(".content"))?,
-            _ => {
-                return Err(AgentError::invalid(
-                    at(".content"),
-                    "content must be a string or a list of input_text parts.",
-                ))
-            }
-        };
-        messages.push(InputMessage {
-            role: role.into(),
-            text,
-        });
-    }
-    if messages.is_empty() {
-        return Err(AgentError::invalid(
-            field,
-            format!("{field} must hold at least one message."),
-        ));
-    }
-    Ok(messages)
-}
-
-/// The text parts of a message's content, one per line.
-fn content_text(parts: &[Value], at: &str) -> Result<String, AgentError> {
-    let mut text = String::new();
-    for (j, part) in parts.iter().enumerate() {
-        let kind = part.get("type").and_then(Value::as_str).unwrap_or("");
-        match (kind, part.get("text").and_then(Value::as_str)) {
-            ("input_text" | "output_text" | "text", Some(t)) => {
-                if !text.is_empty() {
-                    text.push('\n');
-                }
-                text.push_str(t);
-            }
-            _ => return Err(AgentError::invalid(format!("{at}[{j}].type"), format!("Content of type '{kind}' cannot be honoured by a local runtime; send input_text."))),
-        }
-    }
-    Ok(text)
 }
 
 /// Which runtime a request selects (its `runtime`, else a `model` that names one, else
@@ -329,61 +226,111 @@ fn prompt(instructions: Option<&str>, unseen: &[String], messages: &[InputMessag
     prompt
 }
 
-impl<S: ObjectStore> Agents<S> {
-    /// Checks a turn and resolves where it continues; a conversation is taken (busy)
-    /// until the returned turn, started or not, is dropped.
-    pub fn prepare(
-        self: &std::sync::Arc<Self>,
-        owner: &str,
-        request: TurnRequest,
-        default: Runtime,
-    ) -> Result<Prepared<S>, AgentError> {
-        let (runtime, cli_model) = select_runtime(
-            request.model.as_deref(),
-            request.runtime.as_deref(),
-            default,
-        )?;
-        let messages = parse_input(&request.input)?;
-        let metadata = check_metadata(request.metadata)?;
-        let conversation = conversation_id(request.conversation)?;
-        let continuation = match (conversation, request.previous_response_id) {
-            (Some(_), Some(_)) => {
-                return Err(AgentError::invalid(
-                    "previous_response_id",
-                    "Send conversation or previous_response_id, not both.",
-                ))
-            }
-            (Some(c), None) => Continuation::Conversation(c),
-            (None, Some(p)) => Continuation::Previous(p),
-            (None, None) => Continuation::New,
-        };
-        let mut guard = TurnGuard::new(self.clone(), owner);
-        let (resume, unseen) = match &continuation {
-            Continuation::New => (None, Vec::new()),
-            Continuation::Previous(id) => {
-                (Some(self.previous_session(owner, id, runtime)?), Vec::new())
-            }
-            Continuation::Conversation(id) => {
-                let taken = self.take_conversation(owner, id, runtime)?;
-                guard.conversation = Some(id.clone());
-                taken
-            }
-        };
-        Ok(Prepared {
-            id: new_response_id(),
-            runtime,
-            prompt: prompt(request.instructions.as_deref(), &unseen, &messages),
-            cli_model,
-            resume,
-            continuation,
-            input_items: messages.iter().map(input_item).collect(),
-            instructions: request.instructions,
-            metadata,
-            store: request.store,
-            guard,
-        })
-    }
+/// Checks a turn and resolves where it continues; a conversation is taken (busy)
+/// until the returned turn, started or not, is dropped. Not a method of [`Agents`]: an
+/// impl counts as part of its type's module, and `surface` must not depend on this
+/// module, which depends on it.
+pub fn prepare<S: ObjectStore>(
+    agents: &Arc<Agents<S>>,
+    owner: &str,
+    request: TurnRequest,
+    default: Runtime,
+) -> Result<Prepared<S>, AgentError> {
+    let (runtime, cli_model) = select_runtime(
+        request.model.as_deref(),
+        request.runtime.as_deref(),
+        default,
+    )?;
+    let messages = parse_input(&request.input)?;
+    let metadata = check_metadata(request.metadata)?;
+    let conversation = conversation_id(request.conversation)?;
+    let continuation = match (conversation, request.previous_response_id) {
+        (Some(_), Some(_)) => {
+            return Err(AgentError::invalid(
+                "previous_response_id",
+                "Send conversation or previous_response_id, not both.",
+            ))
+        }
+        (Some(c), None) => Continuation::Conversation(c),
+        (None, Some(p)) => Continuation::Previous(p),
+        (None, None) => Continuation::New,
+    };
+    let mut guard = TurnGuard::new(agents.clone(), owner);
+    let (resume, unseen) = match &continuation {
+        Continuation::New => (None, Vec::new()),
+        Continuation::Previous(id) => (
+            Some(agents.previous_session(owner, id, runtime)?),
+            Vec::new(),
+        ),
+        Continuation::Conversation(id) => {
+            let taken = agents.take_conversation(owner, id, runtime)?;
+            guard.conversation = Some(id.clone());
+            taken
+        }
+    };
+    Ok(Prepared {
+        id: new_response_id(),
+        runtime,
+        prompt: prompt(request.instructions.as_deref(), &unseen, &messages),
+        cli_model,
+        resume,
+        continuation,
+        input_items: messages.iter().map(input_item).collect(),
+        instructions: request.instructions,
+        metadata,
+        store: request.store,
+        guard,
+    })
+}
 
+/// Frees the conversation when its turn ends, however it ends, and marks a stored
+/// response whose turn was dropped unfinished (its client went away; dropping the turn
+/// killed the CLI) as cancelled rather than leaving it in progress forever.
+pub struct TurnGuard<S: ObjectStore> {
+    agents: Arc<Agents<S>>,
+    owner: String,
+    pub(super) conversation: Option<String>,
+    /// The stored response, until its turn has finished properly.
+    pub(super) response: Option<String>,
+    /// The running turn this guard unregisters.
+    pub(super) registered: Option<String>,
+}
+
+impl<S: ObjectStore> TurnGuard<S> {
+    fn new(agents: Arc<Agents<S>>, owner: &str) -> TurnGuard<S> {
+        TurnGuard {
+            agents,
+            owner: owner.to_string(),
+            conversation: None,
+            response: None,
+            registered: None,
+        }
+    }
+}
+
+impl<S: ObjectStore> Drop for TurnGuard<S> {
+    fn drop(&mut self) {
+        if let Some(id) = &self.registered {
+            self.agents.unregister(id);
+        }
+        if let Some(id) = &self.conversation {
+            self.agents.release_conversation(&self.owner, id);
+        }
+        if let Some(id) = &self.response {
+            let _ = self.agents.store.update(
+                Scope::owner(&self.owner),
+                id,
+                |r: &mut ResponseRecord| {
+                    if std::mem::take(&mut r.running) {
+                        r.object["status"] = json!("cancelled");
+                    }
+                },
+            );
+        }
+    }
+}
+
+impl<S: ObjectStore> Agents<S> {
     /// The session `previous_response_id` continues, on the same runtime.
     fn previous_session(
         &self,

@@ -14,11 +14,13 @@ use std::time::Duration;
 use serde_json::{json, Value};
 
 use super::error::AgentError;
+use super::events::{AgentEvent, Item, Usage};
 use super::objects::{output_item, usage_json};
 use super::records::{ObjectStore, Scope, Transaction};
-use super::responses::{response_object, InputItem, Prepared, ResponseRecord, Session};
+use super::responses::{response_object, InputItem, Prepared, ResponseRecord, TurnGuard};
+use super::runtime::{Runtime, Session};
+use super::surface::Agents;
 use super::turn::Turn;
-use super::{AgentEvent, Agents, Item, Runtime, Usage};
 use crate::process::ChildRegistry;
 
 /// How long a CLI may take to exit after its last event before it is killed.
@@ -81,53 +83,6 @@ pub struct Launch<'a> {
     pub children: &'a Arc<ChildRegistry>,
 }
 
-/// Frees the conversation when its turn ends, however it ends, and marks a stored
-/// response whose turn was dropped unfinished (its client went away; dropping the turn
-/// killed the CLI) as cancelled rather than leaving it in progress forever.
-pub struct TurnGuard<S: ObjectStore> {
-    agents: Arc<Agents<S>>,
-    owner: String,
-    pub(super) conversation: Option<String>,
-    /// The stored response, until its turn has finished properly.
-    response: Option<String>,
-    /// The running turn this guard unregisters.
-    registered: Option<String>,
-}
-
-impl<S: ObjectStore> TurnGuard<S> {
-    pub(super) fn new(agents: Arc<Agents<S>>, owner: &str) -> TurnGuard<S> {
-        TurnGuard {
-            agents,
-            owner: owner.to_string(),
-            conversation: None,
-            response: None,
-            registered: None,
-        }
-    }
-}
-
-impl<S: ObjectStore> Drop for TurnGuard<S> {
-    fn drop(&mut self) {
-        if let Some(id) = &self.registered {
-            self.agents.unregister(id);
-        }
-        if let Some(id) = &self.conversation {
-            self.agents.release_conversation(&self.owner, id);
-        }
-        if let Some(id) = &self.response {
-            let _ = self.agents.store.update(
-                Scope::owner(&self.owner),
-                id,
-                |r: &mut ResponseRecord| {
-                    if std::mem::take(&mut r.running) {
-                        r.object["status"] = json!("cancelled");
-                    }
-                },
-            );
-        }
-    }
-}
-
 /// A started turn.
 pub struct TurnRun<S: ObjectStore> {
     agents: Arc<Agents<S>>,
@@ -154,68 +109,68 @@ struct Outcome {
     client_gone: bool,
 }
 
-impl<S: ObjectStore> Agents<S> {
-    /// Starts the CLI of `turn` and keeps its response (unless `store: false`). A
-    /// refused response drops the turn, which kills the CLI it started.
-    pub async fn start(
-        self: &Arc<Self>,
-        owner: &str,
-        mut turn: Prepared<S>,
-        launch: Launch<'_>,
-    ) -> Result<TurnRun<S>, AgentError> {
-        let runtime = turn.runtime;
-        let mut argv = runtime.turn_argv(turn.resume.as_deref(), turn.cli_model.as_deref());
-        argv[0] = launch.program.display().to_string();
-        let id = turn.id.clone();
-        let response = response_object(&id, &turn);
-        let cli = Turn::start(
-            runtime,
-            argv,
-            &turn.prompt,
-            launch.cwd,
-            launch.env,
-            launch.children,
-        )
-        .await
-        .map_err(|e| {
-            AgentError::Failed(format!(
-                "The {} CLI could not be started: {e}",
-                runtime.name()
-            ))
-        })?;
-        let cancelled = Arc::new(AtomicBool::new(false));
-        if turn.store {
-            let record = ResponseRecord {
-                object: response.clone(),
-                session: turn.resume.clone().map(|id| Session { runtime, id }),
-                running: true,
-            };
-            let items = turn.input_items.clone();
-            self.store
-                .transact(|t| {
-                    t.create(Scope::owner(owner), record)?;
-                    let items = items.into_iter().map(InputItem).collect();
-                    t.create_all(Scope::within(owner, &id), items)
-                })
-                .map_err(AgentError::store("response", &id, "input"))?;
-            self.register(&id, owner, cli.pgid(), cancelled.clone());
-            turn.guard.registered = Some(id.clone());
-            turn.guard.response = Some(id.clone());
-        }
-        Ok(TurnRun {
-            agents: self.clone(),
-            turn: cli,
-            response,
-            owner: owner.to_string(),
-            id,
-            runtime,
-            stored: turn.store,
-            conversation: turn.guard.conversation.clone(),
-            input_items: turn.input_items,
-            cancelled,
-            guard: turn.guard,
-        })
+/// Starts the CLI of `turn` and keeps its response (unless `store: false`). A
+/// refused response drops the turn, which kills the CLI it started. A function, not a
+/// method of [`Agents`], for the reason [`super::responses::prepare`] is.
+pub async fn start<S: ObjectStore>(
+    agents: &Arc<Agents<S>>,
+    owner: &str,
+    mut turn: Prepared<S>,
+    launch: Launch<'_>,
+) -> Result<TurnRun<S>, AgentError> {
+    let runtime = turn.runtime;
+    let mut argv = runtime.turn_argv(turn.resume.as_deref(), turn.cli_model.as_deref());
+    argv[0] = launch.program.display().to_string();
+    let id = turn.id.clone();
+    let response = response_object(&id, &turn);
+    let cli = Turn::start(
+        runtime,
+        argv,
+        &turn.prompt,
+        launch.cwd,
+        launch.env,
+        launch.children,
+    )
+    .await
+    .map_err(|e| {
+        AgentError::Failed(format!(
+            "The {} CLI could not be started: {e}",
+            runtime.name()
+        ))
+    })?;
+    let cancelled = Arc::new(AtomicBool::new(false));
+    if turn.store {
+        let record = ResponseRecord {
+            object: response.clone(),
+            session: turn.resume.clone().map(|id| Session { runtime, id }),
+            running: true,
+        };
+        let items = turn.input_items.clone();
+        agents
+            .store
+            .transact(|t| {
+                t.create(Scope::owner(owner), record)?;
+                let items = items.into_iter().map(InputItem).collect();
+                t.create_all(Scope::within(owner, &id), items)
+            })
+            .map_err(AgentError::store("response", &id, "input"))?;
+        agents.register(&id, owner, cli.pgid(), cancelled.clone());
+        turn.guard.registered = Some(id.clone());
+        turn.guard.response = Some(id.clone());
     }
+    Ok(TurnRun {
+        agents: agents.clone(),
+        turn: cli,
+        response,
+        owner: owner.to_string(),
+        id,
+        runtime,
+        stored: turn.store,
+        conversation: turn.guard.conversation.clone(),
+        input_items: turn.input_items,
+        cancelled,
+        guard: turn.guard,
+    })
 }
 
 impl<S: ObjectStore> TurnRun<S> {

@@ -14,7 +14,8 @@ use std::os::fd::OwnedFd;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use super::{AgentEvent, Runtime};
+use super::events::AgentEvent;
+use super::runtime::Runtime;
 use crate::process::output::Stream;
 use crate::process::run::Outputs;
 use crate::process::{pipe, Child, ChildRegistry, ExitCode, Spawn};

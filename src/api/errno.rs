@@ -2,7 +2,7 @@
 //! exception the same failure raises in the reference server (`FileNotFoundError`,
 //! `PermissionError`, ...), which clients match on in `type`.
 
-use super::ApiError;
+use super::error::ApiError;
 
 /// The Python exception class `OSError(errno)` is raised as.
 pub fn python_exception(errno: Option<i32>) -> &'static str {

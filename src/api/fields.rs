@@ -12,7 +12,7 @@
 
 use serde_json::{json, Map, Value};
 
-use super::{ApiError, ErrorStyle, ParamIn};
+use super::error::{ApiError, ErrorStyle};
 
 /// The JSON type a field takes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -69,6 +69,24 @@ impl Kind {
             Kind::StringMap => "an object of strings",
             Kind::Array => "a list",
             Kind::Any => "a JSON value",
+        }
+    }
+}
+
+/// Where a parameter travels.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ParamIn {
+    Query,
+    Body,
+    Path,
+}
+
+impl ParamIn {
+    pub fn name(self) -> &'static str {
+        match self {
+            ParamIn::Query => "query",
+            ParamIn::Body => "body",
+            ParamIn::Path => "path",
         }
     }
 }

@@ -11,7 +11,7 @@ pub mod fields;
 use serde_json::{Map, Value};
 
 pub use error::{ApiError, ErrorStyle};
-pub use fields::{Args, Param, UnknownFields};
+pub use fields::{Args, Param, ParamIn, UnknownFields};
 
 /// The HTTP methods the contract's dispatcher serves; anything else is 405.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -104,24 +104,6 @@ impl Group {
             self,
             Group::DevTools | Group::Browser | Group::Agents | Group::K8sRuntime
         )
-    }
-}
-
-/// Where a parameter travels.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum ParamIn {
-    Query,
-    Body,
-    Path,
-}
-
-impl ParamIn {
-    pub fn name(self) -> &'static str {
-        match self {
-            ParamIn::Query => "query",
-            ParamIn::Body => "body",
-            ParamIn::Path => "path",
-        }
     }
 }
 

@@ -144,7 +144,7 @@ fn main() -> ExitCode {
                         }
                         let _ = tx.send("done", &json!({})).await;
                     });
-                    Ok(Response::sse(rx))
+                    Ok(sse::response(rx))
                 }),
             )
             .id("debug_events")

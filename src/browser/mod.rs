@@ -11,6 +11,7 @@
 pub mod cdp;
 pub mod guard;
 pub mod keys;
+mod op;
 mod page;
 
 use std::ffi::OsString;
@@ -23,215 +24,16 @@ use std::time::{Duration, Instant};
 use futures_channel::oneshot;
 use serde_json::{json, Value};
 
+pub use op::{BrowserError, ElementState, HistoryStep, MouseButton, Op, WaitUntil, VIEWPORT};
 use page::Chromium;
 pub use page::INSTALL_HINT;
 
 use crate::process::ChildRegistry;
 
-/// The page's viewport (Playwright's default).
-pub const VIEWPORT: (u32, u32) = (1280, 720);
 /// Operations that may wait for the page at once; one more is refused with 429.
 pub const QUEUE_DEPTH: usize = 32;
 /// How often an idle actor reads what Chromium sent meanwhile.
 const IDLE_DRAIN: Duration = Duration::from_millis(250);
-
-/// Why an operation failed; the routes map each to a status.
-#[derive(Debug)]
-pub enum BrowserError {
-    /// No usable Chromium: what is missing and how to install it (503).
-    NotInstalled(String),
-    /// The operation's timeout passed (408).
-    Timeout,
-    /// The selector matched no element (404).
-    NoMatch(String),
-    /// The selector is not valid CSS (400).
-    InvalidSelector(String),
-    /// The operation cannot apply to what it found (400).
-    Invalid(String),
-    /// Chromium could not load the URL: its `net::ERR_*` text and the URL.
-    Navigation(String),
-    /// The page's script threw.
-    Script(String),
-    /// Chromium or the page went away during the operation.
-    Crashed(String),
-    /// The queue is full: this many operations wait already (429).
-    Busy(usize),
-    /// Chromium answered something unexpected.
-    Protocol(String),
-    /// The caller went away; the operation stopped early.
-    Abandoned,
-}
-
-impl std::fmt::Display for BrowserError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            BrowserError::NotInstalled(m)
-            | BrowserError::Invalid(m)
-            | BrowserError::Navigation(m)
-            | BrowserError::Crashed(m)
-            | BrowserError::Protocol(m) => f.write_str(m),
-            BrowserError::Timeout => f.write_str("the operation timed out"),
-            BrowserError::Abandoned => f.write_str("the caller went away"),
-            BrowserError::NoMatch(selector) => write!(f, "No element matches selector: {selector}"),
-            BrowserError::InvalidSelector(m) => write!(f, "Invalid selector: {m}"),
-            BrowserError::Script(m) => write!(f, "Evaluation failed: {m}"),
-            BrowserError::Busy(waiting) => write!(
-                f,
-                "the browser is busy: {waiting} operations are waiting for the one shared page; retry shortly"
-            ),
-        }
-    }
-}
-
-/// When `navigate` returns.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum WaitUntil {
-    /// The response arrived and the new document committed.
-    Commit,
-    DomContentLoaded,
-    Load,
-    /// No network connections for 500 ms.
-    NetworkIdle,
-}
-
-impl WaitUntil {
-    pub fn parse(name: &str) -> Option<WaitUntil> {
-        match name {
-            "commit" => Some(WaitUntil::Commit),
-            "domcontentloaded" => Some(WaitUntil::DomContentLoaded),
-            "load" => Some(WaitUntil::Load),
-            "networkidle" => Some(WaitUntil::NetworkIdle),
-            _ => None,
-        }
-    }
-
-    /// Chromium's lifecycle event for this point (none for commit: the reply to
-    /// `Page.navigate` comes at commit).
-    fn lifecycle_event(self) -> Option<&'static str> {
-        match self {
-            WaitUntil::Commit => None,
-            WaitUntil::DomContentLoaded => Some("DOMContentLoaded"),
-            WaitUntil::Load => Some("load"),
-            WaitUntil::NetworkIdle => Some("networkIdle"),
-        }
-    }
-}
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum MouseButton {
-    Left,
-    Right,
-    Middle,
-}
-
-impl MouseButton {
-    pub fn parse(name: &str) -> Option<MouseButton> {
-        match name {
-            "left" => Some(MouseButton::Left),
-            "right" => Some(MouseButton::Right),
-            "middle" => Some(MouseButton::Middle),
-            _ => None,
-        }
-    }
-
-    fn name(self) -> &'static str {
-        match self {
-            MouseButton::Left => "left",
-            MouseButton::Right => "right",
-            MouseButton::Middle => "middle",
-        }
-    }
-}
-
-/// What `wait` waits for.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum ElementState {
-    Attached,
-    Detached,
-    Visible,
-    Hidden,
-}
-
-impl ElementState {
-    pub fn parse(name: &str) -> Option<ElementState> {
-        match name {
-            "attached" => Some(ElementState::Attached),
-            "detached" => Some(ElementState::Detached),
-            "visible" => Some(ElementState::Visible),
-            "hidden" => Some(ElementState::Hidden),
-            _ => None,
-        }
-    }
-
-    pub fn name(self) -> &'static str {
-        match self {
-            ElementState::Attached => "attached",
-            ElementState::Detached => "detached",
-            ElementState::Visible => "visible",
-            ElementState::Hidden => "hidden",
-        }
-    }
-}
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum HistoryStep {
-    Back,
-    Forward,
-    Reload,
-}
-
-/// One operation on the shared page, already validated by its route.
-#[derive(Debug)]
-pub enum Op {
-    Navigate {
-        url: String,
-        wait_until: WaitUntil,
-    },
-    Screenshot {
-        selector: Option<String>,
-        full_page: bool,
-    },
-    Click {
-        selector: String,
-        button: MouseButton,
-        click_count: u32,
-    },
-    Fill {
-        selector: String,
-        value: String,
-    },
-    Type {
-        selector: Option<String>,
-        text: String,
-        delay: Duration,
-    },
-    Press {
-        chord: keys::Chord,
-        selector: Option<String>,
-    },
-    ScrollTo {
-        selector: String,
-    },
-    ScrollBy {
-        dx: f64,
-        dy: f64,
-    },
-    Evaluate {
-        expression: String,
-        arg: Option<Value>,
-    },
-    Wait {
-        selector: String,
-        state: ElementState,
-    },
-    Content,
-    Text {
-        selector: Option<String>,
-    },
-    History(HistoryStep),
-    Info,
-    Close,
-}
 
 /// What a route hands the actor.
 struct Job {

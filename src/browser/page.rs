@@ -18,7 +18,7 @@ use serde_json::{json, Value};
 
 use super::cdp::{Incoming, Pipe, PipeError};
 use super::keys::{key_for_char, Chord, Key};
-use super::{BrowserError, HistoryStep, Op, WaitUntil, VIEWPORT};
+use super::op::{BrowserError, HistoryStep, Op, WaitUntil, VIEWPORT};
 use crate::process::{spawn, ChildRegistry};
 
 /// How long Chromium may take to start and open its page.

@@ -13,13 +13,11 @@ use serde::Serialize;
 
 use super::response::{BodyStream, LocalFuture, Response, SSE_CONTENT_TYPE};
 
-// Beside the stream it wraps, so `response` needs nothing of this module.
-impl Response {
-    /// A `text/event-stream` response fed by `events`.
-    pub fn sse(events: SseStream) -> Response {
-        Response::stream(200, SSE_CONTENT_TYPE, Box::new(events))
-            .header("Cache-Control", "no-cache")
-    }
+/// A `text/event-stream` response fed by `events`. Not a method of `Response`: an impl
+/// counts as part of its type's module, so `response` would depend on this module, which
+/// depends on `response`.
+pub fn response(events: SseStream) -> Response {
+    Response::stream(200, SSE_CONTENT_TYPE, Box::new(events)).header("Cache-Control", "no-cache")
 }
 
 /// Frames one event exactly as the contract shows it.

@@ -18,7 +18,8 @@ use std::sync::Arc;
 
 use rustix::process::{Pid, PidfdFlags, WaitIdOptions};
 
-use super::{spawn, ChildRegistry};
+use super::registry::ChildRegistry;
+use super::spawn;
 use crate::runtime::ready::Readiness;
 
 /// What to start.

@@ -14,7 +14,7 @@ use std::sync::Arc;
 
 use monoio::buf::IoBufMut;
 
-use super::IoDriver;
+use super::driver::IoDriver;
 use crate::http::{BodyStream, LocalFuture};
 
 /// An open file bound to the calling worker's driver.

@@ -5,9 +5,8 @@ use serde_json::json;
 
 use super::resource::{Named, Op, Resource};
 use super::{agents_of, args, path_value, server_runtime};
-use crate::agents::conversations::{
-    check_metadata, parse_items, Conversation, ConversationItem, DIFFERENCES,
-};
+use crate::agents::conversations::{parse_items, Conversation, ConversationItem, DIFFERENCES};
+use crate::agents::input::check_metadata;
 use crate::agents::objects::label;
 use crate::api::{ApiError, Param};
 use crate::app::{handler, Call, Endpoint};

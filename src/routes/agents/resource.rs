@@ -11,18 +11,13 @@
 //! `limit`, `order` and `after`.
 
 use super::route;
+// `Named` lives with the handlers that answer by it, so they need nothing of this
+// module; declarations name it from here.
+pub use super::stored::Named;
 use super::stored::{get, list, paging};
 use crate::agents::objects::Object;
 use crate::api::{Method, Param, ParamIn};
 use crate::app::{Endpoint, Handler};
-
-/// A noun and the path parameter that carries an id of it.
-#[derive(Clone, Copy, Debug)]
-pub struct Named {
-    /// What errors call it: `No conversation found with id '...'`.
-    pub object: &'static str,
-    pub param: &'static str,
-}
 
 /// What an operation does.
 enum Does {

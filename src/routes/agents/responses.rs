@@ -8,8 +8,8 @@ use super::resource::{Named, Op, Resource};
 use super::{agents_of, args, cannot, cli, default_runtime, path_value};
 use crate::agents::install::{Located, Progress};
 use crate::agents::objects::label;
-use crate::agents::responses::{select_runtime, InputItem, ResponseRecord, TurnRequest};
-use crate::agents::run::{Event, Gone, Launch, Sink};
+use crate::agents::responses::{prepare, select_runtime, InputItem, ResponseRecord, TurnRequest};
+use crate::agents::run::{start, Event, Gone, Launch, Sink};
 use crate::api::{ApiError, Args, Method, Param};
 use crate::app::{handler, Call, Endpoint};
 use crate::http::{sse, Response};
@@ -108,27 +108,23 @@ async fn create(call: Call) -> Result<Response, ApiError> {
     };
     let owner = &call.identity.id;
     let agents = agents_of(&call)?;
-    let turn = agents.prepare(owner, request, default_runtime(&call))?;
+    let turn = prepare(&agents, owner, request, default_runtime(&call))?;
     if !args.flag("stream") {
         let located = cli::ready(&call, turn.runtime).await?;
-        let run = agents
-            .start(owner, turn, launch(&call, &located).await?)
-            .await?;
+        let run = start(&agents, owner, turn, launch(&call, &located).await?).await?;
         return Ok(Response::ok(&run.whole().await));
     }
     let (tx, rx) = sse::channel(64);
     match cli::find(&call, turn.runtime).await? {
         cli::Found::Ready(located) => {
-            let run = agents
-                .start(owner, turn, launch(&call, &located).await?)
-                .await?;
+            let run = start(&agents, owner, turn, launch(&call, &located).await?).await?;
             monoio::spawn(async move { run.stream(&mut Events(tx)).await });
         }
         cli::Found::Installing(watch) => {
             monoio::spawn(stream_after_install(call, turn, watch, Events(tx)));
         }
     }
-    Ok(Response::sse(rx))
+    Ok(sse::response(rx))
 }
 
 /// How the turn's CLI is started: the base directory, the children's environment with
@@ -200,8 +196,7 @@ async fn stream_after_install(
                         Ok(agents) => agents,
                         Err(error) => return refuse(&mut events, error, &mut sent).await,
                     };
-                    agents
-                        .start(&call.identity.id, turn, launch)
+                    start(&agents, &call.identity.id, turn, launch)
                         .await
                         .map_err(ApiError::from)
                 }

@@ -5,13 +5,20 @@
 
 use serde_json::json;
 
-use super::resource::Named;
 use super::{agents_of, path_value, store_error};
 use crate::agents::objects::{label, Object, LIST_DIFFERENCES};
 use crate::agents::records::{ListQuery, ObjectStore, Order, Scope, StoreError};
 use crate::api::{ApiError, Param};
 use crate::app::{handler, Call, Handler};
 use crate::http::Response;
+
+/// A noun and the path parameter that carries an id of it.
+#[derive(Clone, Copy, Debug)]
+pub struct Named {
+    /// What errors call it: `No conversation found with id '...'`.
+    pub object: &'static str,
+    pub param: &'static str,
+}
 
 /// `limit`, `order`, `after`: a page of a list, as OpenAI lists.
 pub fn paging() -> Vec<Param> {

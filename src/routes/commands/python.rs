@@ -143,7 +143,7 @@ async fn serve(call: Call, route: String, streaming: bool) -> Result<Response, A
                     }
                 }
             });
-            Ok(Response::sse(rx))
+            Ok(sse::response(rx))
         }
     }
 }

@@ -86,7 +86,7 @@ pub async fn watch(call: Call) -> Result<Response, ApiError> {
         }
         Err(error) => return Err(fs_error(error)),
     }
-    Ok(Response::sse(rx))
+    Ok(sse::response(rx))
 }
 
 async fn stream_changes(

@@ -15,7 +15,7 @@ use serde_json::{json, Map, Value};
 use crate::api::{ApiError, BodyMode, Group, Listener, Method, ParamIn};
 use crate::app::client::{InProcess, Request};
 use crate::app::{handler, Call, Endpoint};
-use crate::http::sse::{channel, SseSender};
+use crate::http::sse::{self, channel, SseSender};
 use crate::http::Response;
 use crate::mcp::{self, Message};
 
@@ -494,7 +494,7 @@ async fn events(call: Call) -> Result<Response, ApiError> {
             }
         }
     });
-    Ok(Response::sse(rx))
+    Ok(sse::response(rx))
 }
 
 async fn send(tx: &mut SseSender, message: &Value) -> Result<(), crate::http::sse::StreamClosed> {

@@ -77,7 +77,7 @@ pub async fn shell_stream(call: Call) -> Result<Response, ApiError> {
     let deadline = Instant::now() + timeout_duration(request.timeout_secs());
     let timed_out = request.timed_out();
     monoio::spawn(stream_lines(child, outputs, deadline, timed_out, tx));
-    Ok(Response::sse(rx))
+    Ok(sse::response(rx))
 }
 
 /// Feeds the stream until the child has exited and both pipes are at end of file. The

@@ -122,6 +122,10 @@ pub struct Param {
     /// The sentence for a value of the wrong JSON type (or query text that does not
     /// parse), when it differs from `invalid`'s.
     pub wrong_type: Option<&'static str>,
+    /// An integer read as Python's `int()` reads it: integral floats truncated, numeric
+    /// strings, booleans as 0 and 1, and `null` refused as `int(None)` is (the
+    /// contract's `/files/search` limits).
+    pub python_int: bool,
 }
 
 impl Param {
@@ -142,6 +146,7 @@ impl Param {
             missing: None,
             invalid: None,
             wrong_type: None,
+            python_int: false,
         }
     }
 
@@ -218,6 +223,13 @@ impl Param {
 
     pub fn invalid(mut self, sentence: &'static str) -> Param {
         self.invalid = Some(sentence);
+        self
+    }
+
+    /// See [`Param::python_int`]; for integer fields.
+    pub fn python_int(mut self) -> Param {
+        debug_assert_eq!(self.kind, Kind::Integer);
+        self.python_int = true;
         self
     }
 
@@ -340,6 +352,10 @@ impl Param {
     /// Checks one JSON value against the declaration: `Ok(None)` when it counts as
     /// absent.
     fn check(&self, value: Value, style: ErrorStyle) -> Result<Option<Value>, ApiError> {
+        let value = match self.python_int && !value.is_null() {
+            true => python_int(&value).ok_or_else(|| self.type_error(style))?,
+            false => value,
+        };
         let (type_fits, bounds_fit) = match (&value, self.kind) {
             (Value::Null, _) => return Ok(None),
             (Value::String(s), Kind::String) => {
@@ -403,6 +419,23 @@ impl Param {
             None if self.lenient => Ok(Value::Null),
             None => Err(self.type_error(style)),
         }
+    }
+}
+
+/// `int(value)` as Python computes it for a JSON value, or `None` where Python raises.
+fn python_int(value: &Value) -> Option<Value> {
+    match value {
+        Value::Number(n) => n
+            .as_i64()
+            .or_else(|| {
+                n.as_f64()
+                    .filter(|f| f.is_finite())
+                    .map(|f| f.trunc() as i64)
+            })
+            .map(Value::from),
+        Value::Bool(b) => Some(Value::from(i64::from(*b))),
+        Value::String(s) => s.trim().parse::<i64>().ok().map(Value::from),
+        _ => None,
     }
 }
 
@@ -546,7 +579,12 @@ pub fn parse(
                 Some((_, text)) => param.read_text(text, style)?,
                 None => Value::Null,
             },
-            ParamIn::Body => body.remove(param.name).unwrap_or(Value::Null),
+            ParamIn::Body => match body.remove(param.name) {
+                // `int(None)` raises: a sent `null` is refused, an absent field is not.
+                Some(Value::Null) if param.python_int => return Err(param.type_error(style)),
+                Some(value) => value,
+                None => Value::Null,
+            },
         };
         if !value.is_null() {
             args.sent.push(param.name);
@@ -718,6 +756,22 @@ mod tests {
         )
         .unwrap();
         assert_eq!(args.int("limit"), Some(20));
+    }
+
+    #[test]
+    fn python_ints_read_as_int_does() {
+        let fields = vec![Param::body("max_depth", "integer", false)
+            .python_int()
+            .default("5")];
+        let read = |json: Value| parse_contract(&fields, json).map(|a| a.int("max_depth"));
+        assert_eq!(read(json!({})).unwrap(), Some(5));
+        assert_eq!(read(json!({"max_depth": "3"})).unwrap(), Some(3));
+        assert_eq!(read(json!({"max_depth": 3.9})).unwrap(), Some(3));
+        assert_eq!(read(json!({"max_depth": true})).unwrap(), Some(1));
+        let refused = read(json!({"max_depth": null})).unwrap_err();
+        assert_eq!(refused.message, "max_depth must be an integer");
+        assert!(read(json!({"max_depth": "deep"})).is_err());
+        assert!(read(json!({"max_depth": [1]})).is_err());
     }
 
     #[test]

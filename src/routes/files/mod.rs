@@ -180,9 +180,11 @@ pub fn endpoints() -> Vec<Endpoint> {
                 .default("\"*\"")
                 .doc("fnmatch pattern matched against file names."),
             Param::body("max_depth", "integer", false)
+                .python_int()
                 .default("5")
                 .doc("Directory levels to descend (as Python's int() reads it: \"3\" and 3.0 are 3)."),
             Param::body("max_results", "integer", false)
+                .python_int()
                 .default("100")
                 .doc("Results to return, at most 10000 (read as Python's int() reads it)."),
         ])
@@ -408,18 +410,17 @@ mod tests {
             .unwrap_or_else(|| panic!("{id} is not declared"))
     }
 
-    /// `files_search` reads its limits as Python's `int()` reads them, outside the
-    /// declared parse: they must still be declared, as integers with the defaults the
-    /// handler applies.
+    /// `files_search`'s limits are declared with the defaults the domain documents.
     #[test]
     fn search_limits_are_declared_as_read() {
         let search = spec("files_search");
-        for (name, default) in search::PYTHON_INTS
+        for (name, default) in ["max_depth", "max_results"]
             .iter()
             .zip([search::DEFAULT_DEPTH, search::DEFAULT_RESULTS])
         {
             let param = search.params.iter().find(|p| p.name == *name).unwrap();
             assert_eq!(param.kind, crate::api::fields::Kind::Integer, "{name}");
+            assert!(param.python_int, "{name}");
             assert_eq!(param.default, Some(default.to_string().as_str()), "{name}");
         }
     }

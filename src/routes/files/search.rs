@@ -2,10 +2,10 @@
 
 use std::time::Duration;
 
-use serde_json::{json, Map, Value};
+use serde_json::json;
 
 use super::{named_path, take_string};
-use crate::api::{ApiError, Param};
+use crate::api::ApiError;
 use crate::app::Call;
 use crate::fs::tree;
 use crate::http::Response;
@@ -18,45 +18,16 @@ pub const TIME_LIMIT: Duration = Duration::from_secs(10);
 /// held in memory until the answer is written.
 pub const MAX_RESULTS: i64 = 10_000;
 
-/// The declared integer fields read as Python's `int()` reads them (integral floats
-/// truncated, numeric strings, booleans), a reading no declared kind states: they are
-/// left out of the declared parse and read here from the rest of the body.
-pub const PYTHON_INTS: [&str; 2] = ["max_depth", "max_results"];
-
-/// An integer field as Python's `int()` takes it: integers, integral floats (truncated),
-/// numeric strings and booleans. `null` is refused, as `int(None)` is.
-fn int_field(body: &Map<String, Value>, field: &str, default: i64) -> Result<i64, ApiError> {
-    let bad = || ApiError::bad_request(format!("{field} must be an integer"));
-    match body.get(field) {
-        None => Ok(default),
-        Some(Value::Number(n)) => n
-            .as_i64()
-            .or_else(|| {
-                n.as_f64()
-                    .filter(|f| f.is_finite())
-                    .map(|f| f.trunc() as i64)
-            })
-            .ok_or_else(bad),
-        Some(Value::Bool(b)) => Ok(i64::from(*b)),
-        Some(Value::String(s)) => s.trim().parse::<i64>().map_err(|_| bad()),
-        Some(_) => Err(bad()),
-    }
-}
-
 pub async fn search(call: Call) -> Result<Response, ApiError> {
-    let declared: Vec<Param> = (call.spec().params.iter())
-        .filter(|p| !PYTHON_INTS.contains(&p.name))
-        .cloned()
-        .collect();
-    let mut args = call.args_of(&declared)?;
+    let mut args = call.args()?;
     let base = &call.services().base;
     let input = match args.present("path") {
         true => named_path(&mut args, "path")?,
         false => base.path().to_string_lossy().into_owned(),
     };
     let pattern = take_string(&mut args, "pattern");
-    let max_depth = int_field(args.rest(), "max_depth", DEFAULT_DEPTH)?;
-    let max_results = int_field(args.rest(), "max_results", DEFAULT_RESULTS)?;
+    let max_depth = args.int("max_depth").unwrap_or(DEFAULT_DEPTH);
+    let max_results = args.int("max_results").unwrap_or(DEFAULT_RESULTS);
     let root = confine(&call, &input)?;
     // A policy can lower the depth, the number of results and the time, never raise them.
     let decision = call.decision();

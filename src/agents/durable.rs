@@ -830,32 +830,100 @@ mod tests {
 
     use super::super::records::json_size;
 
+    /// An unbounded collection, for the writer and the timing.
+    static BIG: Collection = Collection {
+        name: "note",
+        parent: None,
+        max_total: usize::MAX,
+        max_per_owner: usize::MAX,
+        evicts: false,
+    };
+    #[derive(Clone, serde::Serialize, serde::Deserialize)]
+    struct Resp {
+        id: String,
+        body: String,
+    }
+    impl Record for Resp {
+        fn collection() -> &'static Collection {
+            &BIG
+        }
+        fn id(&self) -> &str {
+            &self.id
+        }
+    }
+
+    fn resp(id: String) -> Resp {
+        Resp {
+            id,
+            body: "kept".into(),
+        }
+    }
+
+    /// Not a test of its own: the writer `kill -9` stops in the test below. It creates
+    /// notes, one transaction each, printing each id once its commit returned.
+    #[test]
+    #[ignore]
+    fn child_writer() {
+        let Some(path) = std::env::var_os("ABX_DURABLE_CHILD") else {
+            return;
+        };
+        let limits = Limits {
+            object_bytes: usize::MAX,
+            owner_bytes: usize::MAX,
+        };
+        let store = DurableStore::open(Path::new(&path), limits).unwrap();
+        let mut out = std::io::stdout();
+        for i in 0.. {
+            store.create(A, resp(format!("n{i:06}"))).unwrap();
+            std::io::Write::write_all(&mut out, format!("n{i:06}\n").as_bytes()).unwrap();
+            std::io::Write::flush(&mut out).unwrap();
+        }
+    }
+
+    #[test]
+    fn kill_9_after_a_commit_loses_nothing() {
+        use std::io::BufRead;
+        let dir = state_dir();
+        let path = dir.join("agents.redb");
+        let mut child = std::process::Command::new(std::env::current_exe().unwrap())
+            .args([
+                "--exact",
+                "agents::durable::tests::child_writer",
+                "--ignored",
+            ])
+            .args(["--nocapture", "--test-threads=1"])
+            .env("ABX_DURABLE_CHILD", &path)
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut lines = std::io::BufReader::new(child.stdout.take().unwrap()).lines();
+        let mut committed = Vec::new();
+        while committed.len() < 50 {
+            let line = lines.next().expect("the writer ended").unwrap();
+            // libtest may print the test's name on the same line, before the first id.
+            let last = line.rsplit(' ').next().unwrap_or_default();
+            if last.len() == 7 && last.starts_with('n') {
+                committed.push(last.to_string());
+            }
+        }
+        // SIGKILL, mid-write most likely: no chance to flush anything.
+        child.kill().unwrap();
+        child.wait().unwrap();
+        let store = DurableStore::open(&path, Limits::default()).unwrap();
+        let kept = store.list::<Resp>(A, &ListQuery::all()).unwrap();
+        let kept: Vec<&str> = kept.data.iter().map(|n| n.id.as_str()).collect();
+        assert!(kept.len() >= committed.len());
+        assert_eq!(&kept[..committed.len()], committed.as_slice());
+        drop(store);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
     /// The cost of the workload: 10,000 creates, each its own durable transaction, then
     /// 1,000 list pages of 20. `cargo test --release --lib durable::tests::timing --
     /// --ignored --nocapture`; set `ABX_BENCH_DIR` to measure another disk.
     #[test]
     #[ignore]
     fn timing() {
-        static BIG: Collection = Collection {
-            name: "note",
-            parent: None,
-            max_total: usize::MAX,
-            max_per_owner: usize::MAX,
-            evicts: false,
-        };
-        #[derive(Clone, serde::Serialize, serde::Deserialize)]
-        struct Resp {
-            id: String,
-            body: String,
-        }
-        impl Record for Resp {
-            fn collection() -> &'static Collection {
-                &BIG
-            }
-            fn id(&self) -> &str {
-                &self.id
-            }
-        }
         let base = std::env::var_os("ABX_BENCH_DIR")
             .map(PathBuf::from)
             .unwrap_or_else(std::env::temp_dir);

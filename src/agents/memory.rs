@@ -584,11 +584,24 @@ impl Transaction for MemoryTxn<'_> {
     }
 }
 
+/// The store's behaviours, generic over the backend: each backend's tests run them all
+/// through [`store_tests`].
 #[cfg(test)]
-mod tests {
+pub(crate) mod cases {
     use serde::{Deserialize, Serialize};
 
-    use super::*;
+    use super::super::records::{
+        json_size, Collection, Limits, ListQuery, ObjectStore, Order, Page, Quota, Record, Scope,
+        StoreError, Transaction,
+    };
+
+    /// A backend under test: made with bounds, and able to say what an owner is charged
+    /// for (checking it against its records' JSON) and how many records it holds.
+    pub(crate) trait TestStore: ObjectStore + Sized {
+        fn with_limits(limits: Limits) -> Self;
+        fn held(&self, owner: &str) -> usize;
+        fn records(&self) -> usize;
+    }
 
     static NOTES: Collection = Collection {
         name: "note",
@@ -620,9 +633,9 @@ mod tests {
     };
 
     #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-    struct Note {
-        id: String,
-        text: String,
+    pub(crate) struct Note {
+        pub(crate) id: String,
+        pub(crate) text: String,
     }
 
     impl Record for Note {
@@ -635,9 +648,9 @@ mod tests {
     }
 
     #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-    struct Line {
-        id: String,
-        text: String,
+    pub(crate) struct Line {
+        pub(crate) id: String,
+        pub(crate) text: String,
     }
 
     impl Record for Line {
@@ -650,10 +663,10 @@ mod tests {
     }
 
     #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-    struct Run {
-        id: String,
-        running: bool,
-        text: String,
+    pub(crate) struct Run {
+        pub(crate) id: String,
+        pub(crate) running: bool,
+        pub(crate) text: String,
     }
 
     impl Record for Run {
@@ -669,9 +682,9 @@ mod tests {
     }
 
     #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-    struct Step {
-        id: String,
-        text: String,
+    pub(crate) struct Step {
+        pub(crate) id: String,
+        pub(crate) text: String,
     }
 
     impl Record for Step {
@@ -683,14 +696,14 @@ mod tests {
         }
     }
 
-    fn note(id: &str, text: &str) -> Note {
+    pub(crate) fn note(id: &str, text: &str) -> Note {
         Note {
             id: id.into(),
             text: text.into(),
         }
     }
 
-    fn line(id: &str) -> Line {
+    pub(crate) fn line(id: &str) -> Line {
         Line {
             id: id.into(),
             text: String::new(),
@@ -705,8 +718,8 @@ mod tests {
         }
     }
 
-    fn small() -> MemoryStore {
-        MemoryStore::with_limits(Limits {
+    fn small<S: TestStore>() -> S {
+        S::with_limits(Limits {
             object_bytes: 1000,
             owner_bytes: 2000,
         })
@@ -725,9 +738,8 @@ mod tests {
         parent: None,
     };
 
-    #[test]
-    fn create_get_update_delete() {
-        let store = small();
+    pub(crate) fn create_get_update_delete<S: TestStore>() {
+        let store = small::<S>();
         store.create(A, note("n1", "first")).unwrap();
         assert_eq!(store.get::<Note>(A, "n1"), Ok(note("n1", "first")));
         assert_eq!(
@@ -744,9 +756,8 @@ mod tests {
         assert_eq!(store.delete::<Note>(A, "n1"), Err(StoreError::NotFound));
     }
 
-    #[test]
-    fn a_foreign_id_is_an_unknown_id() {
-        let store = small();
+    pub(crate) fn a_foreign_id_is_an_unknown_id<S: TestStore>() {
+        let store = small::<S>();
         store.create(A, note("n1", "mine")).unwrap();
         store
             .create(Scope::within("alice", "n1"), line("l1"))
@@ -779,9 +790,8 @@ mod tests {
         assert_eq!(store.get::<Note>(A, "n1").unwrap().text, "mine");
     }
 
-    #[test]
-    fn lists_page_by_cursor_in_either_order() {
-        let store = small();
+    pub(crate) fn lists_page_by_cursor_in_either_order<S: TestStore>() {
+        let store = small::<S>();
         store.create(A, note("n", "")).unwrap();
         let within = Scope::within("alice", "n");
         for i in 0..5 {
@@ -849,9 +859,8 @@ mod tests {
         );
     }
 
-    #[test]
-    fn deleting_a_record_takes_its_children_and_gives_its_bytes_back() {
-        let store = small();
+    pub(crate) fn deleting_a_record_takes_its_children_and_gives_its_bytes_back<S: TestStore>() {
+        let store = small::<S>();
         store.create(A, note("n", "")).unwrap();
         let within = Scope::within("alice", "n");
         store.create(within, text_line("l", 900)).unwrap();
@@ -882,22 +891,12 @@ mod tests {
         }
     }
 
-    /// What `owner` is charged for, and what its records' JSON adds up to.
-    fn held(store: &MemoryStore, owner: &str) -> usize {
-        let tables = store.tables.lock().unwrap();
-        let counted: usize = tables
-            .entries
-            .values()
-            .filter(|e| e.owner == owner)
-            .map(|e| e.size)
-            .sum();
-        assert_eq!(tables.owner_bytes(owner), counted);
-        counted
+    fn held<S: TestStore>(store: &S, owner: &str) -> usize {
+        store.held(owner)
     }
 
-    #[test]
-    fn a_refused_transaction_leaves_nothing_behind() {
-        let store = small();
+    pub(crate) fn a_refused_transaction_leaves_nothing_behind<S: TestStore>() {
+        let store = small::<S>();
         store.create(A, note("n", "kept")).unwrap();
         let before = held(&store, "alice");
         assert_eq!(before, json_size(&note("n", "kept")));
@@ -917,16 +916,11 @@ mod tests {
             .data
             .is_empty());
         assert_eq!(held(&store, "alice"), before);
-        let tables = store.tables.lock().unwrap();
-        assert_eq!(tables.entries.len(), 1);
-        assert_eq!(tables.listed.len(), 1);
-        assert_eq!(tables.roots.len(), 1);
-        assert_eq!(tables.tree_bytes[&("note", "n".to_string())], before);
+        assert_eq!(store.records(), 1);
     }
 
-    #[test]
-    fn each_owner_has_a_byte_and_count_share() {
-        let store = small();
+    pub(crate) fn each_owner_has_a_byte_and_count_share<S: TestStore>() {
+        let store = small::<S>();
         let big = |id: &str| note(id, &"z".repeat(950));
         store.create(A, big("a0")).unwrap();
         store.create(A, note("a1", &"z".repeat(900))).unwrap();
@@ -976,9 +970,8 @@ mod tests {
         store.create(A, big("a2")).unwrap();
     }
 
-    #[test]
-    fn an_evicting_collection_forgets_the_oldest_finished_records() {
-        let store = MemoryStore::with_limits(Limits {
+    pub(crate) fn an_evicting_collection_forgets_the_oldest_finished_records<S: TestStore>() {
+        let store = S::with_limits(Limits {
             object_bytes: 3000,
             owner_bytes: 3000,
         });
@@ -1030,9 +1023,8 @@ mod tests {
         assert!(store.get::<Run>(Scope::owner("carol"), "c").is_ok());
     }
 
-    #[test]
-    fn a_grown_record_stays_and_older_ones_make_room() {
-        let store = MemoryStore::with_limits(Limits {
+    pub(crate) fn a_grown_record_stays_and_older_ones_make_room<S: TestStore>() {
+        let store = S::with_limits(Limits {
             object_bytes: 3000,
             owner_bytes: 3000,
         });
@@ -1054,4 +1046,81 @@ mod tests {
             json_size(&store.get::<Run>(carol, "c3").unwrap())
         );
     }
+
+    /// Runs every case against the backend `$store`.
+    macro_rules! store_tests {
+        ($store:ty) => {
+            #[test]
+            fn create_get_update_delete() {
+                $crate::agents::memory::cases::create_get_update_delete::<$store>();
+            }
+            #[test]
+            fn a_foreign_id_is_an_unknown_id() {
+                $crate::agents::memory::cases::a_foreign_id_is_an_unknown_id::<$store>();
+            }
+            #[test]
+            fn lists_page_by_cursor_in_either_order() {
+                $crate::agents::memory::cases::lists_page_by_cursor_in_either_order::<$store>();
+            }
+            #[test]
+            fn deleting_a_record_takes_its_children_and_gives_its_bytes_back() {
+                $crate::agents::memory::cases::deleting_a_record_takes_its_children_and_gives_its_bytes_back::<$store>();
+            }
+            #[test]
+            fn a_refused_transaction_leaves_nothing_behind() {
+                $crate::agents::memory::cases::a_refused_transaction_leaves_nothing_behind::<$store>();
+            }
+            #[test]
+            fn each_owner_has_a_byte_and_count_share() {
+                $crate::agents::memory::cases::each_owner_has_a_byte_and_count_share::<$store>();
+            }
+            #[test]
+            fn an_evicting_collection_forgets_the_oldest_finished_records() {
+                $crate::agents::memory::cases::an_evicting_collection_forgets_the_oldest_finished_records::<$store>();
+            }
+            #[test]
+            fn a_grown_record_stays_and_older_ones_make_room() {
+                $crate::agents::memory::cases::a_grown_record_stays_and_older_ones_make_room::<$store>();
+            }
+        };
+    }
+    pub(crate) use store_tests;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::cases::{store_tests, TestStore};
+    use super::*;
+
+    impl TestStore for MemoryStore {
+        fn with_limits(limits: Limits) -> MemoryStore {
+            MemoryStore::with_limits(limits)
+        }
+
+        fn held(&self, owner: &str) -> usize {
+            let tables = self.tables.lock().unwrap();
+            let counted: usize = tables
+                .entries
+                .values()
+                .filter(|e| e.owner == owner)
+                .map(|e| e.size)
+                .sum();
+            assert_eq!(tables.owner_bytes(owner), counted);
+            counted
+        }
+
+        fn records(&self) -> usize {
+            let tables = self.tables.lock().unwrap();
+            assert_eq!(tables.listed.len(), tables.entries.len());
+            let roots = tables
+                .entries
+                .values()
+                .filter(|e| e.parent.is_none())
+                .count();
+            assert_eq!(tables.roots.len(), roots);
+            tables.entries.len()
+        }
+    }
+
+    store_tests!(MemoryStore);
 }

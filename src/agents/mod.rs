@@ -22,6 +22,7 @@
 //! length limit) and run in the base directory, in their own process group.
 
 pub mod conversations;
+pub mod durable;
 pub mod error;
 pub mod events;
 pub mod input;

@@ -195,6 +195,8 @@ pub enum StoreError {
         bytes: usize,
         limit: usize,
     },
+    /// The backend could not read or write its storage (the durable store's file).
+    Storage(String),
 }
 
 /// Operations inside one transaction. Creating a record checks the bounds (and may

@@ -131,6 +131,7 @@ fn store_error(error: StoreError, kind: &str, id: &str, param: &str) -> ApiError
         StoreError::NotFound | StoreError::ParentNotFound => not_found(kind, id, param),
         StoreError::UnknownCursor => invalid(param, format!("No item '{id}' in this list.")),
         StoreError::Exists => ApiError::new(500, "server_error", format!("The {kind} '{id}' exists already.")),
+        StoreError::Storage(reason) => ApiError::new(500, "server_error", format!("The agents store failed: {reason}")),
         StoreError::Full { collection, limit } => ApiError::new(
             429,
             "rate_limit_error",

@@ -359,19 +359,7 @@ impl Installer {
         );
         crate::log!("agents: {starting}");
         self.push_line(runtime, starting);
-        let spawned = Child::spawn(
-            Spawn {
-                argv,
-                cwd,
-                env: context.env.clone(),
-                stdin: false,
-                capture: true,
-                terminal: None,
-            },
-            &context.children,
-        )
-        .await;
-        let mut child = match spawned {
+        let mut child = match spawn_captured(argv, cwd, &context).await {
             Ok(child) => child,
             Err(e) => {
                 let _ = remove(temporary).await;
@@ -577,9 +565,8 @@ fn prepare(root: &Path, temporary: &Path) -> std::io::Result<std::os::fd::OwnedF
 fn commit(temporary: &Path, final_prefix: &Path) -> std::io::Result<()> {
     match std::fs::rename(temporary, final_prefix) {
         Ok(()) => Ok(()),
-        Err(e) if final_prefix.is_dir() => {
+        Err(_) if final_prefix.is_dir() => {
             let _ = std::fs::remove_dir_all(temporary);
-            let _ = e;
             Ok(())
         }
         Err(e) => Err(e),
@@ -687,6 +674,23 @@ fn node_arch() -> &'static str {
     }
 }
 
+/// Starts `argv` with the children's environment and its output captured.
+async fn spawn_captured(
+    argv: Vec<String>,
+    cwd: std::os::fd::OwnedFd,
+    context: &InstallContext,
+) -> std::io::Result<Child> {
+    let spec = Spawn {
+        argv,
+        cwd,
+        env: context.env.clone(),
+        stdin: false,
+        capture: true,
+        terminal: None,
+    };
+    Child::spawn(spec, &context.children).await
+}
+
 /// Whether the machine's `node` (on the children's `PATH`) is new enough for the CLIs.
 async fn node_is_new_enough(context: &InstallContext) -> bool {
     let Ok(cwd) = rustix::fs::open(
@@ -696,18 +700,7 @@ async fn node_is_new_enough(context: &InstallContext) -> bool {
     ) else {
         return false;
     };
-    let spawned = Child::spawn(
-        Spawn {
-            argv: vec!["node".into(), "--version".into()],
-            cwd,
-            env: context.env.clone(),
-            stdin: false,
-            capture: true,
-            terminal: None,
-        },
-        &context.children,
-    )
-    .await;
+    let spawned = spawn_captured(vec!["node".into(), "--version".into()], cwd, context).await;
     let Ok(child) = spawned else {
         return false;
     };

@@ -94,16 +94,7 @@ async fn run(call: Call) -> Result<Response, ApiError> {
             Err(error) => Err(ApiError::new(500, error.type_name, error.message)),
         },
         Implementation::Python => {
-            let bridge = call
-                .services()
-                .groups
-                .get_arc::<crate::bridge::Bridge>()
-                .ok_or_else(|| {
-                    ApiError::internal(
-                        "RuntimeError",
-                        "this command is implemented in Python, but no Python worker is configured",
-                    )
-                })?;
+            let bridge = python_worker(&call, "command")?;
             let request = json!({"op": "command", "name": name, "args": args});
             match link::call(&bridge, &call.services().environment, &request)
                 .await
@@ -146,6 +137,23 @@ pub(crate) fn bridge_error(error: BridgeError) -> ApiError {
         }
         BridgeError::Protocol(why) => ApiError::internal("RuntimeError", why).with_code("worker_protocol"),
     }
+}
+
+/// The Python worker a Python `what` (command or route) runs on: 500 when this
+/// server serves none.
+fn python_worker(
+    call: &Call,
+    what: &str,
+) -> Result<std::sync::Arc<crate::bridge::Bridge>, ApiError> {
+    call.services()
+        .groups
+        .get_arc::<crate::bridge::Bridge>()
+        .ok_or_else(|| {
+            ApiError::internal(
+                "RuntimeError",
+                format!("this {what} is implemented in Python, but no Python worker is configured"),
+            )
+        })
 }
 
 /// The group's state: the frozen registry of named commands (the embedding program's

@@ -62,16 +62,7 @@ struct RouteRequest<'a> {
 }
 
 async fn serve(call: Call, route: String, streaming: bool) -> Result<Response, ApiError> {
-    let bridge = call
-        .services()
-        .groups
-        .get_arc::<crate::bridge::Bridge>()
-        .ok_or_else(|| {
-            ApiError::internal(
-                "RuntimeError",
-                "this route is implemented in Python, but no Python worker is configured",
-            )
-        })?;
+    let bridge = super::python_worker(&call, "route")?;
     let body: Value = if matches!(call.method, Method::Get) {
         json!({})
     } else {

@@ -7,7 +7,7 @@ use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Mutex};
 
 use super::memory::MemoryStore;
-use super::records::ObjectStore;
+use super::records::{ObjectStore, StoreError};
 
 /// The agents surface: its object store, and the turns running now (their CLIs'
 /// process groups live here, not in the store: a process is not a record).
@@ -36,6 +36,23 @@ impl<S: ObjectStore> Agents<S> {
         Agents {
             store,
             running: Mutex::default(),
+        }
+    }
+
+    /// Runs `f` as one store transaction on the blocking pool and awaits it. A durable
+    /// commit waits for the disk (about 0.55 ms, `docs/architecture.md`), which a worker
+    /// thread must never do; the closure owns what it needs, so it can move there.
+    #[allow(dead_code)] // the routes move onto it with the durable store (issue 27)
+    pub async fn transact<R, E, F>(self: &Arc<Self>, f: F) -> Result<R, E>
+    where
+        F: FnOnce(&mut S::Txn<'_>) -> Result<R, E> + Send + 'static,
+        R: Send + 'static,
+        E: From<StoreError> + Send + 'static,
+    {
+        let agents = Arc::clone(self);
+        match crate::runtime::file::blocking(move || agents.store.transact(f)).await {
+            Ok(result) => result,
+            Err(e) => Err(E::from(StoreError::Storage(e.to_string()))),
         }
     }
 

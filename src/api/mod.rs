@@ -169,6 +169,10 @@ pub struct EndpointSpec {
     /// Statuses this endpoint answers besides 200 and the ones every endpoint may
     /// (see [`EndpointSpec::statuses`]).
     pub also_answers: Vec<u16>,
+    /// JSON Schema of the body the handler's own refusals (`also_answers` statuses of
+    /// 400 and above) carry, when it is not the endpoint's error envelope: MCP's
+    /// transport answers JSON-RPC error objects.
+    pub own_refusals: Option<Value>,
     /// The engine watches the caller's socket while the handler runs, and a caller
     /// that hangs up drops the handler (what it holds is freed at once).
     pub watch_peer: bool,
@@ -216,6 +220,7 @@ impl EndpointSpec {
             listener: Listener::Api,
             returns: None,
             also_answers: Vec::new(),
+            own_refusals: None,
             watch_peer: false,
             unknown_fields: UnknownFields::Ignore,
             headers: Vec::new(),

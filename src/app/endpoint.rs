@@ -232,6 +232,13 @@ impl<C, U> Endpoint<C, U> {
         self.spec.also_answers.extend_from_slice(statuses);
         self
     }
+
+    /// The schema of the body its own refusals carry (see [`EndpointSpec::own_refusals`]).
+    pub fn own_refusals(mut self, schema: Value) -> Self {
+        self.spec.own_refusals = Some(schema);
+        self
+    }
+
     /// A caller that hangs up drops the handler (see [`EndpointSpec::watch_peer`]).
     pub fn watch_peer(mut self) -> Self {
         self.spec.watch_peer = true;

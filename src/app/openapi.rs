@@ -73,23 +73,24 @@ pub fn document(endpoints: &[Endpoint], listener: Listener) -> Value {
                 success(spec.streaming, raw, spec.returns.clone())
             } else if (200..400).contains(&status) {
                 json!({"description": reason(status)})
-            } else if spec.body == crate::api::BodyMode::JsonRpc
-                && spec.also_answers.contains(&status)
+            } else if let Some(own) = spec
+                .own_refusals
+                .as_ref()
+                .filter(|_| spec.also_answers.contains(&status))
             {
-                // The transport's own refusals are JSON-RPC error objects, the
-                // dispatcher's (bad JSON) the contract's: both are objects.
+                // The handler's own refusals have their own shape; the dispatcher's
+                // (bad JSON, auth) are still the endpoint's envelope.
                 json!({
                     "description": reason(status),
-                    "content": {"application/json": {"schema": {"type": "object"}}},
+                    "content": {"application/json": {"schema": {"anyOf": [
+                        own,
+                        {"$ref": envelope(spec.errors)},
+                    ]}}},
                 })
             } else {
-                let schema = match spec.errors {
-                    ErrorStyle::Contract => "#/components/schemas/Error",
-                    ErrorStyle::OpenAi => "#/components/schemas/OpenAiError",
-                };
                 json!({
                     "description": reason(status),
-                    "content": {"application/json": {"schema": {"$ref": schema}}},
+                    "content": {"application/json": {"schema": {"$ref": envelope(spec.errors)}}},
                 })
             };
             responses.insert(status.to_string(), response);
@@ -148,6 +149,13 @@ pub fn document(endpoints: &[Endpoint], listener: Listener) -> Value {
         },
         "security": [{}, {"accessToken": []}, {"bearer": []}],
     })
+}
+
+fn envelope(style: ErrorStyle) -> &'static str {
+    match style {
+        ErrorStyle::Contract => "#/components/schemas/Error",
+        ErrorStyle::OpenAi => "#/components/schemas/OpenAiError",
+    }
 }
 
 fn success(streaming: bool, raw: bool, schema: Option<Value>) -> Value {

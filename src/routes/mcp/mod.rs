@@ -30,18 +30,38 @@ pub fn endpoints() -> Vec<Endpoint> {
             .id("mcp")
             .summary("Model Context Protocol over Streamable HTTP: this caller's routes and commands as tools (JSON-RPC: initialize, tools/list, tools/call, ping).")
             .returns(json!({"type": ["object", "array"]}))
-            .also_answers(&[202, 400, 404]),
+            .also_answers(&[202, 400, 404])
+            .own_refusals(json_rpc_error()),
         Endpoint::new(Method::Get, "/mcp", Group::Mcp, handler(events))
             .id("mcp_events")
             .summary("The MCP session's server stream: notifications/tools/list_changed when a policy reload changes the tools.")
             .streaming(true)
-            .also_answers(&[400, 404]),
+            .also_answers(&[400, 404])
+            .own_refusals(json_rpc_error()),
         Endpoint::new(Method::Delete, "/mcp", Group::Mcp, handler(end))
             .id("mcp_end")
             .summary("Ends an MCP session (Mcp-Session-Id).")
             .returns(json!({"type": "object"}))
-            .also_answers(&[400, 404]),
+            .also_answers(&[400, 404])
+            .own_refusals(json_rpc_error()),
     ]
+}
+
+/// The transport's refusals: a JSON-RPC response whose `error` is `{code, message}`.
+fn json_rpc_error() -> serde_json::Value {
+    json!({
+        "type": "object",
+        "required": ["jsonrpc", "error"],
+        "properties": {
+            "jsonrpc": {"const": "2.0"},
+            "id": {},
+            "error": {
+                "type": "object",
+                "required": ["code", "message"],
+                "properties": {"code": {"type": "integer"}, "message": {"type": "string"}},
+            },
+        },
+    })
 }
 
 fn rpc(status: u16, message: Value) -> Response {

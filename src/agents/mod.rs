@@ -33,6 +33,7 @@ pub mod records;
 pub mod responses;
 pub mod run;
 pub mod runtime;
+pub mod sessions;
 pub mod surface;
 pub mod turn;
 

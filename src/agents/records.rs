@@ -46,6 +46,12 @@ pub trait Record: Serialize + DeserializeOwned + Clone + Send + Sync + 'static {
     fn evictable(&self) -> bool {
         false
     }
+    /// Called for every record when a durable store opens: a record that describes work
+    /// in flight (a running turn) says what it becomes now that nothing runs it, and
+    /// returns whether it changed.
+    fn on_restart(&mut self) -> bool {
+        false
+    }
 }
 
 /// Whose records an operation sees: the caller's own, within one parent for a child

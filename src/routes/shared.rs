@@ -9,7 +9,10 @@ use std::os::fd::OwnedFd;
 use crate::api::errno::os_error;
 use crate::api::ApiError;
 use crate::app::Call;
+use crate::fs::read::open_file;
 use crate::fs::FsError;
+use crate::http::Response;
+use crate::runtime::{AsyncFile, FileStream};
 use crate::process::{Child, Spawn};
 
 /// Words a file operation's failure as the contract does.
@@ -318,5 +321,236 @@ pub(crate) fn refused_overwrite(error: crate::fs::FsError, overwrite: bool) -> A
             )
         }
         _ => fs_error(error),
+    }
+}
+
+/// The bytes of the file `caller` names, as `application/octet-stream` with `ETag` and
+/// one `Range` honoured (206, or 416 of type `refusal_type` outside the file), streamed
+/// from disk: the raw downloads of the file routes and the agents' artifacts.
+pub async fn raw_bytes(
+    call: &Call,
+    caller: &crate::fs::CallerPath,
+    refusal_type: &'static str,
+) -> Result<Response, ApiError> {
+    let services = call.services();
+    let opened = open_file(&services.base, caller, false)
+        .await
+        .map_err(fs_error)?;
+    let shown = caller.display();
+    let size = opened.stat.st_size as u64;
+    let etag = format!(
+        "\"{:x}-{:x}-{:x}.{:x}\"",
+        opened.stat.st_ino, size, opened.stat.st_mtime, opened.stat.st_mtime_nsec
+    );
+    if let Some(tags) = call.header("if-none-match") {
+        if tags.split(',').any(|t| {
+            let t = t.trim();
+            t == "*" || t.trim_start_matches("W/") == etag
+        }) {
+            return Ok(
+                Response::raw(304, "application/octet-stream", Vec::new()).header("ETag", etag)
+            );
+        }
+    }
+    let (status, offset, len) = match call.header("range") {
+        None => (200, 0, size),
+        Some(range) => match parse_range(range, size) {
+            RangeAnswer::Whole => (200, 0, size),
+            RangeAnswer::Part(start, end) => (206, start, end - start + 1),
+            RangeAnswer::Unsatisfiable => {
+                return Err(ApiError::new(
+                    416,
+                    refusal_type,
+                    format!("Range '{range}' is outside the file ({size} bytes)"),
+                )
+                .with_header("Content-Range", format!("bytes */{size}")));
+            }
+        },
+    };
+    let file = AsyncFile::new(opened.fd, services.driver)
+        .map_err(|e| fs_error(crate::fs::FsError::io(e, shown)))?;
+    let stream = FileStream::new(file, offset, len);
+    let mut response = Response::stream(status, "application/octet-stream", Box::new(stream))
+        .header("ETag", etag)
+        .header("Accept-Ranges", "bytes");
+    if status == 206 {
+        response = response.header(
+            "Content-Range",
+            format!("bytes {}-{}/{size}", offset, offset + len - 1),
+        );
+    }
+    Ok(response)
+}
+
+enum RangeAnswer {
+    Whole,
+    Part(u64, u64),
+    Unsatisfiable,
+}
+
+/// One `bytes=` range (RFC 9110 §14.1.2). Several ranges, or a header we cannot read,
+/// are answered with the whole file, which the RFC allows.
+fn parse_range(header: &str, size: u64) -> RangeAnswer {
+    let Some(spec) = header.trim().strip_prefix("bytes=") else {
+        return RangeAnswer::Whole;
+    };
+    if spec.contains(',') {
+        return RangeAnswer::Whole;
+    }
+    let Some((first, last)) = spec.trim().split_once('-') else {
+        return RangeAnswer::Whole;
+    };
+    let (first, last) = (first.trim(), last.trim());
+    if first.is_empty() {
+        let Ok(suffix) = last.parse::<u64>() else {
+            return RangeAnswer::Whole;
+        };
+        if suffix == 0 || size == 0 {
+            return RangeAnswer::Unsatisfiable;
+        }
+        return RangeAnswer::Part(size.saturating_sub(suffix), size - 1);
+    }
+    let Ok(start) = first.parse::<u64>() else {
+        return RangeAnswer::Whole;
+    };
+    if start >= size {
+        return RangeAnswer::Unsatisfiable;
+    }
+    let end = if last.is_empty() {
+        size - 1
+    } else {
+        match last.parse::<u64>() {
+            Ok(end) if end >= start => end.min(size - 1),
+            _ => return RangeAnswer::Whole,
+        }
+    };
+    RangeAnswer::Part(start, end)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ranges() {
+        assert!(matches!(
+            parse_range("bytes=0-99", 1000),
+            RangeAnswer::Part(0, 99)
+        ));
+        assert!(matches!(
+            parse_range("bytes=900-", 1000),
+            RangeAnswer::Part(900, 999)
+        ));
+        assert!(matches!(
+            parse_range("bytes=-100", 1000),
+            RangeAnswer::Part(900, 999)
+        ));
+        assert!(matches!(
+            parse_range("bytes=990-5000", 1000),
+            RangeAnswer::Part(990, 999)
+        ));
+        assert!(matches!(
+            parse_range("bytes=1000-", 1000),
+            RangeAnswer::Unsatisfiable
+        ));
+        assert!(matches!(
+            parse_range("bytes=0-1,5-6", 1000),
+            RangeAnswer::Whole
+        ));
+        assert!(matches!(parse_range("items=0-1", 1000), RangeAnswer::Whole));
+        assert!(matches!(parse_range("bytes=5-1", 1000), RangeAnswer::Whole));
+    }
+
+    #[test]
+    fn base64_tolerates_wrapping_and_enforces_the_limit() {
+        assert_eq!(decode_base64("aGVs\nbG8=", 100).unwrap(), b"hello");
+        assert_eq!(decode_base64("aGVsbG8=", 100).unwrap(), b"hello");
+        assert_eq!(
+            decode_base64("aGVsbG8=", 4).unwrap_err().code,
+            Some("payload_too_large")
+        );
+        assert_eq!(decode_base64("not base64!", 100).unwrap_err().status, 400);
+    }
+
+    /// The field names a `Deserialize` struct accepts, read from its derive.
+    fn struct_fields<'de, T: Deserialize<'de>>() -> &'static [&'static str] {
+        struct Capture(&'static [&'static str]);
+        impl<'de> serde::Deserializer<'de> for &mut Capture {
+            type Error = serde::de::value::Error;
+            fn deserialize_any<V: serde::de::Visitor<'de>>(
+                self,
+                _: V,
+            ) -> Result<V::Value, Self::Error> {
+                Err(serde::de::Error::custom("not a struct"))
+            }
+            fn deserialize_struct<V: serde::de::Visitor<'de>>(
+                self,
+                _: &'static str,
+                fields: &'static [&'static str],
+                _: V,
+            ) -> Result<V::Value, Self::Error> {
+                self.0 = fields;
+                Err(serde::de::Error::custom("captured"))
+            }
+            serde::forward_to_deserialize_any! {
+                bool i8 i16 i32 i64 i128 u8 u16 u32 u64 u128 f32 f64 char str string bytes
+                byte_buf option unit unit_struct newtype_struct seq tuple tuple_struct map
+                enum identifier ignored_any
+            }
+        }
+        let mut capture = Capture(&[]);
+        let _ = T::deserialize(&mut capture);
+        capture.0
+    }
+
+    /// The streamed JSON upload is not parsed by `Call::args`: its fields (the scanner's
+    /// streamed member and the skeleton's struct) and their required-ness must be the
+    /// body fields the upload endpoints declare, with the same sentences.
+    #[test]
+    fn the_streaming_parser_accepts_the_declared_fields() {
+        for endpoint in crate::routes::builtin_endpoints() {
+            let spec = &endpoint.spec;
+            if !matches!(spec.id.as_str(), "upload" | "files_upload_stream") {
+                continue;
+            }
+            let body: Vec<&Param> = (spec.params.iter())
+                .filter(|p| p.location == ParamIn::Body)
+                .collect();
+            let mut declared: Vec<&str> = body.iter().map(|p| p.name).collect();
+            let mut accepted = struct_fields::<UploadBody>().to_vec();
+            declared.sort_unstable();
+            accepted.sort_unstable();
+            assert_eq!(declared, accepted, "{}", spec.id);
+            let streamed = std::str::from_utf8(crate::fs::upload_body::KEY).unwrap();
+            assert!(declared.contains(&streamed), "{}", spec.id);
+            for param in &body {
+                assert!(param.required, "{} {}", spec.id, param.name);
+                let others: serde_json::Map<String, serde_json::Value> = (body.iter())
+                    .filter(|p| p.name != param.name)
+                    .map(|p| (p.name.to_string(), json!("aGk=")))
+                    .collect();
+                let skeleton = serde_json::to_vec(&others).unwrap();
+                let err = parse_skeleton(&skeleton, false, 100).unwrap_err();
+                let sentence = param
+                    .missing
+                    .map_or_else(|| format!("{} is required", param.name), str::to_string);
+                assert_eq!(err.message, sentence, "{} {}", spec.id, param.name);
+            }
+            let whole = br#"{"path": "a.txt", "content_base64": "aGk="}"#;
+            let (path, inline) = parse_skeleton(whole, false, 100).unwrap();
+            assert_eq!(
+                (path.as_str(), inline.as_deref()),
+                ("a.txt", Some(&b"hi"[..]))
+            );
+        }
+    }
+
+    #[test]
+    fn download_body_is_valid_json() {
+        let body = download_body("/home/user/a \"b\".bin", &[0, 1, 2, 255], true);
+        let v: serde_json::Value = serde_json::from_slice(&body).unwrap();
+        assert_eq!(v["content_base64"], "AAEC/w==");
+        assert_eq!(v["bytes"], 4);
+        assert_eq!(v["path"], "/home/user/a \"b\".bin");
     }
 }

@@ -14,6 +14,9 @@ mod conversations;
 mod resource;
 mod responses;
 mod runtimes;
+mod session_live;
+mod session_setup;
+mod sessions;
 mod stored;
 
 use std::sync::Arc;
@@ -44,6 +47,7 @@ pub fn endpoints() -> Vec<Endpoint> {
     let mut endpoints = runtimes::endpoints();
     endpoints.extend(responses::endpoints());
     endpoints.extend(conversations::endpoints());
+    endpoints.extend(sessions::endpoints());
     endpoints.extend([
         route(Method::Post, "/v1/agents/executors", "agents_executors_register", "Refused: no remote executors attach to a local server.", handler(|_| async { Err(cannot("agents_cannot_register_executors", "Executor registration is not available: this server runs agents itself, in this sandbox.")) })),
         route(Method::Get, "/v1/agents/executors/{executor_id}/channel", "agents_executors_channel", "Refused: no executor channel on a local server.", handler(|_| async { Err(cannot("agents_cannot_open_executor_channels", "Executor channels are not available: this server runs agents itself, in this sandbox.")) }))
@@ -229,5 +233,9 @@ pub fn registrar() -> crate::app::Registrar {
             Agents::<crate::agents::memory::MemoryStore>::default(),
         ));
         setup.provide(Arc::new(cli::installer(setup.config)));
+        let hub = Arc::new(crate::agents::sessions::live::Hub::default());
+        let stopping = hub.clone();
+        setup.on_shutdown(move || stopping.stop_all());
+        setup.provide(hub);
     })
 }

@@ -1,0 +1,144 @@
+//! A session's live events: every open `GET …/events` (and a streamed create) is a
+//! subscriber, on whichever worker its connection lives; the session's actor publishes
+//! each event once, to all of them. Nothing is replayed: a stream shows what happens
+//! after it opened (the SDK's helpers open it before they post the input).
+//!
+//! Publishing never waits for a subscriber: each has room for [`BACKLOG`] events, and
+//! one that falls that far behind is dropped (its stream ends), so a stalled client can
+//! neither stall the turn nor make the server buffer without bound.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+use futures_channel::mpsc;
+use serde_json::Value;
+
+use crate::agents::records::new_id;
+
+/// Events a subscriber may be behind by before it is dropped.
+pub const BACKLOG: usize = 4096;
+
+/// One event as published: its type (the SSE event name) and its JSON.
+#[derive(Debug)]
+pub struct Published {
+    pub kind: String,
+    pub json: String,
+    /// The session went idle or failed after the turn a streamed create waits for.
+    pub ends_turn: bool,
+}
+
+/// The receiving half of a subscription.
+pub type Subscription = mpsc::Receiver<Arc<Published>>;
+
+#[derive(Default)]
+struct Subscribers {
+    next: u64,
+    open: Vec<(u64, mpsc::Sender<Arc<Published>>)>,
+}
+
+/// Every session's subscribers.
+#[derive(Default)]
+pub struct Channels {
+    sessions: Mutex<HashMap<String, Subscribers>>,
+    published: AtomicU64,
+}
+
+impl Channels {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Subscribers>> {
+        self.sessions.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// A new subscriber of `session`'s events.
+    pub fn subscribe(&self, session: &str) -> Subscription {
+        let (tx, rx) = mpsc::channel(BACKLOG);
+        let mut sessions = self.lock();
+        let subscribers = sessions.entry(session.to_string()).or_default();
+        subscribers.next += 1;
+        let key = subscribers.next;
+        subscribers.open.push((key, tx));
+        rx
+    }
+
+    /// Gives `event` an `event_id` and sends it to every subscriber of `session`.
+    pub fn publish(&self, session: &str, mut event: Value, ends_turn: bool) -> Value {
+        event["event_id"] = Value::String(new_id("evt_"));
+        self.published.fetch_add(1, Ordering::Relaxed);
+        let kind = event["type"].as_str().unwrap_or("message").to_string();
+        let published = Arc::new(Published {
+            kind,
+            json: event.to_string(),
+            ends_turn,
+        });
+        let mut sessions = self.lock();
+        if let Some(subscribers) = sessions.get_mut(session) {
+            // A closed or hopelessly behind subscriber is forgotten here.
+            subscribers
+                .open
+                .retain_mut(|(_, tx)| tx.try_send(published.clone()).is_ok());
+            if subscribers.open.is_empty() {
+                sessions.remove(session);
+            }
+        }
+        event
+    }
+
+    /// Ends every stream of a deleted session.
+    pub fn close(&self, session: &str) {
+        self.lock().remove(session);
+    }
+
+    /// How many streams are open on `session`.
+    pub fn subscribers(&self, session: &str) -> usize {
+        let mut sessions = self.lock();
+        match sessions.get_mut(session) {
+            Some(s) => {
+                s.open.retain(|(_, tx)| !tx.is_closed());
+                s.open.len()
+            }
+            None => 0,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn every_subscriber_gets_each_event_once_with_a_unique_id() {
+        let channels = Channels::default();
+        let mut a = channels.subscribe("s");
+        let mut b = channels.subscribe("s");
+        let mut other = channels.subscribe("t");
+        let first = channels.publish("s", json!({"type": "x"}), false);
+        let second = channels.publish("s", json!({"type": "y"}), true);
+        assert_ne!(first["event_id"], second["event_id"]);
+        for rx in [&mut a, &mut b] {
+            let got: Vec<_> = std::iter::from_fn(|| rx.try_next().ok().flatten()).collect();
+            assert_eq!(got.len(), 2);
+            assert_eq!(got[0].kind, "x");
+            assert!(got[1].ends_turn);
+        }
+        assert!(other.try_next().is_err(), "nothing for another session");
+        drop(a);
+        assert_eq!(channels.subscribers("s"), 1);
+    }
+
+    #[test]
+    fn a_subscriber_that_falls_behind_is_dropped() {
+        let channels = Channels::default();
+        let mut slow = channels.subscribe("s");
+        for _ in 0..BACKLOG + 2 {
+            channels.publish("s", json!({"type": "x"}), false);
+        }
+        let mut got = 0;
+        while let Ok(Some(_)) = slow.try_next() {
+            got += 1;
+        }
+        assert!(got <= BACKLOG + 1, "{got}");
+        // The stream ended: the sender was dropped.
+        assert!(matches!(slow.try_next(), Ok(None)));
+    }
+}

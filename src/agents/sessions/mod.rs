@@ -1,0 +1,235 @@
+//! Sessions of OpenAI's Agents API (beta) on codex: a session is one codex thread in this
+//! sandbox, run by `codex app-server`. What it keeps ([`records`]), what its inputs may
+//! be ([`inputs`]), how its events reach every open stream ([`channel`]), the actor that
+//! drives its thread ([`live`]), and what a turn publishes ([`outputs`]: artifacts;
+//! [`trace`]: its OTLP trace).
+//!
+//! The session's status is the store's: every change of it is committed before the
+//! event that announces it is published, so `GET …/sessions/{id}` never disagrees with
+//! a stream that has already said more. Running sessions have an actor on the worker
+//! that started them (its app-server's pipes are awaited on that worker's driver);
+//! requests on other workers reach it through a thread-safe command queue.
+
+pub mod channel;
+pub mod inputs;
+pub mod agent;
+pub mod live;
+pub mod outputs;
+pub mod records;
+pub mod trace;
+
+use std::sync::Arc;
+
+use serde_json::{json, Map, Value};
+
+use super::error::AgentError;
+use super::objects::now_unix;
+use super::records::{new_id, ListQuery, Order, Scope, StoreError, Transaction};
+use super::surface::Agents;
+use records::{Session, Status};
+
+/// The id this sandbox has as an environment (the one `self_hosted` environment a
+/// session runs in).
+pub const SANDBOX_ENVIRONMENT_ID: &str = "env_local_sandbox";
+
+/// A session about to be created, its fields checked.
+pub struct NewSession {
+    pub agent: Value,
+    pub environment: Value,
+    pub workspace: Option<String>,
+    pub metadata: Value,
+    pub vault_ids: Vec<String>,
+    pub review: Option<String>,
+    pub prompt_cache_options: Option<Value>,
+    pub spend_control: Option<Value>,
+}
+
+/// Creates the session record.
+pub async fn create(
+    agents: &Arc<Agents>,
+    owner: &str,
+    new: NewSession,
+) -> Result<Session, AgentError> {
+    let now = now_unix();
+    let session = Session {
+        id: new_id("sess_"),
+        created_at: now,
+        last_active_at: now,
+        agent: new.agent,
+        environment: new.environment,
+        workspace: new.workspace,
+        metadata: new.metadata,
+        vault_ids: new.vault_ids,
+        status: Status::Idle,
+        error: None,
+        required_actions: Vec::new(),
+        usage: None,
+        review: new.review,
+        prompt_cache_options: new.prompt_cache_options,
+        spend_control: new.spend_control,
+        thread_id: None,
+        active_turn: None,
+        idempotency: Vec::new(),
+        turns: 0,
+    };
+    let owner = owner.to_string();
+    let kept = session.clone();
+    agents
+        .transact(move |t| t.create(Scope::owner(&owner), kept))
+        .await
+        .map_err(AgentError::store("session", &session.id, "session_id"))?;
+    Ok(session)
+}
+
+/// Changes a session's `metadata`, `review`, `prompt_cache_options`, `spend_control`
+/// or its agent's `model`, `reasoning.effort`, `service_tier` (what the next turn uses).
+/// `agent_changes` are already checked.
+pub async fn update(
+    agents: &Arc<Agents>,
+    owner: &str,
+    id: &str,
+    changes: Map<String, Value>,
+    agent_changes: Map<String, Value>,
+) -> Result<Session, AgentError> {
+    let (owner, key) = (owner.to_string(), id.to_string());
+    agents
+        .transact(move |t| {
+            t.update::<Session, Result<Session, AgentError>>(
+                Scope::owner(&owner),
+                &key,
+                |session| {
+                    if agent_changes.contains_key("tools") && session.thread_id.is_some() {
+                        return Err(AgentError::invalid(
+                            "agent.tools",
+                            "This session's codex thread has started, and codex fixes a thread's tools when it starts: create a new session with these tools.",
+                        ));
+                    }
+                    for (key, value) in &agent_changes {
+                        match (key.as_str(), value) {
+                            ("reasoning", Value::Object(reasoning)) => {
+                                for (k, v) in reasoning {
+                                    session.agent["reasoning"][k] = v.clone();
+                                }
+                            }
+                            ("service_tier", Value::Null) => {
+                                session.agent["service_tier"] = json!("auto")
+                            }
+                            ("tools", Value::Null) => session.agent["tools"] = json!([]),
+                            _ => session.agent[key] = value.clone(),
+                        }
+                    }
+                    for (key, value) in changes {
+                        match key.as_str() {
+                            "metadata" => {
+                                session.metadata = match value {
+                                    Value::Null => json!({}),
+                                    v => v,
+                                }
+                            }
+                            "review" => session.review = value.as_str().map(str::to_string),
+                            "prompt_cache_options" => {
+                                session.prompt_cache_options = Some(value).filter(|v| !v.is_null())
+                            }
+                            "spend_control" => {
+                                session.spend_control = Some(value).filter(|v| !v.is_null())
+                            }
+                            _ => {}
+                        }
+                    }
+                    session.last_active_at = now_unix();
+                    Ok(session.clone())
+                },
+            )
+            .map_err(AgentError::store("session", &key, "session_id"))?
+        })
+        .await
+}
+
+/// Forgets a session and everything it holds; a session running a turn is refused (the
+/// SDK: "Running execution must be cancelled first").
+pub async fn delete(agents: &Arc<Agents>, owner: &str, id: &str) -> Result<(), AgentError> {
+    let (owner, key) = (owner.to_string(), id.to_string());
+    agents
+        .transact(move |t| {
+            let scope = Scope::owner(&owner);
+            let session: Session = t
+                .get(scope, &key)
+                .map_err(AgentError::store("session", &key, "session_id"))?;
+            if session.active_turn.is_some() {
+                return Err(AgentError::Busy {
+                    id: key.clone(),
+                    param: "session_id",
+                });
+            }
+            t.delete::<Session>(scope, &key)
+                .map_err(AgentError::store("session", &key, "session_id"))?;
+            Ok(())
+        })
+        .await
+}
+
+/// Which sessions a list shows.
+pub struct SessionFilter {
+    pub agent_id: Option<String>,
+    pub metadata: Vec<(String, String)>,
+}
+
+impl SessionFilter {
+    fn admits(&self, session: &Session) -> bool {
+        self.agent_id
+            .as_deref()
+            .is_none_or(|id| session.agent["id"].as_str() == Some(id))
+            && self
+                .metadata
+                .iter()
+                .all(|(k, v)| session.metadata[k].as_str() == Some(v))
+    }
+}
+
+/// A page of the caller's sessions that `filter` admits: the store is read a page at a
+/// time until `limit` are found (or it ends).
+pub async fn list(
+    agents: &Arc<Agents>,
+    owner: &str,
+    after: Option<String>,
+    limit: usize,
+    order: Order,
+    filter: SessionFilter,
+) -> Result<(Vec<Session>, bool), AgentError> {
+    let owner = owner.to_string();
+    agents
+        .transact(move |t| {
+            let mut found = Vec::new();
+            let mut cursor = after;
+            loop {
+                let query = ListQuery {
+                    after: cursor.as_deref(),
+                    limit: 100,
+                    order,
+                };
+                let page = t
+                    .list::<Session>(Scope::owner(&owner), &query)
+                    .map_err(|e| match e {
+                        StoreError::UnknownCursor => AgentError::invalid(
+                            "after",
+                            format!("No session '{}' in this list.", cursor.as_deref().unwrap_or("")),
+                        ),
+                        e => AgentError::from(e),
+                    })?;
+                let more = page.has_more;
+                cursor = page.last_id.clone();
+                for session in page.data {
+                    if filter.admits(&session) {
+                        if found.len() == limit {
+                            return Ok((found, true));
+                        }
+                        found.push(session);
+                    }
+                }
+                if !more {
+                    return Ok((found, false));
+                }
+            }
+        })
+        .await
+}

@@ -1,0 +1,205 @@
+//! The live half of sessions as HTTP: inputs handed to the session's actor (with its
+//! codex CLI found, or installed on first use), and its events as server-sent events —
+//! `GET …/events` for as long as the client listens, a streamed create until its first
+//! turn has ended. A stream's headers go out at once (the SDK's helper opens the stream
+//! before it posts the input), and a comment every [`KEEPALIVE`] keeps idle streams
+//! under the SDK's read timeout.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde_json::json;
+
+use super::{agents_of, cli};
+use crate::agents::objects::Object;
+use crate::agents::records::Scope;
+use crate::agents::sessions::channel::Subscription;
+use crate::agents::sessions::inputs::Input;
+use crate::agents::sessions::live::{Hub, Launch};
+use crate::agents::sessions::records::Session;
+use crate::agents::{AgentError, Runtime};
+use crate::api::ApiError;
+use crate::app::Call;
+use crate::http::sse::{self, SseSender};
+use crate::http::Response;
+
+/// How often an idle stream gets a comment.
+pub const KEEPALIVE: Duration = Duration::from_secs(15);
+
+pub fn hub(call: &Call) -> Result<Arc<Hub>, ApiError> {
+    call.group_arc::<Hub>()
+}
+
+/// Hands `inputs` to the session's actor; a tool result for no pending call is the
+/// sentence the SDK's helper retries on.
+pub async fn send(call: &Call, hub: &Arc<Hub>, id: &str, inputs: Vec<Input>) -> Result<(), ApiError> {
+    let session = super::sessions::get_session(call, id).await?;
+    let needs_runner = inputs.iter().any(|i| matches!(i, Input::Message(_)));
+    let launch = if needs_runner {
+        Some(launch(call, &session).await?)
+    } else {
+        None
+    };
+    let agents = agents_of(call)?;
+    let owner = call.identity.id.clone();
+    hub.send(&agents, &owner, &session, inputs, move || {
+        launch.ok_or_else(|| AgentError::invalid("events", "This session runs no turn: send an agent.session.input.message first."))
+    })
+    .await
+    .map_err(|e| match e {
+        AgentError::Invalid { param, message } if message.starts_with("Unknown pending tool call") => {
+            // The SDK's helper matches this code and message exactly (docs/agents-api.md §2.2).
+            ApiError::new(400, "invalid_request_error", message)
+                .with_code("invalid_request_error")
+                .with_field("param", param)
+        }
+        AgentError::Busy { id, .. } => ApiError::new(
+            409,
+            "invalid_request_error",
+            format!("The running turn cannot take this input now: {id}. Wait for it to end or cancel it."),
+        )
+        .with_code("active_turn_not_steerable")
+        .with_header("x-should-retry", "false"),
+        e => ApiError::from(e),
+    })
+}
+
+/// How the session's app-server would start: the codex CLI (installed on first use),
+/// the workspace opened beneath the base directory, and the bearers of the agent's MCP
+/// servers from the session's vaults.
+async fn launch(call: &Call, session: &Session) -> Result<Launch, ApiError> {
+    let located = cli::ready(call, Runtime::Codex).await?;
+    let env = cli::environment(call, &located);
+    let workspace = match &session.workspace {
+        Some(rel) => {
+            let fd = crate::routes::shared::working_dir(call, Some(rel)).await.map_err(|e| {
+                ApiError::new(
+                    409,
+                    "invalid_request_error",
+                    format!("The session's workspace directory is gone: {}", e.message),
+                )
+                .with_code("workspace_missing")
+                .with_header("x-should-retry", "false")
+            })?;
+            let path = call.config().base_dir.join(rel);
+            Some((fd, path))
+        }
+        None => None,
+    };
+    let bearers = super::session_setup::bearers(call, session).await?;
+    Ok(Launch {
+        program: located.program,
+        env,
+        workspace,
+        scratch: call.config().state_dir.join("sessions").join(&session.id),
+        registry: call.services().children.clone(),
+        bearers,
+    })
+}
+
+/// Whether `key` is new for this session (then it is remembered with the body's
+/// digest); a key seen with the same body is a repeat, with another body a refusal.
+pub async fn first_use_of_key(call: &Call, id: &str, key: &str, digest: &str) -> Result<bool, ApiError> {
+    let (owner, sid, key, digest) = (call.identity.id.clone(), id.to_string(), key.to_string(), digest.to_string());
+    let shown = id.to_string();
+    let seen = agents_of(call)?
+        .transact(move |t| {
+            use crate::agents::records::Transaction;
+            t.update::<Session, _>(Scope::owner(&owner), &sid, |s| {
+                match s.idempotency.iter().find(|(k, _)| *k == key) {
+                    Some((_, d)) if *d == digest => Some(true),
+                    Some(_) => Some(false),
+                    None => {
+                        s.idempotency.push((key, digest));
+                        let excess = s.idempotency.len().saturating_sub(crate::agents::sessions::records::IDEMPOTENCY_KEYS);
+                        s.idempotency.drain(..excess);
+                        None
+                    }
+                }
+            })
+        })
+        .await
+        .map_err(|e| super::store_error(e, "session", &shown, "session_id"))?;
+    match seen {
+        None => Ok(true),
+        Some(true) => Ok(false),
+        Some(false) => Err(ApiError::new(
+            409,
+            "invalid_request_error",
+            "This Idempotency-Key was used with another request body: use a fresh key for a new request.",
+        )
+        .with_code("idempotency_key_reused")
+        .with_header("x-should-retry", "false")),
+    }
+}
+
+/// `GET …/events`: the session's events from now on.
+pub fn stream(call: &Call, id: &str) -> Result<Response, ApiError> {
+    let subscription = hub(call)?.subscribe(id);
+    let (tx, rx) = sse::channel(64);
+    monoio::spawn(forward(subscription, tx, false));
+    Ok(sse::response(rx))
+}
+
+/// A streamed create: `agent.session.created`, then the first turn's events until the
+/// session is idle (or failed) after it; then the stream ends.
+pub async fn create_streamed(
+    call: &Call,
+    hub: Arc<Hub>,
+    session: Session,
+    input: Input,
+) -> Result<Response, ApiError> {
+    let subscription = hub.subscribe(&session.id);
+    hub.channels.publish(
+        &session.id,
+        json!({"type": "agent.session.created", "session": session.object()}),
+        false,
+    );
+    send(call, &hub, &session.id, vec![input]).await?;
+    let (tx, rx) = sse::channel(64);
+    monoio::spawn(forward(subscription, tx, true));
+    Ok(sse::response(rx))
+}
+
+/// Copies published events onto the client's stream, with keep-alive comments, until
+/// the client goes away (or, for a streamed create, the first turn ended).
+async fn forward(mut subscription: Subscription, mut tx: SseSender, until_turn_ends: bool) {
+    use futures_core::Stream;
+    loop {
+        let next = std::future::poll_fn(|cx| std::pin::Pin::new(&mut subscription).poll_next(cx));
+        let tick = monoio::time::sleep(KEEPALIVE);
+        let event = monoio::select! {
+            event = next => Some(event),
+            _ = tick => None,
+            _ = tx.closed() => return,
+        };
+        match event {
+            None => {
+                if tx.send_raw(b": keep-alive\n\n".to_vec()).await.is_err() {
+                    return;
+                }
+            }
+            Some(None) => return,
+            Some(Some(event)) => {
+                let mut framed = Vec::with_capacity(event.json.len() + event.kind.len() + 16);
+                framed.extend_from_slice(b"event: ");
+                framed.extend_from_slice(event.kind.as_bytes());
+                framed.extend_from_slice(b"\ndata: ");
+                framed.extend_from_slice(event.json.as_bytes());
+                framed.extend_from_slice(b"\n\n");
+                if tx.send_raw(framed).await.is_err() {
+                    return;
+                }
+                if until_turn_ends && event.ends_turn {
+                    return;
+                }
+            }
+        }
+    }
+}
+
+/// Stops the session's actor and its streams (it was deleted).
+pub fn forget(call: &Call, id: &str) -> Result<(), ApiError> {
+    hub(call)?.forget(id);
+    Ok(())
+}

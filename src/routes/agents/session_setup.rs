@@ -1,0 +1,238 @@
+//! What `POST /v1/agents/sessions` and its update read besides plain fields: the
+//! environment (where in this sandbox the thread runs), the agent (a saved one, with
+//! overrides, or an inline one), the first input, and the vaults.
+
+use serde_json::{json, Map, Value};
+
+use super::{agents_of, invalid};
+use crate::agents::input::check_metadata;
+use crate::agents::sessions::inputs::{parse_messages, Input};
+use crate::agents::sessions::{NewSession, SANDBOX_ENVIRONMENT_ID};
+use crate::agents::Agents;
+use crate::api::{ApiError, Args};
+use crate::app::Call;
+
+/// A checked session create.
+pub struct Setup {
+    pub session: NewSession,
+    /// The first turn's input, when the request carries one.
+    pub input: Option<Input>,
+}
+
+pub async fn new_session(
+    call: &Call,
+    agents: &std::sync::Arc<Agents>,
+    args: &mut Args,
+) -> Result<Setup, ApiError> {
+    let environment = args.take("environment").unwrap_or(Value::Null);
+    let (environment, workspace) = environment_of(call, &environment).await?;
+    let overrides = match args.take("agent") {
+        Some(Value::Object(map)) => map,
+        _ => Map::new(),
+    };
+    let agent_id = args.str("agent_id").map(str::to_string);
+    let agent = session_agent(call, agents, agent_id, overrides).await?;
+    let input = match args.value("input") {
+        None | Some(Value::Null) => None,
+        Some(input) => Some(Input::Message(parse_messages(input, "input")?)),
+    };
+    if workspace.is_none() && input.is_none() {
+        return Err(invalid(
+            "input",
+            "input is required when environment.type is none: such a session has nothing to run but its first message.",
+        ));
+    }
+    let vault_ids = match args.take("vault_ids") {
+        None | Some(Value::Null) => Vec::new(),
+        Some(Value::Array(ids)) if ids.len() <= 10 => {
+            let mut out = Vec::new();
+            for (i, id) in ids.iter().enumerate() {
+                let id = id.as_str().ok_or_else(|| {
+                    invalid(format!("vault_ids[{i}]").as_str(), "vault_ids holds vault ids (strings).")
+                })?;
+                out.push(id.to_string());
+            }
+            check_vaults(call, agents, &out).await?;
+            out
+        }
+        Some(_) => return Err(invalid("vault_ids", "vault_ids holds at most 10 vault ids.")),
+    };
+    let (changes, _) = plain_changes(args)?;
+    Ok(Setup {
+        session: NewSession {
+            agent,
+            environment,
+            workspace,
+            metadata: changes.get("metadata").cloned().unwrap_or(json!({})),
+            vault_ids,
+            review: changes.get("review").and_then(Value::as_str).map(str::to_string),
+            prompt_cache_options: changes.get("prompt_cache_options").cloned(),
+            spend_control: changes.get("spend_control").cloned(),
+        },
+        input,
+    })
+}
+
+/// The environment as answered, and the workspace relative to the base directory (`None`
+/// for `none`).
+async fn environment_of(call: &Call, environment: &Value) -> Result<(Value, Option<String>), ApiError> {
+    let kind = environment.get("type").and_then(Value::as_str).unwrap_or_default();
+    match kind {
+        "self_hosted" => {
+            if let Some(dirs) = environment.get("capability_directories") {
+                if dirs.as_array().is_some_and(|d| !d.is_empty()) {
+                    return Err(invalid(
+                        "environment.capability_directories",
+                        "codex takes no capability directories from a local session; put skills and plugins in its own configuration.",
+                    ));
+                }
+            }
+            let given = environment
+                .get("workspace_directory")
+                .and_then(Value::as_str)
+                .unwrap_or("/workspace");
+            let relative = workspace_relative(call, given);
+            crate::routes::shared::working_dir(call, Some(&relative))
+                .await
+                .map_err(|e| {
+                    invalid(
+                        "environment.workspace_directory",
+                        format!("workspace_directory '{given}' must be an existing directory beneath the base directory: {}", e.message),
+                    )
+                })?;
+            Ok((
+                json!({
+                    "type": "self_hosted",
+                    "id": SANDBOX_ENVIRONMENT_ID,
+                    "capability_directories": [],
+                    // No exec-server runs here: the thread runs in this sandbox itself.
+                    "remote_url": "",
+                    "workspace_directory": given,
+                }),
+                Some(relative),
+            ))
+        }
+        "none" => Ok((json!({"type": "none"}), None)),
+        "openai_hosted" => Err(invalid(
+            "environment.type",
+            "openai_hosted environments are OpenAI's containers; this server runs sessions in its own sandbox: use {\"type\": \"self_hosted\", \"workspace_directory\": \"/workspace\"}.",
+        )),
+        "" => Err(invalid("environment.type", "environment.type is required: self_hosted or none.")),
+        other => Err(invalid("environment.type", format!("Unknown environment type '{other}': self_hosted or none."))),
+    }
+}
+
+/// `/workspace[/...]` (the SDK's convention) and absolute paths inside the base
+/// directory as paths relative to it; anything else is taken relative to it.
+fn workspace_relative(call: &Call, given: &str) -> String {
+    if given == "/workspace" {
+        return ".".into();
+    }
+    if let Some(rest) = given.strip_prefix("/workspace/") {
+        return rest.to_string();
+    }
+    let base = call.config().base_dir.to_string_lossy().to_string();
+    if let Some(rest) = given.strip_prefix(&base) {
+        let rest = rest.trim_start_matches('/');
+        return if rest.is_empty() { ".".into() } else { rest.to_string() };
+    }
+    given.trim_start_matches('/').to_string()
+}
+
+/// The plain fields of a create or update (metadata, review, prompt cache, spend
+/// control), checked, and the agent changes of an update.
+fn plain_changes(args: &mut Args) -> Result<(Map<String, Value>, Map<String, Value>), ApiError> {
+    let mut changes = Map::new();
+    if args.sent("metadata") {
+        changes.insert("metadata".into(), check_metadata(args.take("metadata"))?);
+    }
+    if let Some(review) = args.str("review") {
+        changes.insert("review".into(), json!(review));
+    }
+    if let Some(options) = args.take("prompt_cache_options") {
+        let ttl = options.get("ttl").and_then(Value::as_str);
+        if !matches!(ttl, None | Some("30m") | Some("12h")) {
+            return Err(invalid("prompt_cache_options.ttl", "ttl must be 30m or 12h."));
+        }
+        changes.insert("prompt_cache_options".into(), options);
+    }
+    if let Some(spend) = args.take("spend_control") {
+        if !spend.get("limit").is_some_and(Value::is_null) {
+            return Err(invalid(
+                "spend_control.limit",
+                "No cost meter runs for a local session, so a spend limit cannot be kept: send {\"limit\": null} or leave spend_control out.",
+            ));
+        }
+        changes.insert("spend_control".into(), json!({"limit": null, "consumed": null}));
+    }
+    Ok((changes, Map::new()))
+}
+
+/// An update's changes: plain fields, and the agent's (`model`, `reasoning`,
+/// `service_tier`, `tools`).
+pub fn changes(
+    call: &Call,
+    args: &mut Args,
+) -> Result<(Map<String, Value>, Map<String, Value>), ApiError> {
+    let (changes, _) = plain_changes(args)?;
+    let agent = match args.take("agent") {
+        Some(Value::Object(map)) => agent_changes(map)?,
+        _ => Map::new(),
+    };
+    let _ = agents_of(call)?;
+    Ok((changes, agent))
+}
+
+/// The session's agent: the saved agent `agent_id` (the caller's) with `overrides` on top,
+/// or the inline agent `overrides` describes.
+async fn session_agent(
+    call: &Call,
+    agents: &std::sync::Arc<Agents>,
+    agent_id: Option<String>,
+    overrides: Map<String, Value>,
+) -> Result<Value, ApiError> {
+    let overrides = check_agent(overrides, false)?;
+    let saved = match agent_id {
+        None => None,
+        Some(id) => Some(saved_agent(call, agents, &id).await?),
+    };
+    Ok(crate::agents::sessions::agent::snapshot(saved.as_ref(), overrides)?)
+}
+
+/// What an update may change of a session's agent.
+fn agent_changes(map: Map<String, Value>) -> Result<Map<String, Value>, ApiError> {
+    check_agent(map, true)
+}
+
+const AGENT_FIELDS: [&str; 9] = [
+    "compaction", "experimental", "instructions", "model", "multi_agent", "reasoning",
+    "service_tier", "text", "tools",
+];
+const UPDATE_FIELDS: [&str; 4] = ["model", "reasoning", "service_tier", "tools"];
+
+fn check_agent(map: Map<String, Value>, update: bool) -> Result<Map<String, Value>, ApiError> {
+    let allowed: &[&str] = if update { &UPDATE_FIELDS } else { &AGENT_FIELDS };
+    for key in map.keys() {
+        if !allowed.contains(&key.as_str()) {
+            return Err(invalid(
+                &format!("agent.{key}"),
+                format!("Unsupported parameter: 'agent.{key}' is not a field of a session's agent here."),
+            ));
+        }
+    }
+    Ok(map)
+}
+
+// MERGE(B): the saved agents, vaults and their validation come with the CRUD branch.
+async fn saved_agent(_call: &Call, _agents: &std::sync::Arc<Agents>, id: &str) -> Result<Value, ApiError> {
+    Err(super::not_found("agent", id, "agent_id"))
+}
+
+async fn check_vaults(_call: &Call, _agents: &std::sync::Arc<Agents>, _ids: &[String]) -> Result<(), ApiError> {
+    Ok(())
+}
+
+/// The bearers of the agent's MCP servers, from the session's vaults.
+pub async fn bearers(_call: &Call, _session: &crate::agents::sessions::records::Session) -> Result<Vec<(String, String)>, ApiError> {
+    Ok(Vec::new())
+}

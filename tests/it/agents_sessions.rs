@@ -1,0 +1,143 @@
+//! Sessions of the Agents API (beta) against the real binary and the real codex CLI
+//! (`codex app-server`), whose only model provider is the scripted stub upstream of
+//! `crate::upstream` on 127.0.0.1. The official `openai` SDK drives every operation
+//! (`tests/fixtures/agents_sessions_sdk.py`) and validates every answer and event with
+//! its own models; this side checks what only the test can see: what codex sent the
+//! model, what is on disk, and a restart.
+
+use std::path::Path;
+use std::process::Command;
+
+use serde_json::Value;
+
+use crate::support::{pin, tools, Launch, Server, TempDir};
+use crate::upstream::{serve_upstream, Upstream};
+
+/// What the servers of one test share, so a restarted one finds everything again.
+struct Sandbox {
+    home: TempDir,
+    base: TempDir,
+    policy: std::path::PathBuf,
+}
+
+impl Sandbox {
+    fn new(upstream: &Upstream) -> Sandbox {
+        let home = TempDir::new("sessions-home");
+        let base = TempDir::new("sessions-base");
+        let codex_home = home.path().join("codex");
+        std::fs::create_dir_all(&codex_home).unwrap();
+        std::fs::write(
+            codex_home.join("config.toml"),
+            format!(
+                "model = \"stub-model\"\nmodel_provider = \"stub\"\n[model_providers.stub]\nname = \"stub\"\nbase_url = \"http://{}/v1\"\nwire_api = \"responses\"\nenv_key = \"STUB_API_KEY\"\nrequest_max_retries = 0\nstream_max_retries = 0\n",
+                upstream.addr
+            ),
+        )
+        .unwrap();
+        let policy = home.path().join("policy.yaml");
+        std::fs::write(
+            &policy,
+            "identities:\n  - {id: alice, scopes: [\"*\"], token_env: ALICE_TOKEN}\n  - {id: bob, scopes: [\"*\"], token_env: BOB_TOKEN}\n",
+        )
+        .unwrap();
+        Sandbox { home, base, policy }
+    }
+
+    fn server(&self) -> Server {
+        Launch::new("uring")
+            .base_dir(self.base.path())
+            .env("ABX_SERVER_ENABLED_GROUPS", "agents")
+            .env("ABX_SERVER_POLICY", self.policy.to_str().unwrap())
+            .env("ALICE_TOKEN", "alice-token")
+            .env("BOB_TOKEN", "bob-token")
+            .env("ABX_STATE_DIR", self.home.path().join("state").to_str().unwrap())
+            .env("CODEX_HOME", self.home.path().join("codex").to_str().unwrap())
+            .env("STUB_API_KEY", "stub")
+            .env("HOME", self.home.path().to_str().unwrap())
+            .env("PATH", &tools().path)
+            .start()
+    }
+
+    fn state_file(&self) -> std::path::PathBuf {
+        self.home.path().join("sdk-state.json")
+    }
+}
+
+/// Runs one phase of the SDK script against `server`.
+fn sdk(server: &Server, sandbox: &Sandbox, phase: &str) {
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/agents_sessions_sdk.py");
+    let output = Command::new(&tools().python)
+        .arg(&script)
+        .arg(format!("http://{}/v1", server.addr))
+        .arg(phase)
+        .arg(sandbox.state_file())
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        output.status.success() && stdout.trim_end().ends_with("ok"),
+        "phase {phase}\nstdout: {stdout}\nstderr: {stderr}"
+    );
+    let version = format!("openai {}", pin("OPENAI_PYTHON_VERSION"));
+    assert!(stdout.contains(&version), "validated with another SDK: {stdout}");
+}
+
+/// The user texts of every request the stub received, in order.
+fn asked(upstream: &Upstream) -> Vec<String> {
+    upstream
+        .seen
+        .lock()
+        .unwrap()
+        .iter()
+        .map(|request: &Value| request["input"].to_string())
+        .collect()
+}
+
+#[test]
+fn the_sdk_drives_sessions_on_codex_threads_and_a_restart_resumes_them() {
+    let upstream = serve_upstream();
+    let sandbox = Sandbox::new(&upstream);
+    let server = sandbox.server();
+    sdk(&server, &sandbox, "main");
+
+    // The continuation reached codex with the first turn in its history.
+    let requests = asked(&upstream);
+    let continued = requests
+        .iter()
+        .find(|r| r.contains("SAY continued"))
+        .expect("the second turn reached the model");
+    assert!(
+        continued.contains("SAY hello from codex") && continued.contains("hello from codex"),
+        "the second turn did not carry the first: {continued}"
+    );
+    // The artifact's record is gone, its file is not.
+    let report = sandbox.base.path().join("outputs/report.txt");
+    assert_eq!(std::fs::read_to_string(&report).unwrap(), "report body");
+
+    // The store is on disk, private, and holds no secret in the clear.
+    let state = sandbox.home.path().join("state");
+    use std::os::unix::fs::PermissionsExt;
+    let mode = std::fs::metadata(&state).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode, 0o700, "state directory mode {mode:o}");
+
+    // kill -9 in the middle of a turn: after a restart the session is back, its running
+    // turn failed with a clear error, and a new input resumes the codex thread.
+    sdk(&server, &sandbox, "slow");
+    let mut server = server;
+    unsafe { libc::kill(server.child.id() as i32, libc::SIGKILL) };
+    let _ = server.child.wait();
+    drop(server);
+    let before = asked(&upstream).len();
+    let restarted = sandbox.server();
+    sdk(&restarted, &sandbox, "after_restart");
+    let resumed = asked(&upstream)[before..]
+        .iter()
+        .find(|r| r.contains("SAY back again"))
+        .cloned()
+        .expect("the resumed turn reached the model");
+    assert!(
+        resumed.contains("SAY hello from codex"),
+        "the resumed thread lost its history: {resumed}"
+    );
+}

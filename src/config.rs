@@ -423,6 +423,18 @@ const SETTINGS: &[Setting] = &[
     },
     Setting {
         flag: None,
+        var: "ABX_AGENTS_VAULT_KEY",
+        default: "unset: `<state_dir>/vault.key`",
+        // Only checked here: the key itself is read by the agents group from the
+        // server's memory (`crate::process::secrets`), never kept in the configuration.
+        apply: |_, src, v| {
+            crate::agents::seal::parse_key(v)
+                .map(drop)
+                .map_err(|e| format!("{src}: {e}"))
+        },
+    },
+    Setting {
+        flag: None,
         var: "ABX_BLOCKING_THREADS",
         default: "`64`",
         apply: |c, src, v| {

@@ -7,11 +7,18 @@
 //! ```text
 //! let patch = AgentConfig::parse(&override_map, "agent.", true)?;   // errors name agent.tools[0].type
 //! let config = match agent_id {
-//!     Some(id) => saved::load(t, owner, id)?.config.overridden(patch)?,
+//!     Some(id) => saved::load(t, owner, id)?.config.overridden(patch),
 //!     None => AgentConfig::new(patch, "agent.")?,                   // model required
 //! };
 //! let shown = config.snapshot(agent_id_or_session_id);             // AgentSession.agent
 //! ```
+//!
+//! A session's update (`sessions.update`'s `agent`: `model`, `reasoning.effort`,
+//! `service_tier`, `tools`) is the same `parse` with `partial: true`; which keys that
+//! route takes is its own declaration's business. `wants_tool_search` says whether
+//! codex's tool search must be on. The tools of an override may hold secrets (MCP
+//! `transport.authorization`, stdio `transport.env`): a session keeping its
+//! `AgentConfig` in the store should seal them (`super::seal`).
 //!
 //! [`AgentConfig::parse`] checks every field of `agent_create_params` (prefix `""`:
 //! a saved agent's body, whose tools are `PersistedAgentToolParam`s and which may carry

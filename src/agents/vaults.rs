@@ -896,4 +896,53 @@ mod tests {
             assert!(gone.is_err(), "a vault's credentials go with it");
         });
     }
+
+    #[test]
+    fn the_durable_store_file_holds_no_secret_in_clear() {
+        use crate::agents::durable::DurableStore;
+        use crate::agents::records::Limits;
+        let dir = std::env::temp_dir().join(format!("abx-vault-redb-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let file = dir.join("agents.redb");
+        let agents = Arc::new(Agents::new(
+            DurableStore::open(&file, Limits::default()).unwrap(),
+        ));
+        let vault_id = run(async {
+            let vault = create_vault(&agents, "alice", None, json!({}))
+                .await
+                .unwrap();
+            let vault_id = vault["id"].as_str().unwrap().to_string();
+            create_credential(&agents, "alice", &vault_id, "c".into(), json!({}),
+                &json!({"type": "mcp_oauth", "mcp_server_url": "https://m.test", "access_token": "oauth-SECRET-on-disk"}))
+                .await
+                .unwrap();
+            vault_id
+        });
+        drop(agents);
+        let bytes = std::fs::read(&file).unwrap();
+        let needle = b"oauth-SECRET-on-disk";
+        assert!(
+            !bytes.windows(needle.len()).any(|w| w == needle),
+            "the token is sealed on disk"
+        );
+        assert!(
+            bytes
+                .windows(vault_id.len())
+                .any(|w| w == vault_id.as_bytes()),
+            "the records are there"
+        );
+        let agents = Arc::new(Agents::new(
+            DurableStore::open(&file, Limits::default()).unwrap(),
+        ));
+        let vaults = vec![vault_id];
+        let token =
+            run(agents.transact(move |t| bearer_for(t, "alice", &vaults, "https://m.test")));
+        assert_eq!(
+            token.unwrap().as_deref(),
+            Some("oauth-SECRET-on-disk"),
+            "it opens once the file is reopened"
+        );
+        let _ = std::fs::remove_dir_all(&dir);
+    }
 }

@@ -15,11 +15,16 @@ use crate::support::{pin, tools, Launch, Server, TempDir};
 /// A server with the agents group on, two identities (`alice`, `bob`) and its own
 /// state directory.
 fn server(state: &TempDir, extra: &[(&str, &str)]) -> (Server, TempDir) {
+    server_with_rules(state, extra, "")
+}
+
+/// [`server`] with policy `rules` ahead of the identities.
+fn server_with_rules(state: &TempDir, extra: &[(&str, &str)], rules: &str) -> (Server, TempDir) {
     let dir = TempDir::new("agents-api-policy");
     let policy = dir.path().join("policy.yaml");
     std::fs::write(
         &policy,
-        "groups: {agents: true}\nidentities:\n  - {id: alice, scopes: [\"*\"], token_env: ALICE_TOKEN}\n  - {id: bob, scopes: [\"agents:use\"], token_env: BOB_TOKEN}\n",
+        rules.to_string() + "groups: {agents: true}\nidentities:\n  - {id: alice, scopes: [\"*\"], token_env: ALICE_TOKEN}\n  - {id: bob, scopes: [\"agents:use\"], token_env: BOB_TOKEN}\n",
     )
     .unwrap();
     let mut launch = Launch::new("uring")
@@ -239,4 +244,34 @@ fn the_vault_key_comes_from_the_environment_and_stays_out_of_it() {
         output.contains("ABX_AGENTS_VAULT_KEY") && !output.contains("not-a-key-SECRET"),
         "{output}"
     );
+}
+
+#[test]
+fn the_policy_paths_rule_confines_workspace_files() {
+    let state = TempDir::new("agents-api-state");
+    let rules = "endpoints:\n  environment_files_create: {paths: {deny: [\"private*\"]}}\n  environments_create: {paths: {deny: [\"private*\"]}}\n";
+    let (server, _policy) = server_with_rules(&state, &[], rules);
+    let (_, envs) = as_alice(&server, "GET", "/v1/agents/environments", None);
+    let id = envs["data"][0]["id"].as_str().unwrap();
+    let path = format!("/v1/agents/environments/{id}/files");
+    let file = |p: &str| json!({"type": "inline", "path": p, "data": "aGk="});
+    let (status, refusal) = as_alice(&server, "POST", &path, Some(file("/workspace/private/x")));
+    assert_eq!(status, 403, "{refusal}");
+    assert_eq!(refusal["error"]["code"], "path_not_allowed");
+    assert_eq!(refusal["error"]["param"], "path");
+    let (status, written) = as_alice(&server, "POST", &path, Some(file("/workspace/public/x")));
+    assert_eq!(
+        (status, written["size_bytes"].clone()),
+        (200, json!(2)),
+        "{written}"
+    );
+    let body = json!({"environment": {"type": "openai_hosted",
+        "setup_commands": [{"command": "true", "cwd": "/workspace/private"}]}});
+    let (status, refusal) = as_alice(&server, "POST", "/v1/agents/environments", Some(body));
+    assert_eq!(
+        (status, refusal["error"]["param"].clone()),
+        (403, json!("environment.setup_commands[0].cwd")),
+        "{refusal}"
+    );
+    assert!(!server.base_dir().join("private").exists());
 }

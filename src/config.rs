@@ -423,6 +423,25 @@ const SETTINGS: &[Setting] = &[
     },
     Setting {
         flag: None,
+        var: "ABX_AGENTS_VAULT_KEY",
+        default: "unset: `<state_dir>/vault.key`",
+        // Only checked here: the key itself is read by the agents group from the
+        // server's memory (`crate::process::secrets`), never kept in the configuration.
+        // (`agents::seal::parse_key` reads it the same way).
+        apply: |_, src, v| {
+            let hex = v.len() == 64 && v.bytes().all(|b| b.is_ascii_hexdigit());
+            let base64 = base64_simd::STANDARD
+                .decode_to_vec(v)
+                .is_ok_and(|key| key.len() == 32);
+            match hex || base64 {
+                true => Ok(()),
+                // The value is a secret: never repeated.
+                false => Err(format!("{src} must be 64 hex digits or 32 bytes in base64")),
+            }
+        },
+    },
+    Setting {
+        flag: None,
         var: "ABX_BLOCKING_THREADS",
         default: "`64`",
         apply: |c, src, v| {

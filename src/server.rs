@@ -147,7 +147,7 @@ impl Server {
         shutdown::block_termination_signals();
         // Secrets leave the environment before anything can copy it (the guardian's
         // fork, a child), and the process's memory is closed to its own user.
-        crate::process::secrets::keep(&["ABX_SERVER_TOKEN"]);
+        crate::process::secrets::keep(&["ABX_SERVER_TOKEN", crate::agents::seal::KEY_VAR]);
         if let Some(path) = &self.config.policy_path {
             // The policy's token_env variables too; a document that does not load is
             // reported once, by the build below.

@@ -16,6 +16,22 @@ pub enum AgentError {
     },
     /// A value the request cannot have: 400, naming `param`.
     Invalid { param: String, message: String },
+    /// A value this server cannot honour (a tool codex has no equivalent of, a hosted
+    /// environment's packages): 400 `unsupported_parameter`, naming `param`.
+    Unsupported { param: String, message: String },
+    /// Another refusal with its own status and code (an idempotency key in use, a
+    /// setup command that failed).
+    Rejected {
+        status: u16,
+        code: &'static str,
+        param: Option<String>,
+        message: String,
+    },
+    /// A file operation on a caller's path (named by `param`) failed.
+    File {
+        error: crate::fs::FsError,
+        param: String,
+    },
     /// The conversation `id` (named by `param`) is running a turn.
     Busy { id: String, param: &'static str },
     /// A runtime declared without a local backend.
@@ -31,6 +47,18 @@ impl AgentError {
         AgentError::Invalid {
             param: param.into(),
             message: message.into(),
+        }
+    }
+
+    /// The field a refusal names, if any.
+    pub fn param(&self) -> Option<&str> {
+        match self {
+            AgentError::Store { param, .. } => Some(param),
+            AgentError::Invalid { param, .. }
+            | AgentError::Unsupported { param, .. }
+            | AgentError::File { param, .. } => Some(param),
+            AgentError::Rejected { param, .. } => param.as_deref(),
+            _ => None,
         }
     }
 

@@ -13,6 +13,11 @@
 //!   [`turn`]: the CLI process of one turn;
 //! - [`runtime`]: the declared runtimes and their CLIs, [`events`] what their output
 //!   says;
+//! - [`saved`] (saved agents and [`saved::AgentConfig`], which sessions start from),
+//!   [`environments`] (this sandbox as the Agents API's environment, its files, and
+//!   environment templates), [`vaults`] (credentials for MCP servers, sealed by
+//!   [`seal`]): the Agents API's CRUD resources, [`body`] how their nested fields are
+//!   checked;
 //! - [`objects`]: the OpenAI shapes; [`error`]: why an operation was refused.
 //!
 //! Two runtimes have a local backend. **codex** runs `codex exec --json` per turn and
@@ -21,8 +26,10 @@
 //! `--resume <session_id>` for the next turn. Both read the prompt on stdin (no argv
 //! length limit) and run in the base directory, in their own process group.
 
+pub mod body;
 pub mod conversations;
 pub mod durable;
+pub mod environments;
 pub mod error;
 pub mod events;
 pub mod input;
@@ -33,9 +40,12 @@ pub mod records;
 pub mod responses;
 pub mod run;
 pub mod runtime;
+pub mod saved;
+pub mod seal;
 pub mod sessions;
 pub mod surface;
 pub mod turn;
+pub mod vaults;
 
 pub use error::AgentError;
 pub use runtime::{cli_version, node_requirement, Runtime};

@@ -5,7 +5,9 @@
 use crate::api::ApiError;
 
 /// Splits `target` into the matched path and the decoded query pairs. Blank values are
-/// dropped (Python's `parse_qs` default); a repeated name is `duplicate_parameter`.
+/// dropped (Python's `parse_qs` default); a repeated name is `duplicate_parameter`,
+/// except a name ending in `[]`: OpenAI's clients send a list so (`status[]=active&
+/// status[]=archived`), and no contract parameter has such a name.
 pub fn split_target(target: &str) -> (String, Result<Vec<(String, String)>, ApiError>) {
     let (raw_path, raw_query) = match target.split_once('?') {
         Some((p, q)) => (p, Some(q)),
@@ -31,7 +33,7 @@ fn parse_query(raw_query: &str) -> Result<Vec<(String, String)>, ApiError> {
         if value.is_empty() {
             continue;
         }
-        if query.iter().any(|(n, _)| *n == name) {
+        if !name.ends_with("[]") && query.iter().any(|(n, _)| *n == name) {
             return Err(ApiError::bad_request(format!(
                 "Duplicate query parameter: {name}. Send each parameter once."
             ))
@@ -103,6 +105,18 @@ mod tests {
         let err = split_target("/download?path=a&path=b").1.unwrap_err();
         assert_eq!(err.status, 400);
         assert_eq!(err.code, Some("duplicate_parameter"));
+    }
+
+    #[test]
+    fn bracket_lists_may_repeat() {
+        let q = split_target("/v1/vaults?status%5B%5D=active&status[]=archived").1;
+        assert_eq!(
+            q.unwrap(),
+            vec![
+                ("status[]".to_string(), "active".to_string()),
+                ("status[]".to_string(), "archived".to_string())
+            ]
+        );
     }
 
     #[test]

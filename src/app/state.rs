@@ -542,6 +542,12 @@ impl Call {
             .map(|(_, v)| v.as_str())
     }
 
+    /// Every query pair, in order (an OpenAI list's `name[]` may repeat; a map's
+    /// entries arrive as `name[key]`).
+    pub fn query_pairs(&self) -> &[(String, String)] {
+        &self.query
+    }
+
     /// The first value of header `name` (case-insensitive).
     pub fn header(&self, name: &str) -> Option<&str> {
         self.headers

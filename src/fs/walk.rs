@@ -9,9 +9,11 @@
 //!   beyond [`MAX_TREE_DEPTH`] the walk refuses to go on (a `too_deep` error offered to
 //!   the visitor), so a hostile tree cannot exhaust a thread's stack or descriptors.
 //! - Order: [`Order::Interleaved`] visits an entry and then its subtree (list, archive,
-//!   watch); [`Order::FilesFirst`] visits all of a directory's entries before entering
-//!   any subdirectory, as Python's `os.walk` does (search); `leave` is called after a
-//!   directory's subtree in both (delete removes the emptied directory there).
+//!   watch), [`Order::Descending`] the same with names in descending order (a file
+//!   listing in descending path order); [`Order::FilesFirst`] visits all of a
+//!   directory's entries before entering any subdirectory, as Python's `os.walk` does
+//!   (search); `leave` is called after a directory's subtree in all (delete removes
+//!   the emptied directory there).
 //! - Failures to read a directory go to [`Visitor::unreadable`], which decides whether
 //!   the walk skips that directory or stops with the error.
 //!
@@ -51,6 +53,8 @@ impl std::error::Error for TooDeep {}
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Order {
     Interleaved,
+    /// [`Order::Interleaved`], each directory's entries in descending name order.
+    Descending,
     FilesFirst,
 }
 
@@ -185,7 +189,11 @@ fn walk_dir(
         }
     };
     let mut pending = Vec::new();
-    for (name, kind) in &entries {
+    let ordered: Box<dyn Iterator<Item = &(Vec<u8>, Option<Kind>)>> = match rules.order {
+        Order::Descending => Box::new(entries.iter().rev()),
+        _ => Box::new(entries.iter()),
+    };
+    for (name, kind) in ordered {
         let kind = match kind {
             Some(kind) => *kind,
             // The file system did not say: ask.
@@ -209,7 +217,7 @@ fn walk_dir(
             continue;
         }
         match rules.order {
-            Order::Interleaved => {
+            Order::Interleaved | Order::Descending => {
                 if !descend(dir, name, path, depth, rules, visitor)? {
                     return Ok(false);
                 }

@@ -347,7 +347,8 @@ fn runtimes_models_and_refusals() {
     let caps = server.get("/capabilities").json();
     assert_eq!(
         caps["group_summary"]["agents"],
-        json!({"enabled": 20, "total": 20})
+        // Phase 1's 20 and the Agents API's 25 CRUD operations.
+        json!({"enabled": 45, "total": 45})
     );
     assert_eq!(
         caps["endpoints"]["responses_create"]["scopes"],

@@ -1,72 +1,9 @@
-//! A session's `agent`: the snapshot the session keeps (a saved agent's fields with the
-//! request's overrides on top, or an inline agent), in the SDK's `AgentSession.agent`
-//! shape, and what of it codex's `thread/start` and `turn/start` take.
+//! What codex's `thread/start` and `turn/start` take of a session's agent configuration
+//! (`crate::agents::saved::AgentConfig` as JSON): its function tools as dynamic tools,
+//! its MCP tools as per-thread servers, its JSON-schema text format as an output schema.
 
 use serde_json::{json, Map, Value};
 
-use crate::agents::error::AgentError;
-use crate::agents::records::new_id;
-
-/// The fields a session's agent has, with their defaults.
-fn defaults() -> Map<String, Value> {
-    let Value::Object(map) = json!({
-        "model": null,
-        "instructions": null,
-        "name": null,
-        "multi_agent": {"enabled": false},
-        "reasoning": {},
-        "service_tier": "auto",
-        "text": {"format": {"type": "text"}, "verbosity": "medium"},
-        "tools": [],
-        "compaction": null,
-        "experimental": null,
-    }) else {
-        unreachable!()
-    };
-    map
-}
-
-/// The snapshot: `saved` (a saved agent's object, whose `id` the session keeps) or the
-/// defaults, with `overrides` (already checked) on top. Without a model it is refused.
-pub fn snapshot(saved: Option<&Value>, overrides: Map<String, Value>) -> Result<Value, AgentError> {
-    let mut agent = defaults();
-    let id = match saved {
-        Some(saved) => {
-            for key in defaults().keys() {
-                if let Some(value) = saved.get(key) {
-                    agent.insert(key.clone(), value.clone());
-                }
-            }
-            saved["id"].as_str().unwrap_or_default().to_string()
-        }
-        None => new_id("agent_"),
-    };
-    for (key, value) in overrides {
-        match (key.as_str(), value) {
-            ("tools", Value::Null) => {
-                agent.insert(key, json!([]));
-            }
-            ("service_tier", Value::Null) => {
-                agent.insert(key, json!("auto"));
-            }
-            (_, value) => {
-                agent.insert(key, value);
-            }
-        }
-    }
-    if !agent["model"].is_string() {
-        return Err(AgentError::invalid(
-            "agent.model",
-            "agent.model is required without agent_id: the model codex asks (its provider's model name).",
-        ));
-    }
-    agent.insert("id".into(), json!(id));
-    // The session's AgentTool union has no tool_search: a saved agent's is kept out.
-    if let Some(Value::Array(tools)) = agent.get_mut("tools") {
-        tools.retain(|t| t["type"] != "tool_search");
-    }
-    Ok(Value::Object(agent))
-}
 
 /// The `function` tools of an agent as codex's `dynamicTools`.
 pub fn dynamic_tools(agent: &Value) -> Vec<Value> {
@@ -107,6 +44,11 @@ pub fn mcp_config(agent: &Value) -> (Map<String, Value>, Vec<(String, String, Op
                 }
                 if transport["cwd"].is_string() {
                     config.insert(key("cwd"), transport["cwd"].clone());
+                }
+                // Per-thread configuration is not persisted by codex: the server's
+                // environment variables reach that server's process alone.
+                if transport["env"].is_object() {
+                    config.insert(key("env"), transport["env"].clone());
                 }
             }
             _ => {
@@ -150,33 +92,24 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_snapshot_is_the_saved_agent_with_overrides() {
-        let saved = json!({"id": "agent_1", "model": "m1", "instructions": "be brief",
-            "tools": [{"type": "tool_search"}, {"type": "function", "name": "f", "description": "d", "parameters": {"type": "object"}, "defer_loading": false}]});
-        let mut overrides = Map::new();
-        overrides.insert("model".into(), json!("m2"));
-        let agent = snapshot(Some(&saved), overrides).unwrap();
-        assert_eq!(agent["id"], "agent_1");
-        assert_eq!(agent["model"], "m2");
-        assert_eq!(agent["instructions"], "be brief");
-        assert_eq!(agent["tools"].as_array().unwrap().len(), 1);
-        assert_eq!(dynamic_tools(&agent)[0]["name"], "f");
-        assert!(matches!(
-            snapshot(None, Map::new()),
-            Err(AgentError::Invalid { param, .. }) if param == "agent.model"
-        ));
-        let inline = snapshot(None, {
-            let mut m = Map::new();
-            m.insert("model".into(), json!("m"));
-            m.insert("tools".into(), json!([{"type": "mcp", "server_label": "docs", "transport": {"type": "http", "server_url": "http://127.0.0.1:1/mcp"}, "allowed_tools": ["a"]}]));
-            m
-        })
-        .unwrap();
-        assert!(inline["id"].as_str().unwrap().starts_with("agent_"));
-        let (config, bearers) = mcp_config(&inline);
+    fn tools_become_dynamic_tools_and_thread_mcp_servers() {
+        let agent = json!({"model": "m", "text": {"format": {"type": "json_schema", "schema": {"type": "object"}}},
+            "tools": [
+                {"type": "function", "name": "f", "description": "d", "parameters": {"type": "object"}, "defer_loading": false},
+                {"type": "mcp", "server_label": "docs", "transport": {"type": "http", "server_url": "http://127.0.0.1:1/mcp"}, "allowed_tools": ["a"]},
+                {"type": "mcp", "server_label": "local", "transport": {"type": "stdio", "command": "/bin/tool", "args": ["-x"]}},
+            ]});
+        assert_eq!(
+            dynamic_tools(&agent),
+            [json!({"type": "function", "name": "f", "description": "d", "inputSchema": {"type": "object"}})]
+        );
+        let (config, bearers) = mcp_config(&agent);
         assert_eq!(config["mcp_servers.docs.url"], "http://127.0.0.1:1/mcp");
         assert_eq!(config["mcp_servers.docs.bearer_token_env_var"], "ABX_MCP_BEARER_DOCS");
         assert_eq!(config["mcp_servers.docs.enabled_tools"], json!(["a"]));
+        assert_eq!(config["mcp_servers.local.command"], "/bin/tool");
+        assert_eq!(bearers.len(), 1, "a stdio server takes no bearer");
         assert_eq!(bearers[0].1, "http://127.0.0.1:1/mcp");
+        assert_eq!(output_schema(&agent), Some(json!({"type": "object"})));
     }
 }

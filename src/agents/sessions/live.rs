@@ -35,7 +35,6 @@ use super::records::{
     Artifact, Item, Session, Status, Trace, Turn, TurnStatus, MAX_ITEMS_PER_TURN, MAX_TURNS,
 };
 use super::trace::TraceBuilder;
-use super::SANDBOX_ENVIRONMENT_ID;
 use crate::agents::app_server::{AppServer, AppServerLaunch, Incoming, Message, RpcError};
 use crate::agents::codex_map::{self, Mapped, TurnMapper};
 use crate::agents::error::AgentError;
@@ -278,18 +277,20 @@ impl Actor {
         let (app, incoming) = AppServer::start(spawn, &launch.registry, "agent-sandbox")
             .await
             .map_err(|e| AgentError::Failed(format!("codex app-server did not start: {e}")))?;
-        let (config, _) = mcp_config(&session.agent);
+        let agent = serde_json::to_value(super::open_config(&session)?)
+            .map_err(|e| AgentError::Failed(e.to_string()))?;
+        let (config, _) = mcp_config(&agent);
         let mut params = json!({
-            "model": session.agent["model"],
+            "model": agent["model"],
             "cwd": cwd_path.to_string_lossy(),
             "approvalPolicy": "never",
             "sandbox": sandbox,
             "config": config,
         });
-        if let Some(instructions) = session.agent["instructions"].as_str() {
+        if let Some(instructions) = agent["instructions"].as_str() {
             params["developerInstructions"] = json!(instructions);
         }
-        if let Some(effort) = session.agent["reasoning"]["effort"].as_str() {
+        if let Some(effort) = agent["reasoning"]["effort"].as_str() {
             params["config"]["model_reasoning_effort"] = json!(effort);
         }
         if session.review.as_deref() == Some("auto_review") {
@@ -306,7 +307,7 @@ impl Actor {
                 thread.clone()
             }
             None => {
-                params["dynamicTools"] = Value::Array(dynamic_tools(&session.agent));
+                params["dynamicTools"] = Value::Array(dynamic_tools(&agent));
                 let started = app
                     .request("thread/start", params)
                     .await
@@ -763,6 +764,10 @@ impl Actor {
             .as_ref()
             .and_then(|s| s.environment["workspace_directory"].as_str().map(str::to_string))
             .unwrap_or_else(|| "/workspace".into());
+        let environment_id = session_for_paths
+            .as_ref()
+            .and_then(|s| s.environment["id"].as_str().map(str::to_string))
+            .unwrap_or_default();
         let now = now_unix();
         let artifacts: Vec<Artifact> = published
             .into_iter()
@@ -770,7 +775,7 @@ impl Actor {
                 id: new_id("art_"),
                 session_id: self.session.clone(),
                 turn_id: turn.id.clone(),
-                environment_id: SANDBOX_ENVIRONMENT_ID.into(),
+                environment_id: environment_id.clone(),
                 path: format!("{}/{OUTPUTS}/{path}", shown_root.trim_end_matches('/')),
                 local_path: join_rel(&workspace_rel, &format!("{OUTPUTS}/{path}")),
                 size_bytes: size,

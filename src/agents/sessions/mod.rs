@@ -20,21 +20,21 @@ pub mod trace;
 
 use std::sync::Arc;
 
-use serde_json::{json, Map, Value};
+use serde_json::{Map, Value};
 
 use super::error::AgentError;
 use super::objects::now_unix;
 use super::records::{new_id, ListQuery, Order, Scope, StoreError, Transaction};
+use super::saved::{AgentConfig, AgentPatch};
+use super::seal;
 use super::surface::Agents;
 use records::{Session, Status};
 
-/// The id this sandbox has as an environment (the one `self_hosted` environment a
-/// session runs in).
-pub const SANDBOX_ENVIRONMENT_ID: &str = "env_local_sandbox";
-
 /// A session about to be created, its fields checked.
 pub struct NewSession {
-    pub agent: Value,
+    pub config: AgentConfig,
+    /// The saved agent's id (or a fresh one for an inline agent).
+    pub agent_id: String,
     pub environment: Value,
     pub workspace: Option<String>,
     pub metadata: Value,
@@ -51,11 +51,14 @@ pub async fn create(
     new: NewSession,
 ) -> Result<Session, AgentError> {
     let now = now_unix();
+    let id = new_id("sess_");
+    let config = seal_config(&id, &new.config)?;
     let session = Session {
-        id: new_id("sess_"),
+        agent: new.config.snapshot(&new.agent_id),
+        config,
+        id,
         created_at: now,
         last_active_at: now,
-        agent: new.agent,
         environment: new.environment,
         workspace: new.workspace,
         metadata: new.metadata,
@@ -82,67 +85,66 @@ pub async fn create(
 }
 
 /// Changes a session's `metadata`, `review`, `prompt_cache_options`, `spend_control`
-/// or its agent's `model`, `reasoning.effort`, `service_tier` (what the next turn uses).
-/// `agent_changes` are already checked.
+/// or its agent's `model`, `reasoning`, `service_tier` or `tools` (what the next turn
+/// uses). `agent` is already checked.
 pub async fn update(
     agents: &Arc<Agents>,
     owner: &str,
     id: &str,
     changes: Map<String, Value>,
-    agent_changes: Map<String, Value>,
+    agent: Option<AgentPatch>,
 ) -> Result<Session, AgentError> {
     let (owner, key) = (owner.to_string(), id.to_string());
     agents
         .transact(move |t| {
-            t.update::<Session, Result<Session, AgentError>>(
-                Scope::owner(&owner),
-                &key,
-                |session| {
-                    if agent_changes.contains_key("tools") && session.thread_id.is_some() {
-                        return Err(AgentError::invalid(
-                            "agent.tools",
-                            "This session's codex thread has started, and codex fixes a thread's tools when it starts: create a new session with these tools.",
-                        ));
-                    }
-                    for (key, value) in &agent_changes {
-                        match (key.as_str(), value) {
-                            ("reasoning", Value::Object(reasoning)) => {
-                                for (k, v) in reasoning {
-                                    session.agent["reasoning"][k] = v.clone();
-                                }
-                            }
-                            ("service_tier", Value::Null) => {
-                                session.agent["service_tier"] = json!("auto")
-                            }
-                            ("tools", Value::Null) => session.agent["tools"] = json!([]),
-                            _ => session.agent[key] = value.clone(),
-                        }
-                    }
-                    for (key, value) in changes {
-                        match key.as_str() {
-                            "metadata" => {
-                                session.metadata = match value {
-                                    Value::Null => json!({}),
-                                    v => v,
-                                }
-                            }
-                            "review" => session.review = value.as_str().map(str::to_string),
-                            "prompt_cache_options" => {
-                                session.prompt_cache_options = Some(value).filter(|v| !v.is_null())
-                            }
-                            "spend_control" => {
-                                session.spend_control = Some(value).filter(|v| !v.is_null())
-                            }
-                            _ => {}
-                        }
-                    }
-                    session.last_active_at = now_unix();
-                    Ok(session.clone())
-                },
-            )
-            .map_err(AgentError::store("session", &key, "session_id"))?
+            let scope = Scope::owner(&owner);
+            let mut session: Session = t
+                .get(scope, &key)
+                .map_err(AgentError::store("session", &key, "session_id"))?;
+            if let Some(patch) = agent {
+                if patch.tools.is_some() && session.thread_id.is_some() {
+                    return Err(AgentError::invalid(
+                        "agent.tools",
+                        "This session's codex thread has started, and codex fixes a thread's tools when it starts: create a new session with these tools.",
+                    ));
+                }
+                let config = open_config(&session)?.overridden(patch);
+                let agent_id = session.agent["id"].as_str().unwrap_or_default().to_string();
+                session.agent = config.snapshot(&agent_id);
+                session.config = seal_config(&session.id, &config)?;
+            }
+            for (key, value) in changes {
+                match key.as_str() {
+                    "metadata" => session.metadata = value,
+                    "review" => session.review = value.as_str().map(str::to_string),
+                    "prompt_cache_options" => session.prompt_cache_options = Some(value).filter(|v| !v.is_null()),
+                    "spend_control" => session.spend_control = Some(value).filter(|v| !v.is_null()),
+                    _ => {}
+                }
+            }
+            session.last_active_at = now_unix();
+            t.put(scope, session.clone())
+                .map_err(AgentError::store("session", &key, "session_id"))?;
+            Ok(session)
         })
         .await
+}
+
+fn binding(session: &str) -> String {
+    format!("session:{session}:config")
+}
+
+fn seal_config(session: &str, config: &AgentConfig) -> Result<String, AgentError> {
+    let value = serde_json::to_value(config).map_err(|e| AgentError::Failed(e.to_string()))?;
+    seal::seal_json(&binding(session), &value)
+        .map_err(|e| AgentError::Failed(format!("The session's configuration cannot be sealed: {}", e.0)))
+}
+
+/// The session's whole agent configuration.
+pub fn open_config(session: &Session) -> Result<AgentConfig, AgentError> {
+    let value = seal::open_json(&binding(&session.id), &session.config)
+        .map_err(|e| AgentError::Failed(format!("The session's configuration cannot be opened: {}", e.0)))?;
+    serde_json::from_value(value).map_err(|e| AgentError::Failed(e.to_string()))
 }
 
 /// Forgets a session and everything it holds; a session running a turn is refused (the

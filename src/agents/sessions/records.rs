@@ -86,6 +86,9 @@ pub struct Session {
     /// The session's `agent` object (a snapshot: later changes to a saved agent do not
     /// reach it).
     pub agent: Value,
+    /// The whole agent configuration (with any secrets of its MCP transports), sealed
+    /// (`super::super::seal`, bound to this session): what codex is started with.
+    pub config: String,
     /// The `environment` object as answered.
     pub environment: Value,
     /// Where codex runs: a directory beneath the base directory, relative to it ("" is

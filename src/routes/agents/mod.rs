@@ -1,6 +1,7 @@
-//! `agents` (opt-in): the OpenAI-compatible `/v1` surface over local coding-agent CLIs,
-//! phase 1 (`docs/agents.md` has the whole table): runtimes, models, responses and
-//! conversations, and four routes that exist to refuse. Every route answers errors in
+//! `agents` (opt-in): the OpenAI-compatible `/v1` surface over local coding-agent CLIs
+//! (`docs/agents.md` has the whole table): runtimes, models, responses and
+//! conversations, the Agents API's saved agents, environments (this sandbox) and
+//! templates, vaults and credentials, and four routes that exist to refuse. Every route answers errors in
 //! OpenAI's envelope, every object carries `x_agent_sandbox`, and the dispatcher adds
 //! `X-Agent-Sandbox-Local: 1` to every answer of the group.
 //!
@@ -11,13 +12,16 @@
 
 mod cli;
 mod conversations;
+mod environments;
 mod resource;
 mod responses;
 mod runtimes;
+mod saved;
 mod session_live;
 mod session_setup;
 mod sessions;
 mod stored;
+mod vaults;
 
 use std::sync::Arc;
 
@@ -47,6 +51,12 @@ pub fn endpoints() -> Vec<Endpoint> {
     let mut endpoints = runtimes::endpoints();
     endpoints.extend(responses::endpoints());
     endpoints.extend(conversations::endpoints());
+    // Saved agents' `/v1/agents/{agent_id}` is matched after every literal path of
+    // `/v1/agents/...` (runtimes, environments, executors, sessions): the router tries
+    // literal segments first, whatever the order here.
+    endpoints.extend(saved::endpoints());
+    endpoints.extend(environments::endpoints());
+    endpoints.extend(vaults::endpoints());
     endpoints.extend(sessions::endpoints());
     endpoints.extend([
         route(Method::Post, "/v1/agents/executors", "agents_executors_register", "Refused: no remote executors attach to a local server.", handler(|_| async { Err(cannot("agents_cannot_register_executors", "Executor registration is not available: this server runs agents itself, in this sandbox.")) })),
@@ -190,6 +200,32 @@ impl From<AgentError> for ApiError {
                 param,
             } => store_error(error, object, &id, param),
             AgentError::Invalid { param, message } => invalid(&param, message),
+            AgentError::Unsupported { param, message } => {
+                invalid(&param, message).with_code("unsupported_parameter")
+            }
+            AgentError::Rejected {
+                status,
+                code,
+                param,
+                message,
+            } => {
+                let kind = if status == 409 || status < 500 {
+                    "invalid_request_error"
+                } else {
+                    "server_error"
+                };
+                let error = ApiError::new(status, kind, message)
+                    .with_code(code)
+                    .with_field("param", param.map_or(serde_json::Value::Null, Into::into));
+                // A conflict the SDK would retry at once (409) says when to.
+                match status {
+                    409 => error.with_header("Retry-After", "1"),
+                    _ => error.with_header("x-should-retry", "false"),
+                }
+            }
+            AgentError::File { error, param } => {
+                crate::routes::shared::fs_error(error).with_field("param", param)
+            }
             AgentError::Busy { id, param } => ApiError::new(
                 409,
                 "invalid_request_error",
@@ -229,6 +265,9 @@ fn default_runtime(call: &Call) -> Runtime {
 /// The group's state: the `/v1` objects and the turns running now.
 pub fn registrar() -> crate::app::Registrar {
     Box::new(|setup| {
+        // Vault secrets are sealed with a key from ABX_AGENTS_VAULT_KEY or a key file
+        // in the state directory, read on first use.
+        crate::agents::seal::configure(&setup.config.state_dir);
         setup.provide(Arc::new(
             Agents::<crate::agents::memory::MemoryStore>::default(),
         ));

@@ -86,7 +86,11 @@ async fn launch(call: &Call, session: &Session) -> Result<Launch, ApiError> {
         }
         None => None,
     };
-    let bearers = super::session_setup::bearers(call, session).await?;
+    let (bearers, agent_env) = super::session_setup::bearers(call, session).await?;
+    let mut env = env;
+    for (name, value) in agent_env {
+        env.push((name.into(), value.into()));
+    }
     Ok(Launch {
         program: located.program,
         env,

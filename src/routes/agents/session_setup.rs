@@ -7,7 +7,10 @@ use serde_json::{json, Map, Value};
 use super::{agents_of, invalid};
 use crate::agents::input::check_metadata;
 use crate::agents::sessions::inputs::{parse_messages, Input};
-use crate::agents::sessions::{NewSession, SANDBOX_ENVIRONMENT_ID};
+use crate::agents::environments::environment_id;
+use crate::agents::records::{new_id, Scope};
+use crate::agents::saved::{self, AgentConfig};
+use crate::agents::sessions::NewSession;
 use crate::agents::Agents;
 use crate::api::{ApiError, Args};
 use crate::app::Call;
@@ -31,7 +34,7 @@ pub async fn new_session(
         _ => Map::new(),
     };
     let agent_id = args.str("agent_id").map(str::to_string);
-    let agent = session_agent(call, agents, agent_id, overrides).await?;
+    let (config, agent_id) = session_agent(call, agents, agent_id, overrides).await?;
     let input = match args.value("input") {
         None | Some(Value::Null) => None,
         Some(input) => Some(Input::Message(parse_messages(input, "input")?)),
@@ -60,7 +63,8 @@ pub async fn new_session(
     let (changes, _) = plain_changes(args)?;
     Ok(Setup {
         session: NewSession {
-            agent,
+            config,
+            agent_id,
             environment,
             workspace,
             metadata: changes.get("metadata").cloned().unwrap_or(json!({})),
@@ -103,7 +107,7 @@ async fn environment_of(call: &Call, environment: &Value) -> Result<(Value, Opti
             Ok((
                 json!({
                     "type": "self_hosted",
-                    "id": SANDBOX_ENVIRONMENT_ID,
+                    "id": environment_id(call.services().base.path()),
                     "capability_directories": [],
                     // No exec-server runs here: the thread runs in this sandbox itself.
                     "remote_url": "",
@@ -171,68 +175,106 @@ fn plain_changes(args: &mut Args) -> Result<(Map<String, Value>, Map<String, Val
 /// An update's changes: plain fields, and the agent's (`model`, `reasoning`,
 /// `service_tier`, `tools`).
 pub fn changes(
-    call: &Call,
     args: &mut Args,
-) -> Result<(Map<String, Value>, Map<String, Value>), ApiError> {
+) -> Result<(Map<String, Value>, Option<saved::AgentPatch>), ApiError> {
     let (changes, _) = plain_changes(args)?;
     let agent = match args.take("agent") {
-        Some(Value::Object(map)) => agent_changes(map)?,
-        _ => Map::new(),
+        Some(Value::Object(map)) => Some(agent_changes(map)?),
+        _ => None,
     };
-    let _ = agents_of(call)?;
     Ok((changes, agent))
 }
 
-/// The session's agent: the saved agent `agent_id` (the caller's) with `overrides` on top,
-/// or the inline agent `overrides` describes.
+/// The session's agent configuration and the id its snapshot shows: the saved agent
+/// `agent_id` (the caller's) with `overrides` on top, or the inline agent
+/// `overrides` describes (then `agent.model` is required).
 async fn session_agent(
     call: &Call,
     agents: &std::sync::Arc<Agents>,
     agent_id: Option<String>,
     overrides: Map<String, Value>,
-) -> Result<Value, ApiError> {
-    let overrides = check_agent(overrides, false)?;
-    let saved = match agent_id {
-        None => None,
-        Some(id) => Some(saved_agent(call, agents, &id).await?),
-    };
-    Ok(crate::agents::sessions::agent::snapshot(saved.as_ref(), overrides)?)
+) -> Result<(AgentConfig, String), ApiError> {
+    let patch = AgentConfig::parse(&overrides, "agent.", agent_id.is_some())?;
+    match agent_id {
+        None => Ok((AgentConfig::new(patch, "agent.")?, new_id("agent_"))),
+        Some(id) => {
+            let owner = call.identity.id.clone();
+            let key = id.clone();
+            let saved = agents
+                .transact(move |t| saved::load(t, &owner, &key))
+                .await?;
+            Ok((saved.config.overridden(patch), id))
+        }
+    }
 }
 
 /// What an update may change of a session's agent.
-fn agent_changes(map: Map<String, Value>) -> Result<Map<String, Value>, ApiError> {
-    check_agent(map, true)
-}
-
-const AGENT_FIELDS: [&str; 9] = [
-    "compaction", "experimental", "instructions", "model", "multi_agent", "reasoning",
-    "service_tier", "text", "tools",
-];
-const UPDATE_FIELDS: [&str; 4] = ["model", "reasoning", "service_tier", "tools"];
-
-fn check_agent(map: Map<String, Value>, update: bool) -> Result<Map<String, Value>, ApiError> {
-    let allowed: &[&str] = if update { &UPDATE_FIELDS } else { &AGENT_FIELDS };
-    for key in map.keys() {
-        if !allowed.contains(&key.as_str()) {
-            return Err(invalid(
-                &format!("agent.{key}"),
-                format!("Unsupported parameter: 'agent.{key}' is not a field of a session's agent here."),
-            ));
-        }
+fn agent_changes(map: Map<String, Value>) -> Result<saved::AgentPatch, ApiError> {
+    if let Some(key) = map
+        .keys()
+        .find(|k| !matches!(k.as_str(), "model" | "reasoning" | "service_tier" | "tools"))
+    {
+        return Err(invalid(
+            &format!("agent.{key}"),
+            format!("Unsupported parameter: a session's update changes its agent's model, reasoning, service_tier or tools, not '{key}'."),
+        )
+        .with_code("unsupported_parameter"));
     }
-    Ok(map)
+    Ok(AgentConfig::parse(&map, "agent.", true)?)
 }
 
-// MERGE(B): the saved agents, vaults and their validation come with the CRUD branch.
-async fn saved_agent(_call: &Call, _agents: &std::sync::Arc<Agents>, id: &str) -> Result<Value, ApiError> {
-    Err(super::not_found("agent", id, "agent_id"))
-}
-
-async fn check_vaults(_call: &Call, _agents: &std::sync::Arc<Agents>, _ids: &[String]) -> Result<(), ApiError> {
+/// The vaults a session names must be the caller's.
+async fn check_vaults(call: &Call, agents: &std::sync::Arc<Agents>, ids: &[String]) -> Result<(), ApiError> {
+    let owner = call.identity.id.clone();
+    let ids = ids.to_vec();
+    agents
+        .transact(move |t| {
+            use crate::agents::records::Transaction;
+            for id in &ids {
+                t.get::<crate::agents::vaults::Vault>(Scope::owner(&owner), id)
+                    .map_err(crate::agents::AgentError::store("vault", id, "vault_ids"))?;
+            }
+            Ok::<_, crate::agents::AgentError>(())
+        })
+        .await?;
     Ok(())
 }
 
-/// The bearers of the agent's MCP servers, from the session's vaults.
-pub async fn bearers(_call: &Call, _session: &crate::agents::sessions::records::Session) -> Result<Vec<(String, String)>, ApiError> {
-    Ok(Vec::new())
+/// The bearers of the agent's MCP servers (`(env var, token)`): a tool's own
+/// `authorization`, its `credential_id`, or the session's vaults' credential for its
+/// URL; and the variables the caller's environment setups gave its agents.
+pub async fn bearers(
+    call: &Call,
+    session: &crate::agents::sessions::records::Session,
+) -> Result<(Vec<(String, String)>, Vec<(String, String)>), ApiError> {
+    let config = crate::agents::sessions::open_config(session)?;
+    let tools = json!({"tools": config.tools});
+    let (_, wanted) = crate::agents::sessions::agent::mcp_config(&tools);
+    let inline: Vec<Option<String>> = config
+        .tools
+        .iter()
+        .filter(|t| t["type"] == "mcp" && t["transport"]["type"] != "stdio")
+        .map(|t| t["transport"]["authorization"].as_str().map(|a| a.trim_start_matches("Bearer ").to_string()))
+        .collect();
+    let owner = call.identity.id.clone();
+    let vaults = session.vault_ids.clone();
+    let found = agents_of(call)?
+        .transact(move |t| {
+            let mut bearers = Vec::new();
+            for ((var, url, credential), inline) in wanted.into_iter().zip(inline) {
+                let token = match (inline, credential) {
+                    (Some(token), _) => Some(token),
+                    (None, Some(id)) => Some(crate::agents::vaults::credential_token(t, &owner, &vaults, &id)?),
+                    (None, None) if vaults.is_empty() => None,
+                    (None, None) => crate::agents::vaults::bearer_for(t, &owner, &vaults, &url)?,
+                };
+                if let Some(token) = token {
+                    bearers.push((var, token));
+                }
+            }
+            let env = crate::agents::environments::agent_env(t, &owner)?;
+            Ok::<_, crate::agents::AgentError>((bearers, env))
+        })
+        .await?;
+    Ok(found)
 }

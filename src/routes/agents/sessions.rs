@@ -226,7 +226,7 @@ async fn create(call: Call) -> Result<Response, ApiError> {
 async fn update(call: Call) -> Result<Response, ApiError> {
     let mut args = args(&call, server_runtime)?;
     let id = session_id(&call);
-    let (changes, agent_changes) = super::session_setup::changes(&call, &mut args)?;
+    let (changes, agent_changes) = super::session_setup::changes(&mut args)?;
     let session = sessions::update(
         &agents_of(&call)?,
         &call.identity.id,

@@ -13,6 +13,9 @@
 //!   [`turn`]: the CLI process of one turn;
 //! - [`runtime`]: the declared runtimes and their CLIs, [`events`] what their output
 //!   says;
+//! - [`app_server`]: a client of `codex app-server` (one long-lived codex serving
+//!   threads over JSON-RPC), and [`codex_map`] what it says in the Agents API's
+//!   shapes (items, events, an agent's thread params), for the sessions of issue 27;
 //! - [`objects`]: the OpenAI shapes; [`error`]: why an operation was refused.
 //!
 //! Two runtimes have a local backend. **codex** runs `codex exec --json` per turn and
@@ -21,6 +24,8 @@
 //! `--resume <session_id>` for the next turn. Both read the prompt on stdin (no argv
 //! length limit) and run in the base directory, in their own process group.
 
+pub mod app_server;
+pub mod codex_map;
 pub mod conversations;
 pub mod durable;
 pub mod error;

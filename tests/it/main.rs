@@ -5,6 +5,7 @@ mod support;
 
 mod agents;
 mod browser;
+mod codex_app_server;
 mod commands;
 mod core_http;
 mod faults;
@@ -16,3 +17,4 @@ mod policy;
 mod process;
 mod system;
 mod terminal;
+mod upstream;

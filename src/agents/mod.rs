@@ -18,6 +18,9 @@
 //!   environment templates), [`vaults`] (credentials for MCP servers, sealed by
 //!   [`seal`]): the Agents API's CRUD resources, [`body`] how their nested fields are
 //!   checked;
+//! - [`app_server`]: a client of `codex app-server` (one long-lived codex serving
+//!   threads over JSON-RPC), and [`codex_map`] what it says in the Agents API's
+//!   shapes (items, events, an agent's thread params), for the sessions of issue 27;
 //! - [`objects`]: the OpenAI shapes; [`error`]: why an operation was refused.
 //!
 //! Two runtimes have a local backend. **codex** runs `codex exec --json` per turn and
@@ -26,7 +29,9 @@
 //! `--resume <session_id>` for the next turn. Both read the prompt on stdin (no argv
 //! length limit) and run in the base directory, in their own process group.
 
+pub mod app_server;
 pub mod body;
+pub mod codex_map;
 pub mod conversations;
 pub mod durable;
 pub mod environments;

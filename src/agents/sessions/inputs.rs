@@ -223,7 +223,7 @@ pub fn user_item(id: &str, turn_id: &str, parts: &[Part]) -> Value {
 }
 
 /// codex's `UserInput[]` for the messages of one input.
-pub fn codex_input(messages: &[Vec<Part>]) -> Value {
+pub fn codex_input(messages: &[Vec<Part>]) -> Vec<Value> {
     let mut input = Vec::new();
     for parts in messages {
         for part in parts {
@@ -233,7 +233,7 @@ pub fn codex_input(messages: &[Vec<Part>]) -> Value {
             });
         }
     }
-    Value::Array(input)
+    input
 }
 
 #[cfg(test)]
@@ -270,7 +270,7 @@ mod tests {
         );
         assert_eq!(parse_messages(&json!("x"), "input").unwrap().len(), 1);
         assert_eq!(
-            codex_input(&[vec![Part::Text("a".into()), Part::Image("data:image/png;base64,AA".into())]]),
+            json!(codex_input(&[vec![Part::Text("a".into()), Part::Image("data:image/png;base64,AA".into())]])),
             json!([{"type": "text", "text": "a"}, {"type": "image", "url": "data:image/png;base64,AA"}])
         );
     }

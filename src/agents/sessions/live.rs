@@ -27,16 +27,15 @@ use std::time::Duration;
 use futures_channel::{mpsc, oneshot};
 use serde_json::{json, Value};
 
-use super::agent::{dynamic_tools, mcp_config, output_schema};
 use super::channel::{Channels, Subscription};
-use super::inputs::{codex_input, user_item, Input, Part};
+use super::inputs::{codex_input, Input, Part};
 use super::outputs::{changed, snapshot, Snapshot, OUTPUTS};
 use super::records::{
     Artifact, Item, Session, Status, Trace, Turn, TurnStatus, MAX_ITEMS_PER_TURN, MAX_TURNS,
 };
 use super::trace::TraceBuilder;
 use crate::agents::app_server::{AppServer, AppServerLaunch, Incoming, Message, RpcError};
-use crate::agents::codex_map::{self, Mapped, TurnMapper};
+use crate::agents::codex_map::{self, EventMapper, Fact, Mapped, ThreadPlan, ToolResult, Totals};
 use crate::agents::error::AgentError;
 use crate::agents::objects::{now_unix, Object};
 use crate::agents::records::{new_id, Scope, StoreError, Transaction};
@@ -58,8 +57,9 @@ pub struct Launch {
     /// A private empty directory for a session without a workspace.
     pub scratch: PathBuf,
     pub registry: Arc<ChildRegistry>,
-    /// Bearers for the agent's MCP servers: `(env var, token)`.
-    pub bearers: Vec<(String, String)>,
+    /// The agent's whole configuration as codex takes it (`codex_map::thread_plan`),
+    /// its MCP servers' bearers resolved from the session's vaults.
+    pub agent: Value,
 }
 
 enum Command {
@@ -116,6 +116,8 @@ impl Hub {
             thread: session.thread_id.clone(),
             turn: None,
             model: session.agent["model"].as_str().unwrap_or_default().to_string(),
+            plan: None,
+            totals: Totals::default(),
         };
         monoio::spawn(actor.run(rx, launch));
         answer.await.unwrap_or_else(|_| Err(gone()))
@@ -155,13 +157,12 @@ struct PendingCall {
 struct ActiveTurn {
     id: String,
     codex_turn: Option<String>,
-    mapper: TurnMapper,
+    mapper: EventMapper,
     trace: TraceBuilder,
     outputs_before: Option<Snapshot>,
     pending: HashMap<String, PendingCall>,
-    /// `item.added` events of function calls held back until their call is registered.
-    held: HashMap<String, Value>,
-    started_ms: u64,
+    /// When each codex item started (ms), for its span.
+    started: HashMap<String, u64>,
     items: usize,
 }
 
@@ -174,6 +175,10 @@ struct Actor {
     thread: Option<String>,
     turn: Option<ActiveTurn>,
     model: String,
+    /// What `turn/start` adds (`codex_map::ThreadPlan::turn_start`).
+    plan: Option<ThreadPlan>,
+    /// The thread's cumulative token counts: the next turn's usage starts from them.
+    totals: Totals,
 }
 
 fn now_ms() -> u64 {
@@ -191,10 +196,10 @@ impl Actor {
         let mut incoming = match started {
             Ok(incoming) => incoming,
             Err(error) => {
-                // Every input waiting for this actor hears why.
-                let message = error.to_string();
+                // The input that started it hears why; any later one is told to retry.
+                let mut error = Some(error);
                 while let Ok(Some(Command::Inputs(_, reply))) = commands.try_next() {
-                    let _ = reply.send(Err(AgentError::Failed(message.clone())));
+                    let _ = reply.send(Err(error.take().unwrap_or_else(gone)));
                 }
                 self.hub.finished(&self.session);
                 return;
@@ -264,8 +269,10 @@ impl Actor {
                 (fd, launch.scratch.clone(), "read-only")
             }
         };
+        let mut plan = codex_map::thread_plan(&launch.agent, &cwd_path.to_string_lossy())
+            .map_err(|u| AgentError::invalid(u.param, u.message))?;
         let mut env = launch.env;
-        for (name, token) in launch.bearers {
+        for (name, token) in &plan.env {
             env.push((name.into(), token.into()));
         }
         let spawn = AppServerLaunch {
@@ -277,22 +284,8 @@ impl Actor {
         let (app, incoming) = AppServer::start(spawn, &launch.registry, "agent-sandbox")
             .await
             .map_err(|e| AgentError::Failed(format!("codex app-server did not start: {e}")))?;
-        let agent = serde_json::to_value(super::open_config(&session)?)
-            .map_err(|e| AgentError::Failed(e.to_string()))?;
-        let (config, _) = mcp_config(&agent);
-        let mut params = json!({
-            "model": agent["model"],
-            "cwd": cwd_path.to_string_lossy(),
-            "approvalPolicy": "never",
-            "sandbox": sandbox,
-            "config": config,
-        });
-        if let Some(instructions) = agent["instructions"].as_str() {
-            params["developerInstructions"] = json!(instructions);
-        }
-        if let Some(effort) = agent["reasoning"]["effort"].as_str() {
-            params["config"]["model_reasoning_effort"] = json!(effort);
-        }
+        let mut params = plan.thread_start.clone();
+        params["sandbox"] = json!(sandbox);
         if session.review.as_deref() == Some("auto_review") {
             params["approvalsReviewer"] = json!("auto_review");
         }
@@ -301,13 +294,16 @@ impl Actor {
             Some(thread) => {
                 params["threadId"] = json!(thread);
                 params["excludeTurns"] = json!(true);
+                // codex keeps a thread's tools; resume takes none.
+                if let Some(p) = params.as_object_mut() {
+                    p.remove("dynamicTools");
+                }
                 app.request("thread/resume", params).await.map_err(|e| {
                     AgentError::Failed(format!("codex could not resume the session's thread {thread}: {}", e.message))
                 })?;
                 thread.clone()
             }
             None => {
-                params["dynamicTools"] = Value::Array(dynamic_tools(&agent));
                 let started = app
                     .request("thread/start", params)
                     .await
@@ -327,6 +323,8 @@ impl Actor {
         };
         self.thread = Some(thread);
         self.app = Some(app);
+        plan.env.clear();
+        self.plan = Some(plan);
         Ok(incoming)
     }
 
@@ -399,15 +397,11 @@ impl Actor {
         let turn_id = new_id("turn_");
         let started_ms = now_ms();
         let now = now_unix();
-        let users: Vec<Value> = messages
-            .iter()
-            .map(|parts| user_item(&new_id("msg_"), &turn_id, parts))
-            .collect();
-        let session_snapshot = self.load().await?;
+        let agent_id = self.load().await?.agent["id"].as_str().unwrap_or_default().to_string();
         let turn = Turn {
             id: turn_id.clone(),
             session_id: self.session.clone(),
-            agent_id: session_snapshot.agent["id"].as_str().unwrap_or_default().to_string(),
+            agent_id,
             status: TurnStatus::InProgress,
             created_at: now,
             started_at: Some(now),
@@ -416,11 +410,11 @@ impl Actor {
             subagent_id: None,
             usage: None,
             codex_turn_id: None,
-            items: users.iter().map(|u| u["id"].as_str().unwrap_or_default().to_string()).collect(),
+            items: Vec::new(),
             started_ms,
         };
         let (owner, id) = (self.owner.clone(), self.session.clone());
-        let (kept_turn, kept_users) = (turn.clone(), users.clone());
+        let kept_turn = turn.clone();
         let session = self
             .agents
             .transact(move |t| {
@@ -438,9 +432,7 @@ impl Actor {
                 session.turns += 1;
                 session.last_active_at = now_unix();
                 t.put(scope, session.clone())?;
-                let within = Scope::within(&owner, &id);
-                t.create(within, kept_turn)?;
-                t.create_all(within, kept_users.into_iter().map(Item).collect())?;
+                t.create(Scope::within(&owner, &id), kept_turn)?;
                 Ok::<_, AgentError>(session)
             })
             .await?;
@@ -455,42 +447,32 @@ impl Actor {
         };
         self.publish(json!({"type": "agent.session.turn.created", "session_id": self.session, "turn_id": turn_id, "turn": turn.object()}));
         self.publish_session("agent.session.in_progress", &session, false);
-        self.publish(json!({"type": "agent.session.turn.in_progress", "session_id": self.session, "turn_id": turn_id, "turn": turn.object()}));
-        for user in &users {
-            self.publish(json!({"type": "agent.session.turn.item.added", "session_id": self.session, "turn_id": turn_id, "item": user, "output_index": null}));
-        }
+        let thread = self.thread.clone().unwrap_or_default();
         self.turn = Some(ActiveTurn {
             id: turn_id.clone(),
             codex_turn: None,
-            mapper: TurnMapper::new(&self.session, &turn_id),
+            mapper: EventMapper::new(turn.object(), &thread, None, self.totals),
             trace: TraceBuilder::new(started_ms),
             outputs_before,
             pending: HashMap::new(),
-            held: HashMap::new(),
-            started_ms,
-            items: users.len(),
+            started: HashMap::new(),
+            items: 0,
         });
-        let mut params = json!({
-            "threadId": self.thread,
-            "input": codex_input(&messages),
-        });
-        if let Some(schema) = output_schema(&session.agent) {
-            params["outputSchema"] = schema;
-        }
         if let Some(model) = session.agent["model"].as_str() {
-            params["model"] = json!(model);
             self.model = model.to_string();
         }
-        let Some(app) = self.app.clone() else {
+        let (Some(app), Some(plan)) = (self.app.clone(), self.plan.as_ref()) else {
             self.fail_turn("connection_failed", "codex app-server is not running", workspace).await;
             return Ok(());
         };
+        let params = codex_map::turn_start_params(&thread, codex_input(&messages), plan);
+        // The answer comes while notifications flow; `turn/started` may come first.
         match app.request("turn/start", params).await {
             Ok(answer) => {
-                if let (Some(turn), Some(id)) = (self.turn.as_mut(), answer["turn"]["id"].as_str()) {
-                    turn.codex_turn = Some(id.to_string());
-                }
                 let codex = answer["turn"]["id"].as_str().map(str::to_string);
+                if let Some(turn) = self.turn.as_mut() {
+                    turn.codex_turn = codex.clone();
+                }
                 let (owner, session, tid) = (self.owner.clone(), self.session.clone(), turn_id.clone());
                 let _ = self
                     .agents
@@ -513,28 +495,19 @@ impl Actor {
         let Some(turn) = self.turn.as_ref() else {
             return Ok(());
         };
-        let (turn_id, codex_turn) = (turn.id.clone(), turn.codex_turn.clone());
+        let codex_turn = turn.codex_turn.clone();
         let app = self.app.clone().ok_or_else(gone)?;
-        let answer = app
-            .request(
-                "turn/steer",
-                json!({"threadId": self.thread, "input": codex_input(&messages), "expectedTurnId": codex_turn}),
-            )
-            .await;
-        if let Err(e) = answer {
-            return Err(AgentError::Busy {
-                id: format!("{} ({})", self.session, e.message),
-                param: "events",
-            });
-        }
-        let users: Vec<Value> = messages
-            .iter()
-            .map(|parts| user_item(&new_id("msg_"), &turn_id, parts))
-            .collect();
-        self.store_items(&turn_id, users.clone()).await;
-        for user in users {
-            self.publish(json!({"type": "agent.session.turn.item.added", "session_id": self.session, "turn_id": turn_id, "item": user, "output_index": null}));
-        }
+        // The steered input is a user message item of the running turn: codex reports
+        // it, and the mapper shows and keeps it like the first.
+        app.request(
+            "turn/steer",
+            json!({"threadId": self.thread, "input": codex_input(&messages), "expectedTurnId": codex_turn}),
+        )
+        .await
+        .map_err(|e| AgentError::Busy {
+            id: format!("{} ({})", self.session, e.message),
+            param: "events",
+        })?;
         Ok(())
     }
 
@@ -549,11 +522,7 @@ impl Actor {
             for call in pending {
                 app.respond(
                     call.request,
-                    Err(RpcError {
-                        code: -32000,
-                        message: "the turn was cancelled".into(),
-                        data: None,
-                    }),
+                    Err(RpcError::new(-32000, "the turn was cancelled")),
                 );
             }
             let params = json!({"threadId": self.thread, "turnId": codex_turn.unwrap_or_default()});
@@ -578,11 +547,17 @@ impl Actor {
             _ => return Err(unknown()),
         }
         let call = turn.pending.remove(call_id).ok_or_else(unknown)?;
-        let app = self.app.clone().ok_or_else(gone)?;
-        app.respond(call.request, Ok(codex_map::tool_response(success, &output)));
+        let result = ToolResult {
+            success,
+            output: success.then(|| json!(output)),
+            error: (!success).then(|| output.clone()),
+        };
+        let (answer, mapped) = turn.mapper.tool_result(call_id, &result);
         let waiting = !turn.pending.is_empty();
-        let item = codex_map::function_call_output(&new_id("fco_"), turn_id, call_id, success, &output);
+        let app = self.app.clone().ok_or_else(gone)?;
+        app.respond(call.request, Ok(answer));
         let call_id = call_id.to_string();
+        let (owner, sid, tid) = (self.owner.clone(), self.session.clone(), turn_id.to_string());
         let (session, _) = self
             .update_session(move |s| {
                 s.required_actions.retain(|a| a["call_id"].as_str() != Some(&call_id));
@@ -592,31 +567,52 @@ impl Actor {
                 true
             })
             .await?;
-        let turn_id = turn_id.to_string();
-        self.store_items(&turn_id, vec![item.clone()]).await;
-        self.publish(json!({"type": "agent.session.turn.item.added", "session_id": self.session, "turn_id": turn_id, "item": item, "output_index": null}));
+        if !waiting {
+            let _ = self
+                .agents
+                .transact(move |t| {
+                    t.update::<Turn, _>(Scope::within(&owner, &sid), &tid, |turn| turn.status = TurnStatus::InProgress)
+                })
+                .await;
+        }
+        self.apply_mapped(mapped, None).await;
         if !waiting {
             self.publish_session("agent.session.in_progress", &session, false);
         }
         Ok(())
     }
 
-    /// Keeps `items` of root turn `turn_id` (as many as its bound allows).
-    async fn store_items(&mut self, turn_id: &str, items: Vec<Value>) {
-        if let Some(turn) = self.turn.as_mut() {
-            turn.items += items.len();
-            if turn.items > MAX_ITEMS_PER_TURN {
-                return;
-            }
+    /// Keeps `items` of the running root turn (as many as its bound allows).
+    async fn store_items(&mut self, items: Vec<Value>) {
+        let Some(turn) = self.turn.as_mut() else {
+            return;
+        };
+        turn.items += items.len();
+        if turn.items > MAX_ITEMS_PER_TURN {
+            return;
         }
-        let (owner, session, tid) = (self.owner.clone(), self.session.clone(), turn_id.to_string());
+        let (owner, session, tid) = (self.owner.clone(), self.session.clone(), turn.id.clone());
         let result = self
             .agents
             .transact(move |t| {
                 let within = Scope::within(&owner, &session);
                 let ids: Vec<String> = items.iter().map(|i| i["id"].as_str().unwrap_or_default().to_string()).collect();
-                t.create_all(within, items.into_iter().map(Item).collect())?;
-                t.update::<Turn, _>(within, &tid, |turn| turn.items.extend(ids))?;
+                for item in items {
+                    // codex reports an item again when it changes: the last word is kept.
+                    let id = item["id"].as_str().unwrap_or_default().to_string();
+                    match t.get::<Item>(within, &id) {
+                        Ok(_) => t.put(within, Item(item))?,
+                        Err(StoreError::NotFound) => t.create(within, Item(item))?,
+                        Err(e) => return Err(e),
+                    }
+                }
+                t.update::<Turn, _>(within, &tid, |turn| {
+                    for id in ids {
+                        if !turn.items.contains(&id) {
+                            turn.items.push(id);
+                        }
+                    }
+                })?;
                 Ok::<_, StoreError>(())
             })
             .await;
@@ -626,127 +622,167 @@ impl Actor {
         }
     }
 
+    /// Applies what the mapper said: facts first (stored, calls registered), then its
+    /// events, so no event announces what the store does not hold yet.
+    async fn apply_mapped(&mut self, mapped: Mapped, workspace: Option<&Rc<RefCell<Option<OwnedFd>>>>) {
+        let mut ended = None;
+        let mut calls = Vec::new();
+        let mut items = Vec::new();
+        for fact in mapped.facts {
+            match fact {
+                Fact::Item(item) => items.push(truncated(item)),
+                Fact::ToolCall(call) => calls.push(call),
+                Fact::TurnEnded(end) => ended = Some(end),
+            }
+        }
+        if !items.is_empty() {
+            self.store_items(items).await;
+        }
+        let mut requires_action = None;
+        for call in calls {
+            let action = call.required_action.clone();
+            let (owner, sid, tid) = (self.owner.clone(), self.session.clone(), self.turn.as_ref().map(|t| t.id.clone()).unwrap_or_default());
+            if let Ok((session, _)) = self
+                .update_session(move |s| {
+                    s.required_actions.push(action);
+                    s.status = Status::RequiresAction;
+                    true
+                })
+                .await
+            {
+                requires_action = Some(session);
+            }
+            let _ = self
+                .agents
+                .transact(move |t| {
+                    t.update::<Turn, _>(Scope::within(&owner, &sid), &tid, |turn| turn.status = TurnStatus::Waiting)
+                })
+                .await;
+        }
+        let end_state = match (ended, workspace) {
+            (Some(end), Some(workspace)) => self.end_turn(end, workspace).await,
+            _ => None,
+        };
+        for event in mapped.events {
+            self.publish(event);
+        }
+        if let Some(session) = requires_action {
+            self.publish_session("agent.session.requires_action", &session, false);
+        }
+        if let Some(session) = end_state {
+            self.publish_session("agent.session.idle", &session, true);
+        }
+    }
+
     async fn notification(&mut self, method: &str, params: Value, workspace: &Rc<RefCell<Option<OwnedFd>>>) {
-        if params["threadId"].as_str() != self.thread.as_deref() {
-            // Another thread's (a sub-agent's): not followed yet.
-            return;
+        if method == "thread/tokenUsage/updated" && params["threadId"].as_str() == self.thread.as_deref() {
+            if let Some(turn) = self.turn.as_mut() {
+                turn.trace.model_request(now_ms(), &self.model, &params["tokenUsage"]["last"]);
+            } else {
+                // Replayed after a resume: where the next turn's usage counts from.
+                self.totals = Totals::of(&params["tokenUsage"]["total"]);
+            }
         }
         let Some(turn) = self.turn.as_mut() else {
             return;
         };
-        if method == "thread/tokenUsage/updated" {
-            turn.trace.model_request(now_ms(), &self.model, &params["tokenUsage"]["last"]);
-        }
-        let mapped = turn.mapper.notification(method, &params);
-        for out in mapped {
-            match out {
-                Mapped::Event(event) => {
-                    // A function call's item.added waits for its call to be registered.
-                    if event["type"] == "agent.session.turn.item.added" && event["item"]["type"] == "function_call" {
-                        if let (Some(turn), Some(call)) = (self.turn.as_mut(), event["item"]["call_id"].as_str()) {
-                            if !turn.pending.contains_key(call) {
-                                turn.held.insert(call.to_string(), event);
-                                continue;
-                            }
-                        }
+        let item = &params["item"];
+        let item_id = item["id"].as_str().unwrap_or_default().to_string();
+        match method {
+            "item/started" => {
+                let at = params["startedAtMs"].as_u64().unwrap_or_else(now_ms);
+                turn.started.insert(item_id, at);
+            }
+            "item/completed" => {
+                let span = match item["type"].as_str() {
+                    Some("commandExecution") => Some("command_execution"),
+                    Some("dynamicToolCall") => Some("function_call"),
+                    Some("mcpToolCall") => Some("mcp_call"),
+                    Some("webSearch") => Some("web_search_call"),
+                    _ => None,
+                };
+                if let Some(name) = span {
+                    let end = params["completedAtMs"].as_u64().unwrap_or_else(now_ms);
+                    let start = turn.started.get(&item_id).copied().unwrap_or(end);
+                    let mut attributes = vec![("agent.item.id".to_string(), json!(item_id))];
+                    if let Some(command) = item["command"].as_str() {
+                        attributes.push(("process.command".into(), json!(command)));
                     }
-                    self.publish(event)
-                }
-                Mapped::ItemDone { item, started_ms, completed_ms } => {
-                    if let Some(turn) = self.turn.as_mut() {
-                        if let (Some(start), Some(end)) = (started_ms, completed_ms) {
-                            let kind = item["type"].as_str().unwrap_or_default();
-                            if matches!(kind, "command_execution" | "function_call" | "mcp_call" | "web_search_call") {
-                                let mut attributes = vec![("agent.item.id".to_string(), item["id"].clone())];
-                                if let Some(command) = item["command"].as_str() {
-                                    attributes.push(("process.command".into(), json!(command)));
-                                }
-                                if let Some(name) = item["name"].as_str() {
-                                    attributes.push(("tool.name".into(), json!(name)));
-                                }
-                                let failed = item["status"] == "failed";
-                                turn.trace.tool_call(kind, start, end, attributes, failed);
-                            }
-                        }
+                    if let Some(tool) = item["tool"].as_str() {
+                        attributes.push(("tool.name".into(), json!(tool)));
                     }
-                    let turn_id = self.turn.as_ref().map(|t| t.id.clone()).unwrap_or_default();
-                    self.store_items(&turn_id, vec![truncated(item)]).await;
-                }
-                Mapped::TurnEnded { status, error, usage } => {
-                    self.end_turn(status, error, usage, workspace).await;
+                    let failed = matches!(item["status"].as_str(), Some("failed" | "declined"));
+                    turn.trace.tool_call(name, start, end, attributes, failed);
                 }
             }
+            _ => {}
         }
+        let mapped = turn.mapper.notification(method, &params);
+        self.apply_mapped(mapped, Some(workspace)).await;
     }
 
     async fn request(&mut self, id: Value, method: &str, params: Value) {
         let Some(app) = self.app.clone() else {
             return;
         };
-        if method != "item/tool/call" {
+        let mapped = match (method, self.turn.as_mut()) {
+            ("item/tool/call", Some(turn)) => turn.mapper.tool_call(&params).map(|m| (m, turn.id.clone())),
+            _ => None,
+        };
+        let Some((mapped, turn_id)) = mapped else {
             // Approvals never reach a client: the thread runs with approvalPolicy never,
-            // and anything else asked is declined so the turn never blocks on it.
-            app.respond(id, codex_map::auto_answer(method, &params));
-            return;
-        }
-        let Some(turn) = self.turn.as_mut() else {
-            app.respond(id, Err(RpcError { code: -32000, message: "no turn is running".into(), data: None }));
+            // and anything else codex asks is refused so the turn never blocks on it.
+            app.respond(id, Err(RpcError::new(-32601, format!("agent-sandbox answers no {method} request"))));
             return;
         };
-        let action = codex_map::required_action(&params, &turn.id);
-        let call_id = action["call_id"].as_str().unwrap_or_default().to_string();
-        turn.pending.insert(call_id.clone(), PendingCall { request: id, turn_id: turn.id.clone() });
-        let (turn_id, held) = (turn.id.clone(), turn.held.remove(&call_id));
-        let kept = action.clone();
-        let session = self
-            .update_session(move |s| {
-                s.required_actions.push(kept);
-                s.status = Status::RequiresAction;
-                true
-            })
-            .await;
-        let (owner, sid, tid) = (self.owner.clone(), self.session.clone(), turn_id.clone());
-        let _ = self
-            .agents
-            .transact(move |t| {
-                t.update::<Turn, _>(Scope::within(&owner, &sid), &tid, |turn| turn.status = TurnStatus::Waiting)
-            })
-            .await;
-        let added = held.unwrap_or_else(|| {
-            json!({"type": "agent.session.turn.item.added", "session_id": self.session, "turn_id": turn_id,
-                   "item": codex_map::function_call_item(&params, &turn_id), "output_index": null})
-        });
-        self.publish(added);
-        if let Ok((session, _)) = session {
-            self.publish_session("agent.session.requires_action", &session, false);
+        for fact in &mapped.facts {
+            if let Fact::ToolCall(call) = fact {
+                if let Some(turn) = self.turn.as_mut() {
+                    turn.pending.insert(
+                        call.call_id.clone(),
+                        PendingCall { request: id.clone(), turn_id: turn_id.clone() },
+                    );
+                }
+            }
         }
+        self.apply_mapped(mapped, None).await;
     }
 
     async fn fail_turn(&mut self, code: &str, message: &str, workspace: &Rc<RefCell<Option<OwnedFd>>>) {
-        if self.turn.is_some() {
-            self.end_turn(
-                TurnStatus::Failed,
-                Some(json!({"code": code, "message": message})),
-                None,
-                workspace,
-            )
-            .await;
-        }
-    }
-
-    async fn end_turn(
-        &mut self,
-        status: TurnStatus,
-        error: Option<Value>,
-        usage: Option<Value>,
-        workspace: &Rc<RefCell<Option<OwnedFd>>>,
-    ) {
-        let Some(mut turn) = self.turn.take() else {
+        let Some(turn) = self.turn.as_ref() else {
             return;
         };
-        for (_, held) in turn.held.drain() {
-            self.publish(held);
-        }
+        let mut object = turn.mapper.turn().clone();
+        object["status"] = json!("failed");
+        object["error"] = json!({"code": code, "message": message});
+        let end = codex_map::TurnEnd {
+            status: "failed",
+            error: Some(json!({"code": code, "message": message})),
+            usage: Totals::default().usage(),
+            thread_total: self.totals,
+            turn: object.clone(),
+        };
+        let event = json!({"type": "agent.session.turn.failed", "session_id": self.session,
+                           "turn_id": turn.id, "turn": object, "usage": end.usage});
+        let mapped = Mapped { events: vec![event], facts: vec![Fact::TurnEnded(end)] };
+        self.apply_mapped(mapped, Some(workspace)).await;
+    }
+
+    /// Stores the end of the running turn (its record, the session idle, its artifacts
+    /// and trace) and answers the session as it now is.
+    async fn end_turn(
+        &mut self,
+        end: codex_map::TurnEnd,
+        workspace: &Rc<RefCell<Option<OwnedFd>>>,
+    ) -> Option<Session> {
+        let mut turn = self.turn.take()?;
+        self.totals = end.thread_total;
+        let status = match end.status {
+            "completed" => TurnStatus::Completed,
+            "cancelled" => TurnStatus::Cancelled,
+            _ => TurnStatus::Failed,
+        };
+        let (error, usage) = (end.error, Some(end.usage));
         let end_ms = now_ms();
         let fd = workspace.borrow().as_ref().and_then(|fd| fd.try_clone().ok());
         let published = match (turn.outputs_before.take(), fd) {
@@ -818,20 +854,13 @@ impl Actor {
                 Ok::<_, StoreError>((turn, session))
             })
             .await;
-        let (turn_record, session) = match stored {
-            Ok(kept) => kept,
+        match stored {
+            Ok((_, session)) => Some(session),
             Err(e) => {
                 crate::log::line(format_args!("session {}: the turn's end was not kept: {e:?}", self.session));
-                return;
+                None
             }
-        };
-        let kind = match status {
-            TurnStatus::Completed => "agent.session.turn.completed",
-            TurnStatus::Cancelled => "agent.session.turn.cancelled",
-            _ => "agent.session.turn.failed",
-        };
-        self.publish(json!({"type": kind, "session_id": self.session, "turn_id": turn_record.id, "turn": turn_record.object(), "usage": usage}));
-        self.publish_session("agent.session.idle", &session, true);
+        }
     }
 }
 

@@ -86,7 +86,7 @@ async fn launch(call: &Call, session: &Session) -> Result<Launch, ApiError> {
         }
         None => None,
     };
-    let (bearers, agent_env) = super::session_setup::bearers(call, session).await?;
+    let (agent, agent_env) = super::session_setup::codex_agent(call, session).await?;
     let mut env = env;
     for (name, value) in agent_env {
         env.push((name.into(), value.into()));
@@ -97,7 +97,7 @@ async fn launch(call: &Call, session: &Session) -> Result<Launch, ApiError> {
         workspace,
         scratch: call.config().state_dir.join("sessions").join(&session.id),
         registry: call.services().children.clone(),
-        bearers,
+        agent,
     })
 }
 

@@ -240,40 +240,41 @@ async fn check_vaults(call: &Call, agents: &std::sync::Arc<Agents>, ids: &[Strin
     Ok(())
 }
 
-/// The bearers of the agent's MCP servers (`(env var, token)`): a tool's own
-/// `authorization`, its `credential_id`, or the session's vaults' credential for its
-/// URL; and the variables the caller's environment setups gave its agents.
-pub async fn bearers(
+/// The session's agent as codex takes it (`codex_map::thread_plan`), each http MCP
+/// server's bearer resolved: the tool's own `authorization`, its `credential_id` in
+/// the session's vaults, or the vaults' credential for its URL; and the variables the
+/// caller's environment setups gave its agents.
+pub async fn codex_agent(
     call: &Call,
     session: &crate::agents::sessions::records::Session,
-) -> Result<(Vec<(String, String)>, Vec<(String, String)>), ApiError> {
+) -> Result<(Value, Vec<(String, String)>), ApiError> {
     let config = crate::agents::sessions::open_config(session)?;
-    let tools = json!({"tools": config.tools});
-    let (_, wanted) = crate::agents::sessions::agent::mcp_config(&tools);
-    let inline: Vec<Option<String>> = config
-        .tools
-        .iter()
-        .filter(|t| t["type"] == "mcp" && t["transport"]["type"] != "stdio")
-        .map(|t| t["transport"]["authorization"].as_str().map(|a| a.trim_start_matches("Bearer ").to_string()))
-        .collect();
+    let mut agent = serde_json::to_value(&config)
+        .map_err(|e| ApiError::new(500, "server_error", e.to_string()))?;
     let owner = call.identity.id.clone();
     let vaults = session.vault_ids.clone();
     let found = agents_of(call)?
         .transact(move |t| {
-            let mut bearers = Vec::new();
-            for ((var, url, credential), inline) in wanted.into_iter().zip(inline) {
-                let token = match (inline, credential) {
-                    (Some(token), _) => Some(token),
-                    (None, Some(id)) => Some(crate::agents::vaults::credential_token(t, &owner, &vaults, &id)?),
-                    (None, None) if vaults.is_empty() => None,
-                    (None, None) => crate::agents::vaults::bearer_for(t, &owner, &vaults, &url)?,
+            for tool in agent["tools"].as_array_mut().into_iter().flatten() {
+                if tool["type"] != "mcp" || tool["transport"]["type"] == "stdio" {
+                    continue;
+                }
+                let credential = tool.as_object_mut().and_then(|m| m.remove("credential_id"));
+                if tool["transport"]["authorization"].is_string() {
+                    continue;
+                }
+                let url = tool["transport"]["server_url"].as_str().unwrap_or_default().to_string();
+                let token = match credential.as_ref().and_then(Value::as_str) {
+                    Some(id) => Some(crate::agents::vaults::credential_token(t, &owner, &vaults, id)?),
+                    None if vaults.is_empty() => None,
+                    None => crate::agents::vaults::bearer_for(t, &owner, &vaults, &url)?,
                 };
                 if let Some(token) = token {
-                    bearers.push((var, token));
+                    tool["transport"]["authorization"] = json!(token);
                 }
             }
             let env = crate::agents::environments::agent_env(t, &owner)?;
-            Ok::<_, crate::agents::AgentError>((bearers, env))
+            Ok::<_, crate::agents::AgentError>((agent, env))
         })
         .await?;
     Ok(found)

@@ -406,18 +406,27 @@ async fn turn_items(call: Call) -> Result<Response, ApiError> {
     page_of::<Item>(&call, turn.items).await
 }
 
+/// A lookup within a session that failed, and what it looked up.
+struct Lookup(StoreError, &'static str);
+
+impl From<StoreError> for Lookup {
+    fn from(error: StoreError) -> Lookup {
+        Lookup(error, "session")
+    }
+}
+
 async fn find_turn(call: &Call) -> Result<Turn, ApiError> {
     let (owner, session, id) = (call.identity.id.clone(), session_id(call), path_value(call, TURN.param));
     let shown = id.clone();
     agents_of(call)?
         .transact(move |t| {
             t.get::<Session>(Scope::owner(&owner), &session)
-                .map_err(|e| (e, "session"))?;
+                .map_err(|e| Lookup(e, "session"))?;
             t.get::<Turn>(Scope::within(&owner, &session), &id)
-                .map_err(|e| (e, "turn"))
+                .map_err(|e| Lookup(e, "turn"))
         })
         .await
-        .map_err(|(e, what): (StoreError, &str)| match what {
+        .map_err(|Lookup(e, what)| match what {
             "session" => store_error(e, "session", &session_id(call), "session_id"),
             _ => store_error(e, "turn", &shown, "turn_id"),
         })
@@ -429,12 +438,12 @@ async fn find_subagent(call: &Call) -> Result<Subagent, ApiError> {
     agents_of(call)?
         .transact(move |t| {
             t.get::<Session>(Scope::owner(&owner), &session)
-                .map_err(|e| (e, "session"))?;
+                .map_err(|e| Lookup(e, "session"))?;
             t.get::<Subagent>(Scope::within(&owner, &session), &id)
-                .map_err(|e| (e, "subagent"))
+                .map_err(|e| Lookup(e, "subagent"))
         })
         .await
-        .map_err(|(e, what): (StoreError, &str)| match what {
+        .map_err(|Lookup(e, what)| match what {
             "session" => store_error(e, "session", &session_id(call), "session_id"),
             _ => store_error(e, "subagent", &shown, "subagent_id"),
         })

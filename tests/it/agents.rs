@@ -17,7 +17,7 @@ use crate::support::{
 };
 
 /// The stub, with the bodies of the requests it received.
-type Upstream = Stub<Value>;
+pub(crate) type Upstream = Stub<Value>;
 
 /// The text of the last user message of a Responses API or Chat Completions request,
 /// and whether a tool's output is already in it.
@@ -197,7 +197,7 @@ fn respond(mut stream: TcpStream, path: &str, request: &Value) -> std::io::Resul
 }
 
 /// The scripted upstream: each request's JSON body is kept, and answered by its script.
-fn serve_upstream() -> Upstream {
+pub(crate) fn serve_upstream() -> Upstream {
     serve_stub(
         None,
         |received| serde_json::from_slice(&received.body).unwrap_or(Value::Null),
@@ -208,7 +208,7 @@ fn serve_upstream() -> Upstream {
 }
 
 /// A server with the agents group on, whose CLIs talk to `upstream`.
-fn agents_server(upstream: &Upstream, home: &TempDir, extra: &[(&str, &str)]) -> Server {
+pub(crate) fn agents_server(upstream: &Upstream, home: &TempDir, extra: &[(&str, &str)]) -> Server {
     let codex_home = home.path().join("codex");
     std::fs::create_dir_all(&codex_home).unwrap();
     std::fs::write(
@@ -235,7 +235,7 @@ fn agents_server(upstream: &Upstream, home: &TempDir, extra: &[(&str, &str)]) ->
     launch.start()
 }
 
-fn output_text(response: &Value) -> String {
+pub(crate) fn output_text(response: &Value) -> String {
     response["output"]
         .as_array()
         .unwrap()

@@ -4,6 +4,7 @@
 mod support;
 
 mod agents;
+mod agents_store;
 mod browser;
 mod commands;
 mod core_http;

@@ -5,6 +5,7 @@ mod support;
 
 mod agents;
 mod agents_api;
+mod agents_store;
 mod browser;
 mod codex_app_server;
 mod commands;

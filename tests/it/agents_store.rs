@@ -14,7 +14,8 @@ use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 
-use crate::agents::{agents_server, output_text, serve_upstream, Upstream};
+use crate::agents::{agents_server, output_text};
+use crate::upstream::{serve_upstream, Upstream};
 use crate::support::{read_event, tools, Server, TempDir};
 
 /// What `POST /v1/responses` says of a response whose turn the restart cut short.

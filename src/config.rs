@@ -75,7 +75,7 @@ pub struct Config {
     /// `ABX_AGENTS_DEFAULT`: the agent runtime `/v1` requests use when they name none.
     pub agents_default: Option<String>,
     /// `ABX_STATE_DIR`: what the server keeps across restarts (the runtimes it
-    /// installed), mode 0700.
+    /// installed, the agents store `agents.redb`), mode 0700.
     pub state_dir: PathBuf,
     /// `ABX_AGENTS_AUTO_INSTALL`: install a runtime's pinned CLI on first use.
     pub agents_auto_install: bool,

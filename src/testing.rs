@@ -70,6 +70,8 @@ impl Builder {
         let base = root.join("base");
         std::fs::create_dir_all(&base).expect("a temporary base directory");
         self.config.base_dir = base.clone();
+        // The agents store lives here too, not in the user's state directory.
+        self.config.state_dir = root.join("state");
         if let Some(document) = &self.policy {
             let path = root.join("policy.yaml");
             std::fs::write(&path, document).expect("the policy document");

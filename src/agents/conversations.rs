@@ -6,6 +6,8 @@
 //! A conversation and each of its items are records of the store (the items a child
 //! collection of the conversation), so a page of items costs that page.
 
+use std::sync::Arc;
+
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 
@@ -28,7 +30,7 @@ pub const MAX_ITEMS: usize = 10_000;
 pub const MAX_ITEMS_AT_ONCE: usize = 20;
 
 /// What conversations and their items differ in.
-pub const DIFFERENCES: [&str; 2] = ["cli_session", "objects_in_memory"];
+pub const DIFFERENCES: [&str; 2] = ["cli_session", "store_limits"];
 
 pub static CONVERSATIONS: Collection = Collection {
     name: "conversation",
@@ -81,6 +83,10 @@ impl Record for Conversation {
     }
     fn id(&self) -> &str {
         &self.id
+    }
+    /// The turn that took it ran in the server before: it is free again.
+    fn on_restart(&mut self) -> bool {
+        std::mem::take(&mut self.busy)
     }
 }
 
@@ -155,8 +161,8 @@ const PARAM: &str = "conversation_id";
 
 impl<S: ObjectStore> Agents<S> {
     /// A new conversation of `owner`'s, with `items` (from [`parse_items`]).
-    pub fn create_conversation(
-        &self,
+    pub async fn create_conversation(
+        self: &Arc<Self>,
         owner: &str,
         metadata: Value,
         items: Vec<Value>,
@@ -169,61 +175,64 @@ impl<S: ObjectStore> Agents<S> {
             seen_through: None,
             busy: false,
         };
-        let id = conversation.id.clone();
+        let (id, owner) = (conversation.id.clone(), owner.to_string());
         let object = conversation.object();
-        self.store
-            .transact(|t| {
-                t.create(Scope::owner(owner), conversation)?;
-                let items = items.into_iter().map(ConversationItem).collect();
-                t.create_all(Scope::within(owner, &id), items)
-            })
-            .map_err(AgentError::store("conversation", &id, PARAM))?;
+        let refused = AgentError::store("conversation", &id, PARAM);
+        self.transact(move |t| {
+            t.create(Scope::owner(&owner), conversation)?;
+            let items = items.into_iter().map(ConversationItem).collect();
+            t.create_all(Scope::within(&owner, &id), items)
+        })
+        .await
+        .map_err(refused)?;
         Ok(object)
     }
 
     /// Replaces the metadata of `owner`'s conversation `id`.
-    pub fn update_conversation(
-        &self,
+    pub async fn update_conversation(
+        self: &Arc<Self>,
         owner: &str,
         id: &str,
         metadata: Value,
     ) -> Result<Value, AgentError> {
-        self.store
-            .update(Scope::owner(owner), id, |c: &mut Conversation| {
-                c.metadata = metadata;
-                c.object()
-            })
-            .map_err(AgentError::store("conversation", id, PARAM))
+        self.update(Scope::owner(owner), id, |c: &mut Conversation| {
+            c.metadata = metadata;
+            c.object()
+        })
+        .await
+        .map_err(AgentError::store("conversation", id, PARAM))
     }
 
     /// Forgets a conversation and its items.
-    pub fn delete_conversation(&self, owner: &str, id: &str) -> Result<(), AgentError> {
-        self.store
-            .delete::<Conversation>(Scope::owner(owner), id)
+    pub async fn delete_conversation(
+        self: &Arc<Self>,
+        owner: &str,
+        id: &str,
+    ) -> Result<(), AgentError> {
+        self.delete::<Conversation>(Scope::owner(owner), id)
+            .await
             .map(drop)
             .map_err(AgentError::store("conversation", id, PARAM))
     }
 
     /// Adds `items` to a conversation that runs no turn.
-    pub fn add_items(
-        &self,
+    pub async fn add_items(
+        self: &Arc<Self>,
         owner: &str,
         id: &str,
         items: Vec<Value>,
     ) -> Result<Vec<Value>, AgentError> {
-        self.store.transact(|t| {
-            let stored = AgentError::store("conversation", id, PARAM);
+        let (owner, id) = (owner.to_string(), id.to_string());
+        self.transact(move |t| {
+            let stored = AgentError::store("conversation", &id, PARAM);
             let conversation = t
-                .get::<Conversation>(Scope::owner(owner), id)
+                .get::<Conversation>(Scope::owner(&owner), &id)
                 .map_err(stored)?;
             // Items added while a turn runs would be marked seen by its end unseen.
             if conversation.busy {
-                return Err(AgentError::Busy {
-                    id: id.to_string(),
-                    param: PARAM,
-                });
+                return Err(AgentError::Busy { id, param: PARAM });
             }
-            let within = Scope::within(owner, id);
+            let within = Scope::within(&owner, &id);
             if t.count::<ConversationItem>(within)? + items.len() > MAX_ITEMS {
                 return Err(AgentError::invalid(
                     "items",
@@ -232,57 +241,66 @@ impl<S: ObjectStore> Agents<S> {
             }
             let records = items.iter().cloned().map(ConversationItem).collect();
             t.create_all(within, records)
-                .map_err(AgentError::store("conversation", id, PARAM))?;
+                .map_err(AgentError::store("conversation", &id, PARAM))?;
             Ok(items)
         })
+        .await
     }
 
     /// Removes one item; returns the conversation. The CLI's own session keeps what it
     /// saw.
-    pub fn delete_item(&self, owner: &str, id: &str, item: &str) -> Result<Value, AgentError> {
-        self.store.transact(|t| {
+    pub async fn delete_item(
+        self: &Arc<Self>,
+        owner: &str,
+        id: &str,
+        item: &str,
+    ) -> Result<Value, AgentError> {
+        let (owner, id, item) = (owner.to_string(), id.to_string(), item.to_string());
+        self.transact(move |t| {
             let mut conversation = t
-                .get::<Conversation>(Scope::owner(owner), id)
-                .map_err(AgentError::store("conversation", id, PARAM))?;
-            let within = Scope::within(owner, id);
-            if conversation.seen_through.as_deref() == Some(item) {
+                .get::<Conversation>(Scope::owner(&owner), &id)
+                .map_err(AgentError::store("conversation", &id, PARAM))?;
+            let within = Scope::within(&owner, &id);
+            if conversation.seen_through.as_deref() == Some(item.as_str()) {
                 // What was seen now ends at the item before it.
                 let before = ListQuery {
-                    after: Some(item),
+                    after: Some(&item),
                     limit: 1,
                     order: Order::Desc,
                 };
                 let page = t.list::<ConversationItem>(within, &before);
                 conversation.seen_through = page.ok().and_then(|p| p.first_id);
-                t.put(Scope::owner(owner), conversation.clone())?;
+                t.put(Scope::owner(&owner), conversation.clone())?;
             }
-            t.delete::<ConversationItem>(within, item)
-                .map_err(AgentError::store("item", item, "item_id"))?;
+            t.delete::<ConversationItem>(within, &item)
+                .map_err(AgentError::store("item", &item, "item_id"))?;
             Ok(conversation.object())
         })
+        .await
     }
 
     /// Takes the conversation for a turn of `runtime`: marks it busy and returns the
     /// CLI session to resume, if any, and what that session has not seen (the whole
     /// conversation for a new session) as transcript lines.
-    pub(super) fn take_conversation(
-        &self,
+    pub(super) async fn take_conversation(
+        self: &Arc<Self>,
         owner: &str,
         id: &str,
         runtime: Runtime,
     ) -> Result<(Option<String>, Vec<String>), AgentError> {
-        let stored = || AgentError::store("conversation", id, "conversation");
-        self.store.transact(|t| {
+        let (owner, id) = (owner.to_string(), id.to_string());
+        self.transact(move |t| {
+            let stored = || AgentError::store("conversation", &id, "conversation");
             let mut conversation = t
-                .get::<Conversation>(Scope::owner(owner), id)
+                .get::<Conversation>(Scope::owner(&owner), &id)
                 .map_err(stored())?;
             if conversation.busy {
                 return Err(AgentError::Busy {
-                    id: id.to_string(),
+                    id: id.clone(),
                     param: "conversation",
                 });
             }
-            let within = Scope::within(owner, id);
+            let within = Scope::within(&owner, &id);
             if t.count::<ConversationItem>(within)? >= MAX_ITEMS {
                 let full = StoreError::Full {
                     collection: "item",
@@ -297,7 +315,7 @@ impl<S: ObjectStore> Agents<S> {
                 Some(_) => conversation.seen_through.clone(),
                 None => None,
             };
-            t.put(Scope::owner(owner), conversation)?;
+            t.put(Scope::owner(&owner), conversation)?;
             let unseen = ListQuery {
                 after: after.as_deref(),
                 ..ListQuery::all()
@@ -316,67 +334,94 @@ impl<S: ObjectStore> Agents<S> {
                 .collect();
             Ok((session, lines))
         })
+        .await
     }
 
     /// Keeps the CLI session of `runtime` as soon as the CLI reports it.
-    pub(super) fn keep_session(&self, owner: &str, id: &str, runtime: Runtime, session: &str) {
+    pub(super) async fn keep_session(
+        self: &Arc<Self>,
+        owner: &str,
+        id: &str,
+        runtime: Runtime,
+        session: &str,
+    ) {
+        let session = session.to_string();
         let _ = self
-            .store
-            .update(Scope::owner(owner), id, |c: &mut Conversation| {
-                c.set_session(runtime, session.to_string())
-            });
+            .update(Scope::owner(owner), id, move |c: &mut Conversation| {
+                c.set_session(runtime, session)
+            })
+            .await;
     }
 
     /// A turn's end: its items join the conversation and everything up to them counts
     /// as seen. Items that would push it past a limit are left out (the response holds
     /// them), and what was there before counts as seen.
-    pub(super) fn end_turn(
-        &self,
+    pub(super) async fn end_turn(
+        self: &Arc<Self>,
         owner: &str,
         id: &str,
         runtime: Runtime,
         session: Option<&str>,
         items: Vec<Value>,
     ) {
-        let scope = Scope::owner(owner);
-        let within = Scope::within(owner, id);
-        let appended = self.store.transact(|t| {
-            let mut conversation = t.get::<Conversation>(scope, id)?;
-            if let Some(session) = session {
-                conversation.set_session(runtime, session.to_string());
-            }
-            let items: Vec<ConversationItem> = items.into_iter().map(ConversationItem).collect();
-            if let Some(last) = items.last() {
-                conversation.seen_through = Some(last.id().to_string());
-            }
-            t.create_all(within, items)?;
-            t.put(scope, conversation)
-        });
+        let (owner, id) = (owner.to_string(), id.to_string());
+        let session = session.map(str::to_string);
+        let (first_owner, first_id, first_session) = (owner.clone(), id.clone(), session.clone());
+        let appended = self
+            .transact(move |t| {
+                let (owner, id) = (first_owner, first_id);
+                let mut conversation = t.get::<Conversation>(Scope::owner(&owner), &id)?;
+                if let Some(session) = first_session {
+                    conversation.set_session(runtime, session);
+                }
+                let items: Vec<ConversationItem> =
+                    items.into_iter().map(ConversationItem).collect();
+                if let Some(last) = items.last() {
+                    conversation.seen_through = Some(last.id().to_string());
+                }
+                t.create_all(Scope::within(&owner, &id), items)?;
+                t.put(Scope::owner(&owner), conversation)
+            })
+            .await;
         if appended.is_ok() {
             return;
         }
-        let _ = self.store.transact(|t| {
-            let mut conversation = t.get::<Conversation>(scope, id)?;
-            if let Some(session) = session {
-                conversation.set_session(runtime, session.to_string());
-            }
-            let last = ListQuery {
-                after: None,
-                limit: 1,
-                order: Order::Desc,
-            };
-            conversation.seen_through = t.list::<ConversationItem>(within, &last)?.first_id;
-            t.put(scope, conversation)
-        });
+        // Refused (past a limit), so undone whole: the conversation is kept without them.
+        let _ = self
+            .transact(move |t| {
+                let mut conversation = t.get::<Conversation>(Scope::owner(&owner), &id)?;
+                if let Some(session) = session {
+                    conversation.set_session(runtime, session);
+                }
+                let last = ListQuery {
+                    after: None,
+                    limit: 1,
+                    order: Order::Desc,
+                };
+                let within = Scope::within(&owner, &id);
+                conversation.seen_through = t.list::<ConversationItem>(within, &last)?.first_id;
+                t.put(Scope::owner(&owner), conversation)
+            })
+            .await;
     }
 
     /// Frees the conversation for its next turn.
-    pub(super) fn release_conversation(&self, owner: &str, id: &str) {
+    pub(super) async fn release_conversation(self: &Arc<Self>, owner: &str, id: &str) {
         let _ = self
-            .store
             .update(Scope::owner(owner), id, |c: &mut Conversation| {
                 c.busy = false
-            });
+            })
+            .await;
+    }
+
+    /// [`Agents::release_conversation`] from where nothing can await (a dropped turn).
+    pub(super) fn release_conversation_detached(self: &Arc<Self>, owner: &str, id: &str) {
+        let (owner, id) = (owner.to_string(), id.to_string());
+        self.transact_detached(move |t| {
+            t.update(Scope::owner(&owner), &id, |c: &mut Conversation| {
+                c.busy = false
+            })
+        });
     }
 }
 
@@ -384,7 +429,13 @@ impl<S: ObjectStore> Agents<S> {
 mod tests {
     use super::*;
     use crate::agents::input::{check_metadata, InputMessage};
-    use crate::agents::memory::MemoryStore;
+
+    /// Runs `future` on a worker's runtime with a blocking pool, as the server does.
+    fn run<F: std::future::Future>(future: F) -> F::Output {
+        let pool =
+            crate::runtime::blocking::BlockingPool::new(2, std::time::Duration::from_secs(5));
+        crate::runtime::block_on(crate::runtime::IoDriver::Epoll, pool, future).unwrap()
+    }
 
     fn message(text: &str) -> Value {
         input_item(&InputMessage {
@@ -395,55 +446,73 @@ mod tests {
 
     #[test]
     fn a_turn_sees_what_it_has_not_seen() {
-        let agents = Agents::<MemoryStore>::default();
-        let conversation = agents
-            .create_conversation("a", json!({}), vec![message("one")])
-            .unwrap();
-        let id = conversation["id"].as_str().unwrap();
-        // A new session gets everything.
-        let (resume, lines) = agents.take_conversation("a", id, Runtime::Codex).unwrap();
-        assert_eq!((resume, lines), (None, vec!["user: one".to_string()]));
-        assert!(matches!(
-            agents.take_conversation("a", id, Runtime::Codex),
-            Err(AgentError::Busy { .. })
-        ));
-        assert!(matches!(
-            agents.add_items("a", id, vec![message("x")]),
-            Err(AgentError::Busy { .. })
-        ));
-        agents.end_turn("a", id, Runtime::Codex, Some("T1"), vec![message("two")]);
-        agents.release_conversation("a", id);
-        let added = agents.add_items("a", id, vec![message("three")]).unwrap();
-        // The session resumes and gets only what was added since.
-        let (resume, lines) = agents.take_conversation("a", id, Runtime::Codex).unwrap();
-        assert_eq!(resume.as_deref(), Some("T1"));
-        assert_eq!(lines, ["user: three"]);
-        agents.release_conversation("a", id);
-        // Another runtime has no session: everything.
-        let (_, lines) = agents
-            .take_conversation("a", id, Runtime::QwenCode)
-            .unwrap();
-        assert_eq!(lines.len(), 3);
-        agents.release_conversation("a", id);
-        // Deleting the last seen item moves what was seen back by one.
-        let seen = agents
-            .store
-            .get::<Conversation>(Scope::owner("a"), id)
-            .unwrap()
-            .seen_through
-            .unwrap();
-        agents.delete_item("a", id, &seen).unwrap();
-        let (_, lines) = agents.take_conversation("a", id, Runtime::Codex).unwrap();
-        assert_eq!(lines, ["user: three"]);
-        assert_eq!(added.len(), 1);
-        // Another caller's conversation is an unknown one.
-        assert!(matches!(
-            agents.take_conversation("b", id, Runtime::Codex),
-            Err(AgentError::Store {
-                error: StoreError::NotFound,
-                ..
-            })
-        ));
+        run(async {
+            let agents = Arc::new(Agents::<crate::agents::surface::AgentsStore>::default());
+            let conversation = agents
+                .create_conversation("a", json!({}), vec![message("one")])
+                .await
+                .unwrap();
+            let id = conversation["id"].as_str().unwrap();
+            let take = |owner: &'static str, runtime| {
+                let agents = agents.clone();
+                let id = id.to_string();
+                async move { agents.take_conversation(owner, &id, runtime).await }
+            };
+            // A new session gets everything.
+            let (resume, lines) = take("a", Runtime::Codex).await.unwrap();
+            assert_eq!((resume, lines), (None, vec!["user: one".to_string()]));
+            assert!(matches!(
+                take("a", Runtime::Codex).await,
+                Err(AgentError::Busy { .. })
+            ));
+            assert!(matches!(
+                agents.add_items("a", id, vec![message("x")]).await,
+                Err(AgentError::Busy { .. })
+            ));
+            agents
+                .end_turn("a", id, Runtime::Codex, Some("T1"), vec![message("two")])
+                .await;
+            agents.release_conversation("a", id).await;
+            let added = agents
+                .add_items("a", id, vec![message("three")])
+                .await
+                .unwrap();
+            // The session resumes and gets only what was added since.
+            let (resume, lines) = take("a", Runtime::Codex).await.unwrap();
+            assert_eq!(resume.as_deref(), Some("T1"));
+            assert_eq!(lines, ["user: three"]);
+            agents.release_conversation("a", id).await;
+            // Another runtime has no session: everything.
+            let (_, lines) = take("a", Runtime::QwenCode).await.unwrap();
+            assert_eq!(lines.len(), 3);
+            agents.release_conversation("a", id).await;
+            // Deleting the last seen item moves what was seen back by one.
+            let seen = agents
+                .get::<Conversation>(Scope::owner("a"), id)
+                .await
+                .unwrap()
+                .seen_through
+                .unwrap();
+            agents.delete_item("a", id, &seen).await.unwrap();
+            let (_, lines) = take("a", Runtime::Codex).await.unwrap();
+            assert_eq!(lines, ["user: three"]);
+            assert_eq!(added.len(), 1);
+            // A restart frees a conversation a turn had taken.
+            let freed = agents
+                .transact(|t| t.restart::<Conversation>())
+                .await
+                .unwrap();
+            assert_eq!(freed, 1);
+            assert!(take("a", Runtime::Codex).await.is_ok());
+            // Another caller's conversation is an unknown one.
+            assert!(matches!(
+                take("b", Runtime::Codex).await,
+                Err(AgentError::Store {
+                    error: StoreError::NotFound,
+                    ..
+                })
+            ));
+        });
     }
 
     #[test]

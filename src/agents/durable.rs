@@ -1,9 +1,10 @@
-//! The durable [`ObjectStore`]: every record in one redb file (`<state_dir>/agents.redb`),
-//! with the same rules as the [`MemoryStore`](super::memory::MemoryStore). A store
-//! transaction is one redb write transaction, committed with
-//! [`Durability::Immediate`] (fsync) when it returns `Ok` and something changed, and
-//! aborted (nothing written) when it returns an error. redb takes one writer at a time,
-//! which serialises transactions as the memory store's mutex does.
+//! The agents' [`ObjectStore`]: every record in one redb database, the file
+//! `<state_dir>/agents.redb` of the running server (see [`super::store`]), or redb's
+//! in-memory backend when that file cannot be opened (and in unit tests). A store
+//! transaction is one redb write transaction, committed with [`Durability::Immediate`]
+//! (fsync) when it returns `Ok` and something changed, and aborted (nothing written)
+//! when it returns an error. redb takes one writer at a time, which serialises
+//! transactions.
 //!
 //! Records are kept as their JSON, with their owner, parent, creation order and
 //! evictability beside it; lists are range scans of an index keyed by `(collection,
@@ -12,17 +13,20 @@
 //! file as well, updated in the same transaction, so they survive a restart.
 //!
 //! A commit waits for the disk (see `docs/architecture.md`, "Agents store: redb", for
-//! what that costs per write); the store is called synchronously, as the memory one is.
-
-// Wired into the routes next (issue #27 item 10); its tests use it today.
-#![cfg_attr(not(test), allow(dead_code))]
+//! what that costs per write): the store is called synchronously, so callers on a
+//! worker go through [`Agents::transact`](super::surface::Agents::transact), which runs
+//! the transaction on the blocking pool.
 
 use std::fs::{DirBuilder, OpenOptions};
 use std::marker::PhantomData;
 use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
 use std::path::Path;
 
-use redb::{Database, Durability, ReadableTable, TableDefinition, WriteTransaction};
+use redb::backends::InMemoryBackend;
+use redb::{
+    Database, DatabaseError, Durability, ReadableTable, StorageError as RedbStorage,
+    TableDefinition, WriteTransaction,
+};
 #[cfg(test)]
 use redb::{ReadableDatabase, ReadableTableMetadata};
 
@@ -47,7 +51,7 @@ const KINDS: TableDefinition<&str, &str> = TableDefinition::new("kinds");
 const COUNTERS: TableDefinition<(&str, &str, &str), u64> = TableDefinition::new("counters");
 
 /// The page cache redb may hold: records live on disk, not in memory.
-const CACHE_BYTES: usize = 16 * 1024 * 1024;
+const CACHE_BYTES: usize = 4 * 1024 * 1024;
 
 fn storage(e: impl Into<redb::Error>) -> StoreError {
     StoreError::Storage(e.into().to_string())
@@ -89,23 +93,51 @@ fn names(collection: &'static Collection) -> (&'static str, Option<&'static str>
     (collection.name, collection.parent.map(|p| p.name))
 }
 
-/// Every record, in one redb file.
+/// Every record, in one redb database.
 pub struct DurableStore {
     db: Database,
     limits: Limits,
 }
 
+/// Why the store's file could not be opened.
+#[derive(Debug)]
+pub enum OpenError {
+    /// Its directory or the file itself could not be made or opened (a read-only file
+    /// system, a file where the directory should be, no permission).
+    Io(std::io::Error),
+    /// Another process holds the file open: another server on the same state directory.
+    Locked,
+    /// The file is not a store this build can read: damaged, or another program's.
+    Damaged(String),
+}
+
+impl std::fmt::Display for OpenError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            OpenError::Io(e) => write!(f, "{e}"),
+            OpenError::Locked => write!(f, "another process has it open"),
+            OpenError::Damaged(why) => write!(f, "it is not a readable store ({why})"),
+        }
+    }
+}
+
+/// The in-memory store with the default bounds: unit tests' store.
+impl Default for DurableStore {
+    fn default() -> DurableStore {
+        DurableStore::in_memory(Limits::default())
+    }
+}
+
 impl DurableStore {
     /// Opens (or creates) the store at `path`, its directory created with mode 0700 and
     /// the file with 0600.
-    pub fn open(path: &Path, limits: Limits) -> Result<DurableStore, StoreError> {
-        let io = |e: std::io::Error| StoreError::Storage(format!("{}: {e}", path.display()));
+    pub fn open(path: &Path, limits: Limits) -> Result<DurableStore, OpenError> {
         if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
             DirBuilder::new()
                 .recursive(true)
                 .mode(0o700)
                 .create(dir)
-                .map_err(io)?;
+                .map_err(OpenError::Io)?;
         }
         OpenOptions::new()
             .read(true)
@@ -114,11 +146,42 @@ impl DurableStore {
             .truncate(false)
             .mode(0o600)
             .open(path)
-            .map_err(io)?;
+            .map_err(OpenError::Io)?;
+        // redb checks what it reads, but a damaged file may still make it panic ("where
+        // a plain open may panic", its docs say): that is a file to set aside, not a
+        // server that cannot start.
+        let opened = std::panic::catch_unwind(|| {
+            Database::builder().set_cache_size(CACHE_BYTES).create(path)
+        });
+        let db = match opened {
+            Ok(Ok(db)) => db,
+            Ok(Err(DatabaseError::DatabaseAlreadyOpen)) => return Err(OpenError::Locked),
+            // redb words "not a redb file" as invalid data.
+            Ok(Err(DatabaseError::Storage(RedbStorage::Io(e))))
+                if e.kind() != std::io::ErrorKind::InvalidData =>
+            {
+                return Err(OpenError::Io(e))
+            }
+            Ok(Err(e)) => return Err(OpenError::Damaged(e.to_string())),
+            Err(_) => return Err(OpenError::Damaged("reading it failed".into())),
+        };
+        DurableStore::with_tables(db, limits).map_err(|e| match e {
+            StoreError::Storage(why) => OpenError::Damaged(why),
+            other => OpenError::Damaged(format!("{other:?}")),
+        })
+    }
+
+    /// A store in memory (redb's in-memory backend): the same rules, nothing kept past
+    /// the process.
+    pub fn in_memory(limits: Limits) -> DurableStore {
         let db = Database::builder()
             .set_cache_size(CACHE_BYTES)
-            .create(path)
-            .map_err(|e| StoreError::Storage(format!("{}: {e}", path.display())))?;
+            .create_with_backend(InMemoryBackend::new())
+            .expect("an in-memory redb database opens");
+        DurableStore::with_tables(db, limits).expect("an in-memory redb database takes tables")
+    }
+
+    fn with_tables(db: Database, limits: Limits) -> Result<DurableStore, StoreError> {
         // Every table exists from the start, so reads never meet a missing one.
         let txn = db.begin_write().or_storage()?;
         txn.open_table(RECORDS).or_storage()?;
@@ -708,268 +771,46 @@ impl Transaction for DurableTxn<'_> {
             }
         }
     }
+
+    fn restart<T: Record>(&mut self) -> Result<usize, StoreError> {
+        let name = T::collection().name;
+        // Who holds each record, gathered first: the table is written below.
+        let mut held = Vec::new();
+        {
+            let table = self.txn.open_table(RECORDS).or_storage()?;
+            for entry in table.range((name, "")..).or_storage()? {
+                let (key, value) = entry.or_storage()?;
+                let (collection, id) = key.value();
+                if collection != name {
+                    break;
+                }
+                let (owner, parent, ..) = value.value();
+                let parent = (!parent.is_empty()).then(|| parent.to_string());
+                held.push((id.to_string(), owner.to_string(), parent));
+            }
+        }
+        let mut changed = 0;
+        for (id, owner, parent) in held {
+            let mut record = match self.value::<T>(&id) {
+                Ok(record) => record,
+                // Forgotten to make room for one changed before it.
+                Err(StoreError::NotFound) => continue,
+                Err(e) => return Err(e),
+            };
+            if record.on_restart() {
+                self.put(
+                    Scope {
+                        owner: &owner,
+                        parent: parent.as_deref(),
+                    },
+                    record,
+                )?;
+                changed += 1;
+            }
+        }
+        Ok(changed)
+    }
 }
 
 #[cfg(test)]
-mod tests {
-    use std::os::unix::fs::PermissionsExt;
-    use std::path::PathBuf;
-    use std::time::Instant;
-
-    use super::super::memory::cases::{line, note, store_tests, Line, Note, TestStore};
-    use super::super::records::new_id;
-    use super::*;
-
-    /// A fresh state directory under the system's temporary one.
-    fn state_dir() -> PathBuf {
-        std::env::temp_dir().join(new_id("abx-durable-"))
-    }
-
-    impl TestStore for DurableStore {
-        fn with_limits(limits: Limits) -> DurableStore {
-            let dir = state_dir();
-            let store = DurableStore::open(&dir.join("agents.redb"), limits).unwrap();
-            // The open file outlives its name: nothing is left behind.
-            std::fs::remove_dir_all(&dir).unwrap();
-            store
-        }
-
-        fn held(&self, owner: &str) -> usize {
-            let txn = self.db.begin_read().unwrap();
-            let records = txn.open_table(RECORDS).unwrap();
-            let mut counted = 0;
-            for entry in records.iter().unwrap() {
-                let (_, value) = entry.unwrap();
-                let (o, .., json) = value.value();
-                if o == owner {
-                    counted += json.len();
-                }
-            }
-            let counters = txn.open_table(COUNTERS).unwrap();
-            let charged = counters.get(("bytes", owner, "")).unwrap();
-            assert_eq!(charged.map_or(0, |v| v.value()) as usize, counted);
-            counted
-        }
-
-        fn records(&self) -> usize {
-            let txn = self.db.begin_read().unwrap();
-            let records = txn.open_table(RECORDS).unwrap().len().unwrap();
-            let listed = txn.open_table(LISTED).unwrap().len().unwrap();
-            assert_eq!(listed, records);
-            records as usize
-        }
-    }
-
-    store_tests!(DurableStore);
-
-    const A: Scope<'static> = Scope {
-        owner: "alice",
-        parent: None,
-    };
-
-    #[test]
-    fn a_reopened_store_has_every_committed_record_and_its_counts() {
-        let dir = state_dir();
-        let path = dir.join("state").join("agents.redb");
-        let limits = Limits {
-            object_bytes: 1000,
-            owner_bytes: 2000,
-        };
-        {
-            let store = DurableStore::open(&path, limits).unwrap();
-            for i in 0..4 {
-                store.create(A, note(&format!("n{i}"), "kept")).unwrap();
-            }
-            let within = Scope::within("alice", "n0");
-            store.create(within, line("l0")).unwrap();
-            store.create(within, line("l1")).unwrap();
-            store
-                .update::<Note, _>(A, "n1", |n| n.text = "changed".into())
-                .unwrap();
-            store.delete::<Note>(A, "n3").unwrap();
-            // Refused whole: nothing of it is written.
-            let refused = store.transact(|t| {
-                t.create(A, note("n9", ""))?;
-                t.create(within, line("l0"))
-            });
-            assert_eq!(refused, Err(StoreError::Exists));
-        }
-        let mode = |p: &Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
-        assert_eq!(mode(path.parent().unwrap()), 0o700);
-        assert_eq!(mode(&path), 0o600);
-        let store = DurableStore::open(&path, limits).unwrap();
-        let notes = store.list::<Note>(A, &ListQuery::all()).unwrap();
-        let ids: Vec<&str> = notes.data.iter().map(|n| n.id.as_str()).collect();
-        assert_eq!(ids, ["n0", "n1", "n2"]);
-        assert_eq!(notes.data[1].text, "changed");
-        let lines = store
-            .list::<Line>(Scope::within("alice", "n0"), &ListQuery::all())
-            .unwrap();
-        assert_eq!(lines.data.len(), 2);
-        assert_eq!(store.held("alice"), {
-            let notes: usize = notes.data.iter().map(json_size).sum();
-            notes + lines.data.iter().map(json_size).sum::<usize>()
-        });
-        // New records come after the old ones, and the counts held on.
-        store.create(A, note("n4", "")).unwrap();
-        let last = store
-            .list::<Note>(
-                A,
-                &ListQuery {
-                    after: None,
-                    limit: 1,
-                    order: Order::Desc,
-                },
-            )
-            .unwrap();
-        assert_eq!(last.last_id.as_deref(), Some("n4"));
-        assert_eq!(store.len().unwrap(), 6);
-        drop(store);
-        std::fs::remove_dir_all(&dir).unwrap();
-    }
-
-    use super::super::records::json_size;
-
-    /// An unbounded collection, for the writer and the timing.
-    static BIG: Collection = Collection {
-        name: "note",
-        parent: None,
-        max_total: usize::MAX,
-        max_per_owner: usize::MAX,
-        evicts: false,
-    };
-    #[derive(Clone, serde::Serialize, serde::Deserialize)]
-    struct Resp {
-        id: String,
-        body: String,
-    }
-    impl Record for Resp {
-        fn collection() -> &'static Collection {
-            &BIG
-        }
-        fn id(&self) -> &str {
-            &self.id
-        }
-    }
-
-    fn resp(id: String) -> Resp {
-        Resp {
-            id,
-            body: "kept".into(),
-        }
-    }
-
-    /// Not a test of its own: the writer `kill -9` stops in the test below. It creates
-    /// notes, one transaction each, printing each id once its commit returned.
-    #[test]
-    #[ignore]
-    fn child_writer() {
-        let Some(path) = std::env::var_os("ABX_DURABLE_CHILD") else {
-            return;
-        };
-        let limits = Limits {
-            object_bytes: usize::MAX,
-            owner_bytes: usize::MAX,
-        };
-        let store = DurableStore::open(Path::new(&path), limits).unwrap();
-        let mut out = std::io::stdout();
-        for i in 0.. {
-            store.create(A, resp(format!("n{i:06}"))).unwrap();
-            std::io::Write::write_all(&mut out, format!("n{i:06}\n").as_bytes()).unwrap();
-            std::io::Write::flush(&mut out).unwrap();
-        }
-    }
-
-    #[test]
-    fn kill_9_after_a_commit_loses_nothing() {
-        use std::io::BufRead;
-        let dir = state_dir();
-        let path = dir.join("agents.redb");
-        let mut child = std::process::Command::new(std::env::current_exe().unwrap())
-            .args([
-                "--exact",
-                "agents::durable::tests::child_writer",
-                "--ignored",
-            ])
-            .args(["--nocapture", "--test-threads=1"])
-            .env("ABX_DURABLE_CHILD", &path)
-            .stdout(std::process::Stdio::piped())
-            .spawn()
-            .unwrap();
-        let mut lines = std::io::BufReader::new(child.stdout.take().unwrap()).lines();
-        let mut committed = Vec::new();
-        while committed.len() < 50 {
-            let line = lines.next().expect("the writer ended").unwrap();
-            // libtest may print the test's name on the same line, before the first id.
-            let last = line.rsplit(' ').next().unwrap_or_default();
-            if last.len() == 7 && last.starts_with('n') {
-                committed.push(last.to_string());
-            }
-        }
-        // SIGKILL, mid-write most likely: no chance to flush anything.
-        child.kill().unwrap();
-        child.wait().unwrap();
-        let store = DurableStore::open(&path, Limits::default()).unwrap();
-        let kept = store.list::<Resp>(A, &ListQuery::all()).unwrap();
-        let kept: Vec<&str> = kept.data.iter().map(|n| n.id.as_str()).collect();
-        assert!(kept.len() >= committed.len());
-        assert_eq!(&kept[..committed.len()], committed.as_slice());
-        drop(store);
-        std::fs::remove_dir_all(&dir).unwrap();
-    }
-
-    /// The cost of the workload: 10,000 creates, each its own durable transaction, then
-    /// 1,000 list pages of 20. `cargo test --release --lib durable::tests::timing --
-    /// --ignored --nocapture`; set `ABX_BENCH_DIR` to measure another disk.
-    #[test]
-    #[ignore]
-    fn timing() {
-        let base = std::env::var_os("ABX_BENCH_DIR")
-            .map(PathBuf::from)
-            .unwrap_or_else(std::env::temp_dir);
-        let dir = base.join(new_id("abx-bench-"));
-        let limits = Limits {
-            object_bytes: usize::MAX,
-            owner_bytes: usize::MAX,
-        };
-        let store = DurableStore::open(&dir.join("agents.redb"), limits).unwrap();
-        let n = 10_000;
-        let body = "x".repeat(600);
-        let start = Instant::now();
-        let mut ids = Vec::new();
-        for i in 0..n {
-            let owner = if i % 10 == 0 { "bob" } else { "alice" };
-            let id = new_id("resp_");
-            let record = Resp {
-                id: id.clone(),
-                body: body.clone(),
-            };
-            store.create(Scope::owner(owner), record).unwrap();
-            if owner == "alice" {
-                ids.push(id);
-            }
-        }
-        let create = start.elapsed();
-        let start = Instant::now();
-        let pages = 1_000;
-        for i in 0..pages {
-            let query = ListQuery {
-                after: Some(ids[20 + (i * 7) % (ids.len() - 40)].as_str()),
-                limit: 20,
-                order: if i % 2 == 0 { Order::Asc } else { Order::Desc },
-            };
-            let page = store.list::<Resp>(A, &query).unwrap();
-            assert_eq!(page.data.len(), 20);
-        }
-        let list = start.elapsed();
-        let size = std::fs::metadata(dir.join("agents.redb")).unwrap().len();
-        println!(
-            "redb: create {:.1} µs/op (durable commit each), list page of 20 {:.1} µs/op, file {} KiB",
-            create.as_secs_f64() * 1e6 / n as f64,
-            list.as_secs_f64() * 1e6 / pages as f64,
-            size / 1024
-        );
-        drop(store);
-        std::fs::remove_dir_all(&dir).unwrap();
-    }
-}
+mod tests;

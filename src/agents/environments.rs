@@ -68,7 +68,7 @@ const ABANDONED_CLAIM_SECS: u64 = 900;
 const MAX_LISTED_FILES: usize = 1_000;
 
 /// What environments differ in from OpenAI's: the one environment is this sandbox.
-pub const DIFFERENCES: [&str; 2] = ["environment_is_this_sandbox", "objects_in_memory"];
+pub const DIFFERENCES: [&str; 2] = ["environment_is_this_sandbox", "store_limits"];
 
 pub static TEMPLATES: Collection = Collection {
     name: "environment_template",

@@ -4,9 +4,12 @@
 //! becomes a neutral stream of [`events::AgentEvent`]s, and what the surface keeps and
 //! does. This root only declares and re-exports; its modules import each other:
 //!
-//! - [`surface`] ([`Agents`]): the object store and the turns running now;
+//! - [`surface`] ([`Agents`]): the object store and the turns running now; every store
+//!   call goes through [`Agents::transact`] (the blocking pool);
 //! - [`records`]: the object store's contract (typed, owner-scoped records behind the
-//!   [`records::ObjectStore`] trait), [`memory`] its in-memory backend;
+//!   [`records::ObjectStore`] trait), [`durable`] its backend (redb, on disk or in
+//!   memory), [`store`] the running server's store (`<ABX_STATE_DIR>/agents.redb`, the
+//!   fallback, what a restart does to work in flight);
 //! - [`responses`] and [`conversations`]: the records and operations of each resource,
 //!   [`input`] what requests hand them;
 //! - [`run`]: a turn run to its end, producing the Response and its stream events;
@@ -39,7 +42,6 @@ pub mod error;
 pub mod events;
 pub mod input;
 pub mod install;
-pub mod memory;
 pub mod objects;
 pub mod records;
 pub mod responses;
@@ -48,6 +50,7 @@ pub mod runtime;
 pub mod saved;
 pub mod seal;
 pub mod sessions;
+pub mod store;
 pub mod surface;
 pub mod turn;
 pub mod vaults;

@@ -20,7 +20,7 @@ pub fn label(compute: &str, differences: &[&str]) -> Value {
 }
 
 /// What list pages of stored objects differ in.
-pub const LIST_DIFFERENCES: [&str; 1] = ["objects_in_memory"];
+pub const LIST_DIFFERENCES: [&str; 1] = ["store_limits"];
 
 pub fn now_unix() -> u64 {
     std::time::SystemTime::now()

@@ -17,6 +17,14 @@
 //! its children). A full collection that [`Collection::evicts`] forgets its owner's
 //! oldest evictable record to make room (finished responses); any other refuses. The
 //! bounds are the backend's to enforce, with the same rules (see [`Limits`]).
+//!
+//! A store outlives the process that wrote it: [`Record::on_restart`] is how a record
+//! of work in flight (a running response) is told, once, that nothing runs it any more.
+//!
+//! The one backend is [`super::durable::DurableStore`] (redb, on disk or in memory).
+//! Its transactions are synchronous and a durable commit waits for the disk, so code
+//! on a worker thread reaches the store only through
+//! [`Agents::transact`](super::surface::Agents::transact) and the helpers beside it.
 
 use serde::de::DeserializeOwned;
 use serde::Serialize;
@@ -46,9 +54,15 @@ pub trait Record: Serialize + DeserializeOwned + Clone + Send + Sync + 'static {
     fn evictable(&self) -> bool {
         false
     }
-    /// Called for every record when a durable store opens: a record that describes work
-    /// in flight (a running turn) says what it becomes now that nothing runs it, and
-    /// returns whether it changed.
+    /// The server restarted: nothing of what ran in the process before runs any more.
+    /// A record that describes work in flight (a response `in_progress`, a conversation
+    /// taken by a turn) changes here to what is true now (`failed`, free) and returns
+    /// true; the others return false (the default) and are left as they are.
+    ///
+    /// When the store is opened for a new server process, `agents::store` calls
+    /// [`Transaction::restart`] for every record type it lists, all in one transaction,
+    /// before any request is served: a new record type whose records can be in flight
+    /// implements this and adds itself to that list.
     fn on_restart(&mut self) -> bool {
         false
     }
@@ -229,6 +243,9 @@ pub trait Transaction {
     ) -> Result<Page<T>, StoreError>;
     /// How many records of `T` the scope holds.
     fn count<T: Record>(&mut self, scope: Scope<'_>) -> Result<usize, StoreError>;
+    /// Applies [`Record::on_restart`] to every record of `T` (every owner's) and writes
+    /// back those it changed, charged as `put` is; returns how many changed.
+    fn restart<T: Record>(&mut self) -> Result<usize, StoreError>;
 
     /// Reads, changes and writes back one record.
     fn update<T: Record, R>(
@@ -256,17 +273,20 @@ pub trait ObjectStore: Send + Sync + 'static {
         f: impl FnOnce(&mut Self::Txn<'_>) -> Result<R, E>,
     ) -> Result<R, E>;
 
-    // One record in a transaction of its own; the routes create records inside larger
-    // transactions today, the store's tests and the next resources use this.
-    #[cfg_attr(not(test), allow(dead_code))]
+    // One record in a transaction of its own, synchronously: for the store's own
+    // tests. Everything else goes through `Agents::transact` (the blocking pool), so
+    // these do not exist outside tests.
+    #[cfg(test)]
     fn create<T: Record>(&self, scope: Scope<'_>, record: T) -> Result<(), StoreError> {
         self.transact(|t| t.create(scope, record))
     }
 
+    #[cfg(test)]
     fn get<T: Record>(&self, scope: Scope<'_>, id: &str) -> Result<T, StoreError> {
         self.transact(|t| t.get(scope, id))
     }
 
+    #[cfg(test)]
     fn update<T: Record, R>(
         &self,
         scope: Scope<'_>,
@@ -276,10 +296,12 @@ pub trait ObjectStore: Send + Sync + 'static {
         self.transact(|t| t.update(scope, id, f))
     }
 
+    #[cfg(test)]
     fn delete<T: Record>(&self, scope: Scope<'_>, id: &str) -> Result<T, StoreError> {
         self.transact(|t| t.delete(scope, id))
     }
 
+    #[cfg(test)]
     fn list<T: Record>(
         &self,
         scope: Scope<'_>,

@@ -12,7 +12,7 @@ use serde_json::{json, Value};
 use super::error::AgentError;
 use super::input::{check_metadata, input_item, parse_input, InputMessage};
 use super::objects::{label, now_unix, Object};
-use super::records::{new_id, Collection, ObjectStore, Record, Scope};
+use super::records::{new_id, Collection, ObjectStore, Record, Scope, Transaction};
 use super::runtime::{Runtime, Session};
 use super::surface::Agents;
 
@@ -27,8 +27,11 @@ pub const DIFFERENCES: [&str; 5] = [
     "tools_run_locally",
     "usage_from_cli",
     "usage_neutral_fields",
-    "objects_in_memory",
+    "store_limits",
 ];
+
+/// The error of a response whose turn was running when its server stopped.
+pub const STOPPED_BY_RESTART: &str = "The server stopped while this response was running, so its turn did not finish. Send the request again.";
 
 pub static RESPONSES: Collection = Collection {
     name: "response",
@@ -66,6 +69,18 @@ impl Record for ResponseRecord {
     }
     fn evictable(&self) -> bool {
         !self.running
+    }
+    /// A response in flight when the server stopped has nothing running it now: it
+    /// failed, and says why.
+    fn on_restart(&mut self) -> bool {
+        let status = self.object["status"].as_str().unwrap_or_default();
+        if !self.running && !matches!(status, "in_progress" | "queued") {
+            return false;
+        }
+        self.running = false;
+        self.object["status"] = json!("failed");
+        self.object["error"] = json!({"code": "server_error", "message": STOPPED_BY_RESTART});
+        true
     }
 }
 
@@ -230,7 +245,7 @@ fn prompt(instructions: Option<&str>, unseen: &[String], messages: &[InputMessag
 /// until the returned turn, started or not, is dropped. Not a method of [`Agents`]: an
 /// impl counts as part of its type's module, and `surface` must not depend on this
 /// module, which depends on it.
-pub fn prepare<S: ObjectStore>(
+pub async fn prepare<S: ObjectStore>(
     agents: &Arc<Agents<S>>,
     owner: &str,
     request: TurnRequest,
@@ -259,11 +274,11 @@ pub fn prepare<S: ObjectStore>(
     let (resume, unseen) = match &continuation {
         Continuation::New => (None, Vec::new()),
         Continuation::Previous(id) => (
-            Some(agents.previous_session(owner, id, runtime)?),
+            Some(agents.previous_session(owner, id, runtime).await?),
             Vec::new(),
         ),
         Continuation::Conversation(id) => {
-            let taken = agents.take_conversation(owner, id, runtime)?;
+            let taken = agents.take_conversation(owner, id, runtime).await?;
             guard.conversation = Some(id.clone());
             taken
         }
@@ -308,40 +323,53 @@ impl<S: ObjectStore> TurnGuard<S> {
     }
 }
 
+impl<S: ObjectStore> TurnGuard<S> {
+    /// The turn ended properly (its response is recorded): frees the conversation,
+    /// awaited, so a request after the turn's last event finds it free.
+    pub(super) async fn finish(mut self) {
+        self.response = None;
+        if let Some(id) = self.registered.take() {
+            self.agents.unregister(&id);
+        }
+        if let Some(id) = self.conversation.take() {
+            self.agents.release_conversation(&self.owner, &id).await;
+        }
+    }
+}
+
 impl<S: ObjectStore> Drop for TurnGuard<S> {
     fn drop(&mut self) {
-        if let Some(id) = &self.registered {
-            self.agents.unregister(id);
+        if let Some(id) = self.registered.take() {
+            self.agents.unregister(&id);
         }
-        if let Some(id) = &self.conversation {
-            self.agents.release_conversation(&self.owner, id);
+        if let Some(id) = self.conversation.take() {
+            self.agents.release_conversation_detached(&self.owner, &id);
         }
-        if let Some(id) = &self.response {
-            let _ = self.agents.store.update(
-                Scope::owner(&self.owner),
-                id,
-                |r: &mut ResponseRecord| {
+        if let Some(id) = self.response.take() {
+            let owner = self.owner.clone();
+            self.agents.transact_detached(move |t| {
+                t.update(Scope::owner(&owner), &id, |r: &mut ResponseRecord| {
                     if std::mem::take(&mut r.running) {
                         r.object["status"] = json!("cancelled");
                     }
-                },
-            );
+                })
+            });
         }
     }
 }
 
 impl<S: ObjectStore> Agents<S> {
     /// The session `previous_response_id` continues, on the same runtime.
-    fn previous_session(
-        &self,
+    async fn previous_session(
+        self: &Arc<Self>,
         owner: &str,
         id: &str,
         runtime: Runtime,
     ) -> Result<String, AgentError> {
         let param = "previous_response_id";
         let record: ResponseRecord = self
-            .store
             .get(Scope::owner(owner), id)
+            .await
             .map_err(AgentError::store("response", id, param))?;
         match record.session {
             Some(s) if s.runtime == runtime => Ok(s.id),
@@ -352,11 +380,11 @@ impl<S: ObjectStore> Agents<S> {
 
     /// Stops a running response: its CLI's process group is killed. Answers the
     /// response as cancelled.
-    pub fn cancel(&self, owner: &str, id: &str) -> Result<Value, AgentError> {
+    pub async fn cancel(self: &Arc<Self>, owner: &str, id: &str) -> Result<Value, AgentError> {
         let running = self.running_turn(owner, id);
         let record: ResponseRecord = self
-            .store
             .get(Scope::owner(owner), id)
+            .await
             .map_err(AgentError::store("response", id, "response_id"))?;
         match running {
             Some((pgid, cancelled)) if record.running => {
@@ -377,11 +405,15 @@ impl<S: ObjectStore> Agents<S> {
     }
 
     /// Forgets a response, cancelling its turn first if it runs.
-    pub fn delete_response(&self, owner: &str, id: &str) -> Result<(), AgentError> {
+    pub async fn delete_response(
+        self: &Arc<Self>,
+        owner: &str,
+        id: &str,
+    ) -> Result<(), AgentError> {
         let running = self.running_turn(owner, id);
         let record: ResponseRecord = self
-            .store
             .delete(Scope::owner(owner), id)
+            .await
             .map_err(AgentError::store("response", id, "response_id"))?;
         if let (Some((pgid, cancelled)), true) = (running, record.running) {
             cancelled.store(true, Ordering::Relaxed);
@@ -396,6 +428,13 @@ impl<S: ObjectStore> Prepared<S> {
     /// The Response object as it is before its turn starts.
     pub fn preview(&self) -> Value {
         response_object(&self.id, self)
+    }
+
+    /// The turn will not start (its CLI is missing or cannot be started): frees its
+    /// conversation, awaited, so a retry finds it free. Merely dropping it frees the
+    /// conversation too, a moment later.
+    pub async fn abandon(self) {
+        self.guard.finish().await
     }
 }
 

@@ -110,8 +110,9 @@ struct Outcome {
 }
 
 /// Starts the CLI of `turn` and keeps its response (unless `store: false`). A
-/// refused response drops the turn, which kills the CLI it started. A function, not a
-/// method of [`Agents`], for the reason [`super::responses::prepare`] is.
+/// refused response kills the CLI it started and frees the turn's conversation. A
+/// function, not a method of [`Agents`], for the reason [`super::responses::prepare`]
+/// is.
 pub async fn start<S: ObjectStore>(
     agents: &Arc<Agents<S>>,
     owner: &str,
@@ -123,7 +124,7 @@ pub async fn start<S: ObjectStore>(
     argv[0] = launch.program.display().to_string();
     let id = turn.id.clone();
     let response = response_object(&id, &turn);
-    let cli = Turn::start(
+    let started = Turn::start(
         runtime,
         argv,
         &turn.prompt,
@@ -131,13 +132,17 @@ pub async fn start<S: ObjectStore>(
         launch.env,
         launch.children,
     )
-    .await
-    .map_err(|e| {
-        AgentError::Failed(format!(
-            "The {} CLI could not be started: {e}",
-            runtime.name()
-        ))
-    })?;
+    .await;
+    let cli = match started {
+        Ok(cli) => cli,
+        Err(e) => {
+            turn.abandon().await;
+            return Err(AgentError::Failed(format!(
+                "The {} CLI could not be started: {e}",
+                runtime.name()
+            )));
+        }
+    };
     let cancelled = Arc::new(AtomicBool::new(false));
     if turn.store {
         let record = ResponseRecord {
@@ -146,14 +151,19 @@ pub async fn start<S: ObjectStore>(
             running: true,
         };
         let items = turn.input_items.clone();
-        agents
-            .store
-            .transact(|t| {
-                t.create(Scope::owner(owner), record)?;
+        let (owner_of, id_of) = (owner.to_string(), id.clone());
+        let kept = agents
+            .transact(move |t| {
+                t.create(Scope::owner(&owner_of), record)?;
                 let items = items.into_iter().map(InputItem).collect();
-                t.create_all(Scope::within(owner, &id), items)
+                t.create_all(Scope::within(&owner_of, &id_of), items)
             })
-            .map_err(AgentError::store("response", &id, "input"))?;
+            .await;
+        if let Err(refused) = kept {
+            drop(cli);
+            turn.abandon().await;
+            return Err(AgentError::store("response", &id, "input")(refused));
+        }
         agents.register(&id, owner, cli.pgid(), cancelled.clone());
         turn.guard.registered = Some(id.clone());
         turn.guard.response = Some(id.clone());
@@ -225,7 +235,7 @@ impl<S: ObjectStore> TurnRun<S> {
             };
             match event {
                 AgentEvent::Session(id) => {
-                    self.keep_session(&id);
+                    self.keep_session(&id).await;
                     outcome.session = Some(id);
                 }
                 AgentEvent::Item(Item::Other(value)) => outcome.other.push(value),
@@ -251,11 +261,13 @@ impl<S: ObjectStore> TurnRun<S> {
             self.turn.wait_exit(EXIT_GRACE).await;
         }
         let final_event = self.finish(&mut outcome);
-        self.record_end(&outcome);
+        self.record_end(&outcome).await;
         let response = std::mem::take(&mut self.response);
-        // Finished properly: the guard only frees the conversation now.
-        self.guard.response = None;
-        drop(self);
+        // Finished properly: the guard only frees the conversation now, before the
+        // last event, so whoever reads it finds the conversation free.
+        let TurnRun { turn, guard, .. } = self;
+        drop(turn);
+        guard.finish().await;
         if !outcome.client_gone {
             let _ = events
                 .send(final_event, json!({"response": response}))
@@ -265,23 +277,23 @@ impl<S: ObjectStore> TurnRun<S> {
     }
 
     /// Kept at once: a turn cut short still leaves the session to resume.
-    fn keep_session(&self, session: &str) {
+    async fn keep_session(&self, session: &str) {
         let runtime = self.runtime;
         if self.stored {
-            let _ = self.agents.store.update(
-                Scope::owner(&self.owner),
-                &self.id,
-                |r: &mut ResponseRecord| {
-                    r.session = Some(Session {
-                        runtime,
-                        id: session.to_string(),
-                    })
-                },
-            );
+            let id = session.to_string();
+            let _ = self
+                .agents
+                .update(
+                    Scope::owner(&self.owner),
+                    &self.id,
+                    move |r: &mut ResponseRecord| r.session = Some(Session { runtime, id }),
+                )
+                .await;
         }
         if let Some(conversation) = &self.conversation {
             self.agents
-                .keep_session(&self.owner, conversation, runtime, session);
+                .keep_session(&self.owner, conversation, runtime, session)
+                .await;
         }
     }
 
@@ -319,28 +331,33 @@ impl<S: ObjectStore> TurnRun<S> {
     }
 
     /// The stored response and the conversation get what the turn did.
-    fn record_end(&mut self, outcome: &Outcome) {
+    async fn record_end(&mut self, outcome: &Outcome) {
         if self.stored {
             let finished = self.response.clone();
-            let _ = self.agents.store.update(
-                Scope::owner(&self.owner),
-                &self.id,
-                |r: &mut ResponseRecord| {
-                    r.object = finished;
-                    r.running = false;
-                },
-            );
+            let _ = self
+                .agents
+                .update(
+                    Scope::owner(&self.owner),
+                    &self.id,
+                    move |r: &mut ResponseRecord| {
+                        r.object = finished;
+                        r.running = false;
+                    },
+                )
+                .await;
         }
         if let Some(conversation) = &self.conversation {
             let mut items = std::mem::take(&mut self.input_items);
             items.extend(outcome.output.iter().cloned());
-            self.agents.end_turn(
-                &self.owner,
-                conversation,
-                self.runtime,
-                outcome.session.as_deref(),
-                items,
-            );
+            self.agents
+                .end_turn(
+                    &self.owner,
+                    conversation,
+                    self.runtime,
+                    outcome.session.as_deref(),
+                    items,
+                )
+                .await;
         }
     }
 }

@@ -1,18 +1,27 @@
 //! The agents surface itself: the object store and the turns running now. Its own
 //! module, not `agents`' root, so the resource modules that operate on it need nothing
 //! of a root that re-exports them.
+//!
+//! The store is synchronous and a durable commit waits for the disk, which a worker
+//! thread must never do: every store call goes through [`Agents::transact`] (one
+//! transaction on the blocking pool, awaited) or the one-operation helpers beside it.
+//! The store itself is private to this module, so nothing can call it another way.
 
 use std::collections::HashMap;
 use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Mutex};
 
-use super::memory::MemoryStore;
-use super::records::{ObjectStore, StoreError};
+use super::durable::DurableStore;
+use super::records::{ListQuery, ObjectStore, Page, Record, Scope, StoreError, Transaction};
+
+/// The store of the running server: redb, in `<ABX_STATE_DIR>/agents.redb` (or in
+/// memory when that cannot be opened; see `agents::store`).
+pub type AgentsStore = DurableStore;
 
 /// The agents surface: its object store, and the turns running now (their CLIs'
 /// process groups live here, not in the store: a process is not a record).
-pub struct Agents<S: ObjectStore = MemoryStore> {
-    pub store: S,
+pub struct Agents<S: ObjectStore = AgentsStore> {
+    store: S,
     running: Mutex<HashMap<String, Running>>,
 }
 
@@ -31,6 +40,28 @@ impl<S: ObjectStore + Default> Default for Agents<S> {
     }
 }
 
+/// A [`Scope`] that owns its strings, to move into a transaction.
+struct Owned {
+    owner: String,
+    parent: Option<String>,
+}
+
+impl Owned {
+    fn of(scope: Scope<'_>) -> Owned {
+        Owned {
+            owner: scope.owner.to_string(),
+            parent: scope.parent.map(str::to_string),
+        }
+    }
+
+    fn scope(&self) -> Scope<'_> {
+        Scope {
+            owner: &self.owner,
+            parent: self.parent.as_deref(),
+        }
+    }
+}
+
 impl<S: ObjectStore> Agents<S> {
     pub fn new(store: S) -> Agents<S> {
         Agents {
@@ -42,7 +73,6 @@ impl<S: ObjectStore> Agents<S> {
     /// Runs `f` as one store transaction on the blocking pool and awaits it. A durable
     /// commit waits for the disk (about 0.55 ms, `docs/architecture.md`), which a worker
     /// thread must never do; the closure owns what it needs, so it can move there.
-    #[allow(dead_code)] // the routes move onto it with the durable store (issue 27)
     pub async fn transact<R, E, F>(self: &Arc<Self>, f: F) -> Result<R, E>
     where
         F: FnOnce(&mut S::Txn<'_>) -> Result<R, E> + Send + 'static,
@@ -54,6 +84,85 @@ impl<S: ObjectStore> Agents<S> {
             Ok(result) => result,
             Err(e) => Err(E::from(StoreError::Storage(e.to_string()))),
         }
+    }
+
+    /// Runs `f` as one store transaction from where nothing can await (a `Drop`): on a
+    /// worker it is spawned there (and runs on the blocking pool, as
+    /// [`Agents::transact`]); on any other thread, which may block, it runs at once.
+    /// Nobody hears how it went.
+    pub fn transact_detached<R, F>(self: &Arc<Self>, f: F)
+    where
+        F: FnOnce(&mut S::Txn<'_>) -> Result<R, StoreError> + Send + 'static,
+        R: Send + 'static,
+    {
+        if crate::runtime::on_worker() {
+            let agents = Arc::clone(self);
+            monoio::spawn(async move {
+                let _ = agents.transact(f).await;
+            });
+        } else {
+            let _ = self.store.transact(f);
+        }
+    }
+
+    /// The record `id` of the scope.
+    pub async fn get<T: Record>(
+        self: &Arc<Self>,
+        scope: Scope<'_>,
+        id: &str,
+    ) -> Result<T, StoreError> {
+        let (scope, id) = (Owned::of(scope), id.to_string());
+        self.transact(move |t| t.get(scope.scope(), &id)).await
+    }
+
+    /// One page of the scope's records of `T`.
+    pub async fn list<T: Record>(
+        self: &Arc<Self>,
+        scope: Scope<'_>,
+        query: &ListQuery<'_>,
+    ) -> Result<Page<T>, StoreError> {
+        let scope = Owned::of(scope);
+        let (after, limit, order) = (query.after.map(str::to_string), query.limit, query.order);
+        self.transact(move |t| {
+            let query = ListQuery {
+                after: after.as_deref(),
+                limit,
+                order,
+            };
+            t.list(scope.scope(), &query)
+        })
+        .await
+    }
+
+    /// Changes the record `id` of the scope with `f`; returns what `f` returned.
+    pub async fn update<T: Record, R: Send + 'static>(
+        self: &Arc<Self>,
+        scope: Scope<'_>,
+        id: &str,
+        f: impl FnOnce(&mut T) -> R + Send + 'static,
+    ) -> Result<R, StoreError> {
+        let (scope, id) = (Owned::of(scope), id.to_string());
+        self.transact(move |t| t.update(scope.scope(), &id, f))
+            .await
+    }
+
+    /// Forgets the record `id` of the scope (and its children); returns it.
+    pub async fn delete<T: Record>(
+        self: &Arc<Self>,
+        scope: Scope<'_>,
+        id: &str,
+    ) -> Result<T, StoreError> {
+        let (scope, id) = (Owned::of(scope), id.to_string());
+        self.transact(move |t| t.delete(scope.scope(), &id)).await
+    }
+
+    /// One transaction right here, for unit tests (which run on no worker).
+    #[cfg(test)]
+    pub(crate) fn transact_now<R, E: From<StoreError>>(
+        &self,
+        f: impl FnOnce(&mut S::Txn<'_>) -> Result<R, E>,
+    ) -> Result<R, E> {
+        self.store.transact(f)
     }
 
     fn runs(&self) -> std::sync::MutexGuard<'_, HashMap<String, Running>> {

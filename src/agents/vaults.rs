@@ -798,7 +798,7 @@ mod tests {
     use std::sync::Arc;
 
     use super::*;
-    use crate::agents::memory::MemoryStore;
+    use crate::agents::surface::AgentsStore;
 
     #[test]
     fn timestamps_parse_as_rfc_3339() {
@@ -827,7 +827,7 @@ mod tests {
 
     #[test]
     fn secrets_are_sealed_in_the_record_and_found_by_url() {
-        let agents = Arc::new(Agents::<MemoryStore>::default());
+        let agents = Arc::new(Agents::<AgentsStore>::default());
         run(async {
             let vault = create_vault(&agents, "alice", Some("v".into()), json!({}))
                 .await

@@ -86,6 +86,9 @@ pub struct AppState {
     catalog: CatalogCell,
     /// What the catalog is compiled from, kept for reloads.
     group_switches: Vec<(Group, bool)>,
+    /// The groups' warnings about how the server was built (a command registered twice,
+    /// the agents store in memory): true until a restart, so every catalog carries them.
+    setup_warnings: Vec<String>,
     /// Bumped after each reload that took effect, so connections admitted under an
     /// older policy (terminal sockets) check themselves again at once.
     reloaded: crate::process::output::Notify,
@@ -210,12 +213,14 @@ impl AppState {
             file_token.as_deref(),
         )?;
         let children: Arc<ChildRegistry> = extras.children.unwrap_or_default();
+        let mut setup_warnings = Vec::new();
         let groups = super::groups::GroupStates::build(
             extras.registrars,
             &config,
             &children,
-            &mut catalog.warnings,
+            &mut setup_warnings,
         );
+        catalog.warnings.extend(setup_warnings.iter().cloned());
         Ok(AppState {
             services: Services {
                 base: BaseDir::new(base_dir),
@@ -233,6 +238,7 @@ impl AppState {
             },
             catalog: CatalogCell::new(catalog),
             group_switches: extras.group_switches,
+            setup_warnings,
             reloaded: Default::default(),
             file_token: std::sync::Mutex::new(file_token),
             config,
@@ -313,9 +319,9 @@ impl AppState {
             &self.group_switches,
             file_token.as_deref(),
         )?;
-        // Warnings about the build itself (commands registered twice) carry over.
-        for warning in &current.warnings {
-            if warning.starts_with("command '") && !catalog.warnings.contains(warning) {
+        // Warnings about the build itself carry over.
+        for warning in &self.setup_warnings {
+            if !catalog.warnings.contains(warning) {
                 catalog.warnings.push(warning.clone());
             }
         }

@@ -13,7 +13,7 @@ use crate::support::{pin, read_event, status_kib, tools, Launch, Server, TempDir
 use crate::upstream::{codex_config, serve_upstream, Upstream};
 
 /// A server with the agents group on, whose CLIs talk to `upstream`.
-fn agents_server(upstream: &Upstream, home: &TempDir, extra: &[(&str, &str)]) -> Server {
+pub(crate) fn agents_server(upstream: &Upstream, home: &TempDir, extra: &[(&str, &str)]) -> Server {
     let codex_home = home.path().join("codex");
     std::fs::create_dir_all(&codex_home).unwrap();
     std::fs::write(codex_home.join("config.toml"), codex_config(upstream)).unwrap();
@@ -33,7 +33,7 @@ fn agents_server(upstream: &Upstream, home: &TempDir, extra: &[(&str, &str)]) ->
     launch.start()
 }
 
-fn output_text(response: &Value) -> String {
+pub(crate) fn output_text(response: &Value) -> String {
     response["output"]
         .as_array()
         .unwrap()

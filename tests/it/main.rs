@@ -5,6 +5,8 @@ mod support;
 
 mod agents;
 mod agents_api;
+mod agents_sessions;
+mod agents_store;
 mod browser;
 mod codex_app_server;
 mod commands;

@@ -139,6 +139,7 @@ fn closed_output_pipes_do_not_block_shutdown(driver: &'static str) {
         // A missing base directory makes it warn on stderr at startup.
         .arg("--base-dir")
         .arg(dir.path().join("missing"))
+        .env("ABX_STATE_DIR", dir.path().join("state"))
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())

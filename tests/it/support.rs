@@ -180,7 +180,9 @@ impl Launch {
         self.pid1 = true;
         self
     }
-    fn command(&self, own_base: &Path) -> Command {
+    /// The server's command over its own base directory and state directory (each
+    /// test server keeps its `ABX_STATE_DIR` to itself unless the test names one).
+    fn command(&self, own_base: &Path, own_state: &Path) -> Command {
         if let Some(script) = &self.python {
             let mut cmd = Command::new("python3");
             cmd.arg(script).args(&self.args);
@@ -195,7 +197,8 @@ impl Launch {
                 .env(
                     "ABX_SERVER_BASE_DIR",
                     self.base_dir.as_deref().unwrap_or(own_base),
-                );
+                )
+                .env("ABX_STATE_DIR", own_state);
             return self.finish(cmd);
         }
         let mut cmd = if self.pid1 {
@@ -222,6 +225,7 @@ impl Launch {
         cmd.arg("--base-dir")
             .arg(self.base_dir.as_deref().unwrap_or(own_base));
         cmd.args(&self.args);
+        cmd.env("ABX_STATE_DIR", own_state);
         self.finish(cmd)
     }
     /// The environment, limits and pipes every launch shares.
@@ -262,7 +266,11 @@ impl Launch {
     }
     pub fn start(self) -> Server {
         let base = TempDir::new("base");
-        let mut child = self.command(base.path()).spawn().expect("spawn server");
+        let state = TempDir::new("state");
+        let mut child = self
+            .command(base.path(), state.path())
+            .spawn()
+            .expect("spawn server");
         let stdout = child.stdout.take().unwrap();
         let stderr = child.stderr.take().unwrap();
         let (tx, rx) = mpsc::channel::<String>();
@@ -308,12 +316,17 @@ impl Launch {
             startup: lines,
             output: rx,
             _base: base,
+            _state: state,
         }
     }
     /// Runs the binary expecting it to refuse to start; returns (exit code, stderr).
     pub fn fail(self) -> (i32, String) {
         let base = TempDir::new("base");
-        let output = self.command(base.path()).output().expect("run server");
+        let state = TempDir::new("state");
+        let output = self
+            .command(base.path(), state.path())
+            .output()
+            .expect("run server");
         (
             output.status.code().unwrap_or(-1),
             String::from_utf8_lossy(&output.stderr).into_owned(),
@@ -332,6 +345,7 @@ pub struct Server {
     pub startup: Vec<String>,
     pub output: mpsc::Receiver<String>,
     _base: TempDir,
+    _state: TempDir,
 }
 
 impl Server {

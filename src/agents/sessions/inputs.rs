@@ -202,26 +202,6 @@ pub fn parse_messages(input: &Value, at: &str) -> Result<Vec<Vec<Part>>, AgentEr
     Ok(messages)
 }
 
-/// A user message as the SDK's `message` item.
-pub fn user_item(id: &str, turn_id: &str, parts: &[Part]) -> Value {
-    let content: Vec<Value> = parts
-        .iter()
-        .map(|p| match p {
-            Part::Text(text) => json!({"type": "input_text", "text": text}),
-            Part::Image(url) => json!({"type": "input_image", "image_url": url}),
-        })
-        .collect();
-    json!({
-        "id": id,
-        "type": "message",
-        "role": "user",
-        "content": content,
-        "phase": null,
-        "status": "completed",
-        "turn_id": turn_id,
-    })
-}
-
 /// codex's `UserInput[]` for the messages of one input.
 pub fn codex_input(messages: &[Vec<Part>]) -> Vec<Value> {
     let mut input = Vec::new();

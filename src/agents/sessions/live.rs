@@ -198,7 +198,7 @@ impl Actor {
             Err(error) => {
                 // The input that started it hears why; any later one is told to retry.
                 let mut error = Some(error);
-                while let Ok(Some(Command::Inputs(_, reply))) = commands.try_next() {
+                while let Ok(Command::Inputs(_, reply)) = commands.try_recv() {
                     let _ = reply.send(Err(error.take().unwrap_or_else(gone)));
                 }
                 self.hub.finished(&self.session);

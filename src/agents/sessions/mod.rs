@@ -12,7 +12,6 @@
 
 pub mod channel;
 pub mod inputs;
-pub mod agent;
 pub mod live;
 pub mod outputs;
 pub mod records;

@@ -82,7 +82,9 @@ async fn create(call: Call) -> Result<Response, ApiError> {
     let mut args = args(&call, server_runtime)?;
     let items = parse_items(args.value("items"))?;
     let metadata = check_metadata(args.take("metadata"))?;
-    let object = agents_of(&call)?.create_conversation(&call.identity.id, metadata, items)?;
+    let object = agents_of(&call)?
+        .create_conversation(&call.identity.id, metadata, items)
+        .await?;
     Ok(Response::ok(&object))
 }
 
@@ -90,13 +92,17 @@ async fn update(call: Call) -> Result<Response, ApiError> {
     let mut args = args(&call, server_runtime)?;
     let metadata = check_metadata(args.take("metadata"))?;
     let id = path_value(&call, CONVERSATION.param);
-    let object = agents_of(&call)?.update_conversation(&call.identity.id, &id, metadata)?;
+    let object = agents_of(&call)?
+        .update_conversation(&call.identity.id, &id, metadata)
+        .await?;
     Ok(Response::ok(&object))
 }
 
 async fn delete(call: Call) -> Result<Response, ApiError> {
     let id = path_value(&call, CONVERSATION.param);
-    agents_of(&call)?.delete_conversation(&call.identity.id, &id)?;
+    agents_of(&call)?
+        .delete_conversation(&call.identity.id, &id)
+        .await?;
     Ok(Response::ok(
         &json!({"id": id, "object": "conversation.deleted", "deleted": true,
                 "x_agent_sandbox": label("agent-sandbox", &DIFFERENCES)}),
@@ -107,7 +113,9 @@ async fn items_create(call: Call) -> Result<Response, ApiError> {
     let args = args(&call, server_runtime)?;
     let items = parse_items(args.value("items"))?;
     let id = path_value(&call, CONVERSATION.param);
-    let added = agents_of(&call)?.add_items(&call.identity.id, &id, items)?;
+    let added = agents_of(&call)?
+        .add_items(&call.identity.id, &id, items)
+        .await?;
     Ok(Response::ok(&json!({
         "object": "list",
         "data": added,
@@ -121,6 +129,8 @@ async fn items_create(call: Call) -> Result<Response, ApiError> {
 async fn item_delete(call: Call) -> Result<Response, ApiError> {
     let id = path_value(&call, CONVERSATION.param);
     let item = path_value(&call, ITEM.param);
-    let object = agents_of(&call)?.delete_item(&call.identity.id, &id, &item)?;
+    let object = agents_of(&call)?
+        .delete_item(&call.identity.id, &id, &item)
+        .await?;
     Ok(Response::ok(&object))
 }

@@ -262,15 +262,24 @@ fn default_runtime(call: &Call) -> Runtime {
         .unwrap_or(Runtime::Codex)
 }
 
-/// The group's state: the `/v1` objects and the turns running now.
+/// The group's state: the `/v1` objects (`<ABX_STATE_DIR>/agents.redb`, or in memory
+/// with a startup warning when that cannot be opened) and the turns running now.
 pub fn registrar() -> crate::app::Registrar {
     Box::new(|setup| {
         // Vault secrets are sealed with a key from ABX_AGENTS_VAULT_KEY or a key file
         // in the state directory, read on first use.
         crate::agents::seal::configure(&setup.config.state_dir);
-        setup.provide(Arc::new(
-            Agents::<crate::agents::memory::MemoryStore>::default(),
-        ));
+        let opened = crate::agents::store::open(&setup.config.state_dir);
+        if let Some(warning) = opened.warning {
+            setup.warn(warning);
+        }
+        if opened.restarted > 0 {
+            crate::log!(
+                "agents: {} records of work that was running when the server stopped now say so (responses failed, conversations freed)",
+                opened.restarted
+            );
+        }
+        setup.provide(Arc::new(opened.agents));
         setup.provide(Arc::new(cli::installer(setup.config)));
         let hub = Arc::new(crate::agents::sessions::live::Hub::default());
         let stopping = hub.clone();

@@ -8,8 +8,12 @@ use super::resource::{Named, Op, Resource};
 use super::{agents_of, args, cannot, cli, default_runtime, path_value};
 use crate::agents::install::{Located, Progress};
 use crate::agents::objects::label;
-use crate::agents::responses::{prepare, select_runtime, InputItem, ResponseRecord, TurnRequest};
+use crate::agents::responses::{
+    prepare, select_runtime, InputItem, Prepared, ResponseRecord, TurnRequest,
+};
 use crate::agents::run::{start, Event, Gone, Launch, Sink};
+use crate::agents::surface::AgentsStore;
+use crate::agents::Runtime;
 use crate::api::{ApiError, Args, Method, Param};
 use crate::app::{handler, Call, Endpoint};
 use crate::http::{sse, Response};
@@ -108,16 +112,27 @@ async fn create(call: Call) -> Result<Response, ApiError> {
     };
     let owner = &call.identity.id;
     let agents = agents_of(&call)?;
-    let turn = prepare(&agents, owner, request, default_runtime(&call))?;
+    let turn = prepare(&agents, owner, request, default_runtime(&call)).await?;
     if !args.flag("stream") {
-        let located = cli::ready(&call, turn.runtime).await?;
-        let run = start(&agents, owner, turn, launch(&call, &located).await?).await?;
+        let launch = match ready_launch(&call, turn.runtime).await {
+            Ok(launch) => launch,
+            Err(error) => return Err(abandoned(turn, error).await),
+        };
+        let run = start(&agents, owner, turn, launch).await?;
         return Ok(Response::ok(&run.whole().await));
     }
     let (tx, rx) = sse::channel(64);
-    match cli::find(&call, turn.runtime).await? {
+    let found = match cli::find(&call, turn.runtime).await {
+        Ok(found) => found,
+        Err(error) => return Err(abandoned(turn, error).await),
+    };
+    match found {
         cli::Found::Ready(located) => {
-            let run = start(&agents, owner, turn, launch(&call, &located).await?).await?;
+            let launch = match launch(&call, &located).await {
+                Ok(launch) => launch,
+                Err(error) => return Err(abandoned(turn, error).await),
+            };
+            let run = start(&agents, owner, turn, launch).await?;
             monoio::spawn(async move { run.stream(&mut Events(tx)).await });
         }
         cli::Found::Installing(watch) => {
@@ -125,6 +140,19 @@ async fn create(call: Call) -> Result<Response, ApiError> {
         }
     }
     Ok(sse::response(rx))
+}
+
+/// The CLI of `runtime` found (or installed) and how it is started.
+async fn ready_launch(call: &Call, runtime: Runtime) -> Result<Launch<'_>, ApiError> {
+    let located = cli::ready(call, runtime).await?;
+    launch(call, &located).await
+}
+
+/// A turn that will not start: its conversation is freed before the refusal is
+/// answered, so a retry finds it free.
+async fn abandoned(turn: Prepared<AgentsStore>, error: ApiError) -> ApiError {
+    turn.abandon().await;
+    error
 }
 
 /// How the turn's CLI is started: the base directory, the children's environment with
@@ -153,7 +181,7 @@ async fn launch<'a>(call: &'a Call, located: &Located) -> Result<Launch<'a>, Api
 /// an `error` event with the failure's code.
 async fn stream_after_install(
     call: Call,
-    turn: crate::agents::responses::Prepared<crate::agents::memory::MemoryStore>,
+    turn: Prepared<AgentsStore>,
     mut watch: crate::agents::install::Watch,
     mut events: Events,
 ) {
@@ -187,27 +215,24 @@ async fn stream_after_install(
             Progress::Done(Err(failure)) => break Some(cli::install_failed(runtime, &failure)),
         }
     };
-    let started = match failure {
+    let launched = match failure {
         Some(error) => Err(error),
         None => match cli::installed(&call, runtime).await {
-            Ok(located) => match launch(&call, &located).await {
-                Ok(launch) => {
-                    let agents = match agents_of(&call) {
-                        Ok(agents) => agents,
-                        Err(error) => return refuse(&mut events, error, &mut sent).await,
-                    };
-                    start(&agents, &call.identity.id, turn, launch)
-                        .await
-                        .map_err(ApiError::from)
-                }
-                Err(error) => Err(error),
-            },
+            Ok(located) => launch(&call, &located).await,
             Err(error) => Err(error),
         },
     };
-    match started {
+    let launch = match launched {
+        Ok(launch) => launch,
+        Err(error) => return refuse(&mut events, abandoned(turn, error).await, &mut sent).await,
+    };
+    let agents = match agents_of(&call) {
+        Ok(agents) => agents,
+        Err(error) => return refuse(&mut events, abandoned(turn, error).await, &mut sent).await,
+    };
+    match start(&agents, &call.identity.id, turn, launch).await {
         Ok(run) => run.stream_after(&mut events, sent).await,
-        Err(error) => refuse(&mut events, error, &mut sent).await,
+        Err(error) => refuse(&mut events, error.into(), &mut sent).await,
     }
 }
 
@@ -244,7 +269,9 @@ impl Sink for Events {
 
 async fn delete(call: Call) -> Result<Response, ApiError> {
     let id = path_value(&call, RESPONSE.param);
-    agents_of(&call)?.delete_response(&call.identity.id, &id)?;
+    agents_of(&call)?
+        .delete_response(&call.identity.id, &id)
+        .await?;
     Ok(Response::ok(&json!({
         "id": id, "object": "response", "deleted": true,
         "x_agent_sandbox": label("agent-sandbox", &[]),
@@ -253,6 +280,6 @@ async fn delete(call: Call) -> Result<Response, ApiError> {
 
 async fn cancel(call: Call) -> Result<Response, ApiError> {
     let id = path_value(&call, RESPONSE.param);
-    let object = agents_of(&call)?.cancel(&call.identity.id, &id)?;
+    let object = agents_of(&call)?.cancel(&call.identity.id, &id).await?;
     Ok(Response::ok(&object))
 }

@@ -195,17 +195,24 @@ async fn session_agent(
     overrides: Map<String, Value>,
 ) -> Result<(AgentConfig, String), ApiError> {
     let patch = AgentConfig::parse(&overrides, "agent.", agent_id.is_some())?;
-    match agent_id {
-        None => Ok((AgentConfig::new(patch, "agent.")?, new_id("agent_"))),
+    let (config, id) = match agent_id {
+        None => (AgentConfig::new(patch, "agent.")?, new_id("agent_")),
         Some(id) => {
             let owner = call.identity.id.clone();
             let key = id.clone();
             let saved = agents
                 .transact(move |t| saved::load(t, &owner, &key))
                 .await?;
-            Ok((saved.config.overridden(patch), id))
+            (saved.config.overridden(patch), id)
         }
-    }
+    };
+    // What codex cannot honour is refused now, not at the first turn.
+    let agent = serde_json::to_value(&config)
+        .map_err(|e| ApiError::new(500, "server_error", e.to_string()))?;
+    crate::agents::codex_map::thread_plan(&agent, "/").map_err(|u| {
+        invalid(&u.param, u.message).with_code("unsupported_parameter")
+    })?;
+    Ok((config, id))
 }
 
 /// What an update may change of a session's agent.

@@ -4,9 +4,7 @@
 //! order are the domain's; these adapters read the declared fields, word refusals in
 //! OpenAI's envelope and frame events as server-sent events.
 
-use std::sync::Arc;
-
-use serde_json::{json, Map, Value};
+use serde_json::{json, Value};
 
 use super::resource::{Named, Op, Resource};
 use super::{agents_of, args, path_value, server_runtime, store_error};
@@ -16,7 +14,6 @@ use crate::agents::sessions::records::{
     Artifact, Item, Session, Subagent, SubagentItem, Trace, Turn, DIFFERENCES,
 };
 use crate::agents::sessions::{self, SessionFilter};
-use crate::agents::Agents;
 use crate::api::{ApiError, Method, Param};
 use crate::app::{handler, Call, Endpoint};
 use crate::http::Response;
@@ -560,9 +557,4 @@ async fn artifact_content(call: Call) -> Result<Response, ApiError> {
             .with_field("param", "artifact_id"),
             _ => e,
         })
-}
-
-/// A session object as the API shows it, for the live layer.
-pub(super) fn session_object(session: &Session) -> Value {
-    session.object()
 }

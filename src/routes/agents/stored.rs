@@ -7,7 +7,7 @@ use serde_json::json;
 
 use super::{agents_of, path_value, store_error};
 use crate::agents::objects::{label, Object, LIST_DIFFERENCES};
-use crate::agents::records::{ListQuery, ObjectStore, Order, Scope, StoreError};
+use crate::agents::records::{ListQuery, Order, Scope, StoreError};
 use crate::api::{ApiError, Param};
 use crate::app::{handler, Call, Handler};
 use crate::http::Response;
@@ -47,8 +47,8 @@ pub fn get<T: Object>(parent: Option<Named>, target: Named) -> Handler {
             None => Scope::owner(owner),
         };
         let record = agents_of(&call)?
-            .store
             .get::<T>(scope, &id)
+            .await
             .map_err(|e| scoped_error(e, parent, parent_id.as_deref(), target, &id))?;
         Ok(Response::ok(&record.object()))
     })
@@ -76,8 +76,8 @@ pub fn list<T: Object>(parent: Option<Named>) -> Handler {
             param: "after",
         };
         let page = agents_of(&call)?
-            .store
             .list::<T>(scope, &query)
+            .await
             .map_err(|e| {
                 scoped_error(
                     e,

@@ -51,9 +51,6 @@
 //! Both pipes are read on the worker's own driver ([`crate::process::pipe`]); no pool
 //! thread ever waits on them.
 
-// The session layer (issue 27) is its user; until it lands only the tests are.
-#![cfg_attr(not(test), allow(dead_code))]
-
 use std::cell::RefCell;
 use std::collections::{HashMap, VecDeque};
 use std::ffi::OsString;
@@ -149,6 +146,7 @@ impl RpcError {
     pub const EXITED: i64 = -32090;
     /// Codex's refusal of a request it cannot serve now (`"no active turn to steer"`,
     /// `"Not initialized"`).
+    #[cfg(test)]
     pub const INVALID_REQUEST: i64 = -32600;
     /// The standard code for a failure inside the answering side (for [`AppServer::respond`]).
     pub const INTERNAL_ERROR: i64 = -32603;
@@ -206,6 +204,8 @@ pub struct AppServer {
     outbox: Option<mpsc::UnboundedSender<Vec<u8>>>,
     stop: Option<oneshot::Sender<()>>,
     done: Option<oneshot::Receiver<()>>,
+    /// The process group (tests signal it).
+    #[cfg(test)]
     pgid: i32,
 }
 
@@ -243,6 +243,7 @@ impl AppServer {
             terminal: None,
         };
         let mut child = Child::spawn(spec, registry).await?;
+        #[cfg(test)]
         let pgid = child.pid();
         let (Some(stdin), Some(stdout), Some(stderr)) =
             (child.stdin.take(), child.stdout.take(), child.stderr.take())
@@ -281,6 +282,7 @@ impl AppServer {
             outbox: Some(outbox),
             stop: Some(stop_tx),
             done: Some(done),
+            #[cfg(test)]
             pgid,
         };
         let params = json!({
@@ -359,6 +361,7 @@ impl AppServer {
     /// The process group, for signals: the pid of the process started (npm's `codex`
     /// launcher runs the native codex as its child when its Node.js cannot `execve`),
     /// which leads the group both are in.
+    #[cfg(test)]
     pub fn pgid(&self) -> i32 {
         self.pgid
     }

@@ -64,7 +64,8 @@
 //! `agent.session.input.tool_result` into the JSON-RPC result codex expects
 //! (`{contentItems: [{type: "inputText", text}], success}`).
 //!
-//! **Agent and input** ([`thread_plan`], [`user_input`], [`turn_start_params`]): an
+//! **Agent and input** ([`thread_plan`], [`turn_start_params`]; the input's content is
+//! `super::sessions::inputs`'): an
 //! Agents API `agent` becomes `thread/start` params (to re-send on `thread/resume`: the
 //! per-thread `config` is not persisted) and what every `turn/start` adds; a field codex
 //! cannot honour is refused ([`Unsupported`], with the `param` to name in a 400), never
@@ -91,9 +92,6 @@
 //!   container is the sandbox and nobody is there to approve;
 //! - input message content: `input_text` → `{type: "text"}`, `input_image` → `{type:
 //!   "image", url}` (data: URLs only: codex refuses remote images).
-
-// The session layer (issue 27) is its user; until it lands only the tests are.
-#![cfg_attr(not(test), allow(dead_code))]
 
 use std::collections::HashMap;
 
@@ -620,11 +618,6 @@ impl EventMapper {
     /// The turn object as the events so far left it.
     pub fn turn(&self) -> &Value {
         &self.turn
-    }
-
-    /// Whether `turn/completed` came: later notifications are ignored.
-    pub fn is_ended(&self) -> bool {
-        self.ended
     }
 
     fn event(&self, kind: &str, fields: Value) -> Value {
@@ -1226,6 +1219,8 @@ pub fn thread_plan(agent: &Value, cwd: &str) -> Result<ThreadPlan, Unsupported> 
                 }
             }
             "mcp" => mcp_server(tool, &param, &mut config, &mut env)?,
+            // codex searches the deferred functions itself (their namespace below).
+            "tool_search" => {}
             "web_search" => {
                 if given(&tool["allowed_domains"]).is_some() || given(&tool["location"]).is_some() {
                     return Err(unsupported(
@@ -1361,45 +1356,6 @@ fn mcp_server(
     // Nobody is there to approve a call: the agent's own servers are trusted.
     config.insert(key("default_tools_approval_mode"), json!("approve"));
     Ok(())
-}
-
-/// The content of an `agent.session.input.message` input (`[{type: "input_text", text}
-/// | {type: "input_image", image_url}]`, or a string) as codex `UserInput[]`. codex takes
-/// images as data URLs only; `param` prefixes the refused field's name.
-pub fn user_input(content: &Value, param: &str) -> Result<Vec<Value>, Unsupported> {
-    let parts = match content {
-        Value::String(text) => return Ok(vec![json!({"type": "text", "text": text})]),
-        Value::Array(parts) => parts,
-        _ => {
-            return Err(unsupported(
-                param,
-                "message content is a string or a list of input_text and input_image parts",
-            ))
-        }
-    };
-    let mut input = Vec::new();
-    for (i, part) in parts.iter().enumerate() {
-        match str_of(part, "type") {
-            "input_text" => input.push(json!({"type": "text", "text": str_of(part, "text")})),
-            "input_image" => {
-                let url = str_of(part, "image_url");
-                if !url.starts_with("data:") {
-                    return Err(unsupported(
-                        format!("{param}[{i}].image_url"),
-                        "codex takes images as data: URLs only: embed the image (data:image/png;base64,…)",
-                    ));
-                }
-                input.push(json!({"type": "image", "url": url}));
-            }
-            other => {
-                return Err(unsupported(
-                    format!("{param}[{i}].type"),
-                    format!("codex takes input_text and input_image parts, not {other:?}"),
-                ))
-            }
-        }
-    }
-    Ok(input)
 }
 
 /// `turn/start` params: the thread, the input, and what the plan adds to every turn.
@@ -1914,7 +1870,7 @@ mod tests {
         );
         assert_eq!(kinds(&call.events), ["item.added function_call"]);
         assert_eq!(call.events[0]["output_index"], 0);
-        assert!(!mapper.is_ended());
+        assert!(!mapper.ended);
         let end = mapper.notification(
             "turn/completed",
             &json!({"threadId": "T", "turn": {"id": "U1", "status": "interrupted", "error": null}}),
@@ -1922,7 +1878,7 @@ mod tests {
         // The call never answered is closed incomplete; the turn is cancelled.
         assert_eq!(kinds(&end.events), ["item.done function_call", "cancelled"]);
         assert_eq!(end.events[0]["item"]["status"], "incomplete");
-        assert!(mapper.is_ended());
+        assert!(mapper.ended);
         assert_eq!(mapper.turn()["status"], "cancelled");
         let late = mapper.notification(
             "item/started",
@@ -2106,7 +2062,7 @@ mod tests {
             [("ABX_MCP_TOKEN_HOST_TOOLS".to_string(), "sekrit".to_string())]
         );
         assert_eq!(plan.turn_start, json!({"outputSchema": {"type": "object"}}));
-        let turn = turn_start_params("T", user_input(&json!("hi"), "input").unwrap(), &plan);
+        let turn = turn_start_params("T", vec![json!({"type": "text", "text": "hi"})], &plan);
         assert_eq!(
             turn,
             json!({"threadId": "T", "input": [{"type": "text", "text": "hi"}], "outputSchema": {"type": "object"}})
@@ -2159,15 +2115,6 @@ mod tests {
         assert_eq!(
             refused(&|a| a["compaction"] = json!({"async": true})),
             "agent.compaction.async"
-        );
-        let remote = user_input(
-            &json!([{"type": "input_image", "image_url": "https://x/y.png"}]),
-            "input[0].content",
-        );
-        assert_eq!(remote.unwrap_err().param, "input[0].content[0].image_url");
-        assert_eq!(
-            user_input(&json!([{"type": "input_text", "text": "a"}, {"type": "input_image", "image_url": "data:image/png;base64,AA"}]), "c").unwrap(),
-            [json!({"type": "text", "text": "a"}), json!({"type": "image", "url": "data:image/png;base64,AA"})]
         );
     }
 
@@ -2224,7 +2171,7 @@ mod tests {
                 let thread = started["thread"]["id"].as_str().unwrap().to_string();
                 let turn = turn_start_params(
                     &thread,
-                    user_input(&json!("weather?"), "input").unwrap(),
+                    vec![json!({"type": "text", "text": "weather?"})],
                     plan,
                 );
                 server.request("turn/start", turn).await.unwrap();

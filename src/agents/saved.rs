@@ -15,8 +15,7 @@
 //!
 //! A session's update (`sessions.update`'s `agent`: `model`, `reasoning.effort`,
 //! `service_tier`, `tools`) is the same `parse` with `partial: true`; which keys that
-//! route takes is its own declaration's business. `wants_tool_search` says whether
-//! codex's tool search must be on. The tools of an override may hold secrets (MCP
+//! route takes is its own declaration's business. The tools of an override may hold secrets (MCP
 //! `transport.authorization`, stdio `transport.env`): a session keeping its
 //! `AgentConfig` in the store should seal them (`super::seal`).
 //!
@@ -365,7 +364,6 @@ impl AgentConfig {
     }
 
     /// This configuration with a session's override on top.
-    #[allow(dead_code)] // sessions use it (issue #27)
     pub fn overridden(&self, patch: AgentPatch) -> AgentConfig {
         let mut config = self.clone();
         config.apply(patch);
@@ -404,22 +402,12 @@ impl AgentConfig {
 
     /// The session's `agent` object (`AgentSession.agent`): `id` is the saved agent's
     /// (or whatever the session shows there), `tools` the session's `AgentTool`s.
-    #[allow(dead_code)] // sessions use it (issue #27)
     pub fn snapshot(&self, id: &str) -> Value {
         let mut map = self.common();
         map.insert("id".into(), json!(id));
         let tools: Vec<Value> = self.tools.iter().filter_map(session_tool).collect();
         map.insert("tools".into(), Value::Array(tools));
         Value::Object(map)
-    }
-
-    /// Whether the tools hold a function that codex must load lazily (it then gives
-    /// the model its tool search; `tool_search` asks for the same).
-    #[allow(dead_code)] // sessions use it (issue #27)
-    pub fn wants_tool_search(&self) -> bool {
-        self.tools.iter().any(|t| {
-            t["type"] == "tool_search" || (t["type"] == "function" && t["defer_loading"] == true)
-        })
     }
 }
 
@@ -646,7 +634,6 @@ fn parse_web_search(f: &mut Fields<'_>) -> Result<Value, AgentError> {
 
 /// A stored tool in the session's `AgentTool` shape, or `None` for what that union has
 /// no member for.
-#[allow(dead_code)] // sessions use it (issue #27)
 fn session_tool(tool: &Value) -> Option<Value> {
     match tool["type"].as_str()? {
         "tool_search" => None,
@@ -704,7 +691,6 @@ impl Object for SavedAgent {
 const PARAM: &str = "agent_id";
 
 /// `owner`'s saved agent `id`, inside a transaction (for sessions).
-#[allow(dead_code)] // sessions use it (issue #27)
 pub fn load<T: Transaction>(t: &mut T, owner: &str, id: &str) -> Result<SavedAgent, AgentError> {
     t.get::<SavedAgent>(Scope::owner(owner), id)
         .map_err(AgentError::store("agent", id, PARAM))

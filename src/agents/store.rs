@@ -7,11 +7,11 @@
 
 use std::path::Path;
 
-use super::sessions::records::{Session, Turn};
 use super::conversations::Conversation;
 use super::durable::{DurableStore, OpenError};
 use super::records::{Limits, ObjectStore, StoreError, Transaction};
 use super::responses::ResponseRecord;
+use super::sessions::records::{Session, Turn};
 use super::surface::{Agents, AgentsStore};
 
 /// The store's file in the state directory.

@@ -167,7 +167,6 @@ fn token_url(url: &str) -> bool {
 }
 
 /// The same URL for matching: a trailing `/` does not count.
-#[allow(dead_code)] // sessions use it (issue #27)
 fn url_key(url: &str) -> &str {
     url.trim_end_matches('/')
 }
@@ -490,7 +489,6 @@ const CREDENTIAL: &str = "credential_id";
 /// `None` when no credential matches. An unknown vault is refused (naming
 /// `vault_ids`), and so are several matching credentials (name one with the tool's
 /// `credential_id`). A credential past its `expires_at` does not match.
-#[allow(dead_code)] // sessions use it (issue #27)
 pub fn bearer_for<T: Transaction>(
     t: &mut T,
     owner: &str,
@@ -523,7 +521,6 @@ pub fn bearer_for<T: Transaction>(
 
 /// The token of credential `credential_id`, which must be in one of `vault_ids` (the
 /// MCP tool's `credential_id`).
-#[allow(dead_code)] // sessions use it (issue #27)
 pub fn credential_token<T: Transaction>(
     t: &mut T,
     owner: &str,
@@ -544,7 +541,6 @@ pub fn credential_token<T: Transaction>(
     )(StoreError::NotFound))
 }
 
-#[allow(dead_code)] // sessions use it (issue #27)
 fn token_of(credential: &Credential) -> Result<String, AgentError> {
     let secrets =
         seal::open_json(&binding(&credential.id), &credential.sealed).map_err(sealing_failed)?;

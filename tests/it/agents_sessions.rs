@@ -50,8 +50,14 @@ impl Sandbox {
             .env("ABX_SERVER_POLICY", self.policy.to_str().unwrap())
             .env("ALICE_TOKEN", "alice-token")
             .env("BOB_TOKEN", "bob-token")
-            .env("ABX_STATE_DIR", self.home.path().join("state").to_str().unwrap())
-            .env("CODEX_HOME", self.home.path().join("codex").to_str().unwrap())
+            .env(
+                "ABX_STATE_DIR",
+                self.home.path().join("state").to_str().unwrap(),
+            )
+            .env(
+                "CODEX_HOME",
+                self.home.path().join("codex").to_str().unwrap(),
+            )
             .env("STUB_API_KEY", "stub")
             .env("HOME", self.home.path().to_str().unwrap())
             .env("PATH", &tools().path)
@@ -65,7 +71,8 @@ impl Sandbox {
 
 /// Runs one phase of the SDK script against `server`.
 fn sdk(server: &Server, sandbox: &Sandbox, phase: &str) {
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/agents_sessions_sdk.py");
+    let script =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/agents_sessions_sdk.py");
     let output = Command::new(&tools().python)
         .arg(&script)
         .arg(format!("http://{}/v1", server.addr))
@@ -80,7 +87,10 @@ fn sdk(server: &Server, sandbox: &Sandbox, phase: &str) {
         "phase {phase}\nstdout: {stdout}\nstderr: {stderr}"
     );
     let version = format!("openai {}", pin("OPENAI_PYTHON_VERSION"));
-    assert!(stdout.contains(&version), "validated with another SDK: {stdout}");
+    assert!(
+        stdout.contains(&version),
+        "validated with another SDK: {stdout}"
+    );
 }
 
 /// The user texts of every request the stub received, in order.

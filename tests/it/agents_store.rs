@@ -15,8 +15,8 @@ use std::time::{Duration, Instant};
 use serde_json::{json, Value};
 
 use crate::agents::{agents_server, output_text};
-use crate::upstream::{serve_upstream, Upstream};
 use crate::support::{read_event, tools, Server, TempDir};
+use crate::upstream::{serve_upstream, Upstream};
 
 /// What `POST /v1/responses` says of a response whose turn the restart cut short.
 const STOPPED: &str = "The server stopped while this response was running, so its turn did not finish. Send the request again.";

@@ -4,6 +4,7 @@
 
 use serde_json::{json, Value};
 
+use crate::agents::codex_map::ToolResult;
 use crate::agents::error::AgentError;
 
 /// Events one request carries at most.
@@ -31,9 +32,7 @@ pub enum Input {
     ToolResult {
         turn_id: String,
         call_id: String,
-        success: bool,
-        /// The output as text (a content list's texts joined), or the error.
-        output: String,
+        result: ToolResult,
     },
 }
 
@@ -56,7 +55,10 @@ pub fn parse_events(events: &Value) -> Result<Vec<Input>, AgentError> {
 
 fn parse_event(event: &Value, at: &str) -> Result<Input, AgentError> {
     let field = |name: &str| format!("{at}.{name}");
-    let kind = event.get("type").and_then(Value::as_str).unwrap_or_default();
+    let kind = event
+        .get("type")
+        .and_then(Value::as_str)
+        .unwrap_or_default();
     match kind {
         "agent.session.input.message" => Ok(Input::Message(parse_messages(
             event.get("input").unwrap_or(&Value::Null),
@@ -81,22 +83,15 @@ fn parse_event(event: &Value, at: &str) -> Result<Input, AgentError> {
                 .ok_or_else(|| {
                     AgentError::invalid(field("success"), "success is required: true or false.")
                 })?;
-            let output = if success {
-                output_text(event.get("output").unwrap_or(&Value::Null), &field("output"))?
-            } else {
-                match event.get("error") {
-                    None | Some(Value::Null) => "The tool failed.".to_string(),
-                    Some(Value::String(s)) => s.clone(),
-                    Some(_) => {
-                        return Err(AgentError::invalid(field("error"), "error must be a string."))
-                    }
-                }
-            };
+            if success {
+                check_output(event.get("output").unwrap_or(&Value::Null), &field("output"))?;
+            } else if !matches!(event.get("error"), None | Some(Value::Null) | Some(Value::String(_))) {
+                return Err(AgentError::invalid(field("error"), "error must be a string."));
+            }
             Ok(Input::ToolResult {
                 turn_id,
                 call_id,
-                success,
-                output,
+                result: ToolResult::of(event),
             })
         }
         "agent.session.input.mcp_approval_request_result"
@@ -109,22 +104,30 @@ fn parse_event(event: &Value, at: &str) -> Result<Input, AgentError> {
     }
 }
 
-/// A tool's output: a string, a list of `input_text` parts (joined), or null.
-fn output_text(output: &Value, at: &str) -> Result<String, AgentError> {
+/// A tool's output: a string, a list of `input_text` and `input_image` parts, or null.
+fn check_output(output: &Value, at: &str) -> Result<(), AgentError> {
     match output {
-        Value::Null => Ok(String::new()),
-        Value::String(s) => Ok(s.clone()),
+        Value::Null | Value::String(_) => Ok(()),
         Value::Array(parts) => {
-            let mut text = String::new();
             for (i, part) in parts.iter().enumerate() {
-                match (part.get("type").and_then(Value::as_str), part.get("text").and_then(Value::as_str)) {
-                    (Some("input_text"), Some(t)) => text.push_str(t),
-                    _ => return Err(AgentError::invalid(format!("{at}[{i}]"), "A tool's output parts must be input_text parts: codex takes a function's output as text.")),
+                let ok = match part.get("type").and_then(Value::as_str) {
+                    Some("input_text") => part.get("text").is_some_and(Value::is_string),
+                    Some("input_image") => part
+                        .get("image_url")
+                        .and_then(Value::as_str)
+                        .is_some_and(|u| u.starts_with("data:image/")),
+                    _ => false,
+                };
+                if !ok {
+                    return Err(AgentError::invalid(format!("{at}[{i}]"), "A tool's output parts are input_text parts or input_image parts with a data:image/... URL."));
                 }
             }
-            Ok(text)
+            Ok(())
         }
-        _ => Err(AgentError::invalid(at, "output must be a string or a list of input_text parts.")),
+        _ => Err(AgentError::invalid(
+            at,
+            "output must be a string or a list of content parts.",
+        )),
     }
 }
 
@@ -141,12 +144,18 @@ pub fn parse_messages(input: &Value, at: &str) -> Result<Vec<Vec<Part>>, AgentEr
             for (i, message) in list.iter().enumerate() {
                 let here = format!("{at}[{i}]");
                 if message.get("role").and_then(Value::as_str) != Some("user") {
-                    return Err(AgentError::invalid(format!("{here}.role"), "role must be user."));
+                    return Err(AgentError::invalid(
+                        format!("{here}.role"),
+                        "role must be user.",
+                    ));
                 }
                 if !matches!(message.get("type"), None | Some(Value::Null))
                     && message.get("type").and_then(Value::as_str) != Some("message")
                 {
-                    return Err(AgentError::invalid(format!("{here}.type"), "type must be message."));
+                    return Err(AgentError::invalid(
+                        format!("{here}.type"),
+                        "type must be message.",
+                    ));
                 }
                 let parts = message
                     .get("content")
@@ -163,23 +172,38 @@ pub fn parse_messages(input: &Value, at: &str) -> Result<Vec<Vec<Part>>, AgentEr
                     let there = format!("{here}.content[{j}]");
                     match part.get("type").and_then(Value::as_str) {
                         Some("input_text") => {
-                            let text = part.get("text").and_then(Value::as_str).ok_or_else(|| {
-                                AgentError::invalid(format!("{there}.text"), "text is required: a string.")
-                            })?;
+                            let text =
+                                part.get("text").and_then(Value::as_str).ok_or_else(|| {
+                                    AgentError::invalid(
+                                        format!("{there}.text"),
+                                        "text is required: a string.",
+                                    )
+                                })?;
                             bytes += text.len();
                             content.push(Part::Text(text.to_string()));
                         }
                         Some("input_image") => {
-                            let url = part.get("image_url").and_then(Value::as_str).ok_or_else(|| {
-                                AgentError::invalid(format!("{there}.image_url"), "image_url is required: a data: URL.")
-                            })?;
+                            let url =
+                                part.get("image_url")
+                                    .and_then(Value::as_str)
+                                    .ok_or_else(|| {
+                                        AgentError::invalid(
+                                            format!("{there}.image_url"),
+                                            "image_url is required: a data: URL.",
+                                        )
+                                    })?;
                             if !url.starts_with("data:image/") {
                                 return Err(AgentError::invalid(format!("{there}.image_url"), "image_url must be a data:image/... URL: codex takes no remote image URLs."));
                             }
                             bytes += url.len();
                             content.push(Part::Image(url.to_string()));
                         }
-                        _ => return Err(AgentError::invalid(format!("{there}.type"), "type must be input_text or input_image.")),
+                        _ => {
+                            return Err(AgentError::invalid(
+                                format!("{there}.type"),
+                                "type must be input_text or input_image.",
+                            ))
+                        }
                     }
                 }
                 messages.push(content);
@@ -196,7 +220,10 @@ pub fn parse_messages(input: &Value, at: &str) -> Result<Vec<Vec<Part>>, AgentEr
     if bytes > MAX_INPUT_BYTES {
         return Err(AgentError::invalid(
             at,
-            format!("One input holds at most {} MiB of text and images.", MAX_INPUT_BYTES >> 20),
+            format!(
+                "One input holds at most {} MiB of text and images.",
+                MAX_INPUT_BYTES >> 20
+            ),
         ));
     }
     Ok(messages)
@@ -229,7 +256,9 @@ mod tests {
         ]))
         .unwrap();
         assert_eq!(ok[0], Input::Message(vec![vec![Part::Text("hi".into())]]));
-        assert!(matches!(&ok[1], Input::ToolResult { output, success: true, .. } if output == "ab"));
+        assert!(
+            matches!(&ok[1], Input::ToolResult { result, .. } if result.success && result.output == Some(json!([{"type": "input_text", "text": "a"}, {"type": "input_text", "text": "b"}])))
+        );
         assert_eq!(ok[2], Input::Cancel);
         let param = |v: Value| match parse_events(&v) {
             Err(AgentError::Invalid { param, .. }) => param,
@@ -241,16 +270,23 @@ mod tests {
             "events[1].type"
         );
         assert_eq!(
-            param(json!([{"type": "agent.session.input.message", "input": [{"role": "user", "content": [{"type": "input_image", "image_url": "https://x/y.png"}]}]}])),
+            param(
+                json!([{"type": "agent.session.input.message", "input": [{"role": "user", "content": [{"type": "input_image", "image_url": "https://x/y.png"}]}]}])
+            ),
             "events[0].input[0].content[0].image_url"
         );
         assert_eq!(
-            param(json!([{"type": "agent.session.input.tool_result", "turn_id": "t", "success": true}])),
+            param(
+                json!([{"type": "agent.session.input.tool_result", "turn_id": "t", "success": true}])
+            ),
             "events[0].call_id"
         );
         assert_eq!(parse_messages(&json!("x"), "input").unwrap().len(), 1);
         assert_eq!(
-            json!(codex_input(&[vec![Part::Text("a".into()), Part::Image("data:image/png;base64,AA".into())]])),
+            json!(codex_input(&[vec![
+                Part::Text("a".into()),
+                Part::Image("data:image/png;base64,AA".into())
+            ]])),
             json!([{"type": "text", "text": "a"}, {"type": "image", "url": "data:image/png;base64,AA"}])
         );
     }

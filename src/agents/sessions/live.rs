@@ -115,7 +115,10 @@ impl Hub {
             app: None,
             thread: session.thread_id.clone(),
             turn: None,
-            model: session.agent["model"].as_str().unwrap_or_default().to_string(),
+            model: session.agent["model"]
+                .as_str()
+                .unwrap_or_default()
+                .to_string(),
             plan: None,
             totals: Totals::default(),
         };
@@ -144,7 +147,9 @@ impl Hub {
 }
 
 fn gone() -> AgentError {
-    AgentError::Failed("The session's runner stopped before it answered; send the input again.".into())
+    AgentError::Failed(
+        "The session's runner stopped before it answered; send the input again.".into(),
+    )
 }
 
 /// A pending function call: the app-server request to answer.
@@ -191,7 +196,10 @@ impl Actor {
     async fn run(mut self, mut commands: mpsc::UnboundedReceiver<Command>, launch: Launch) {
         use futures_core::Stream;
         let workspace_path = launch.workspace.as_ref().map(|(_, p)| p.clone());
-        let workspace_fd = launch.workspace.as_ref().and_then(|(fd, _)| fd.try_clone().ok());
+        let workspace_fd = launch
+            .workspace
+            .as_ref()
+            .and_then(|(fd, _)| fd.try_clone().ok());
         let started = self.start(launch).await;
         let mut incoming = match started {
             Ok(incoming) => incoming,
@@ -209,9 +217,14 @@ impl Actor {
         loop {
             let idle = self.turn.is_none();
             let next = {
-                let command = std::future::poll_fn(|cx| std::pin::Pin::new(&mut commands).poll_next(cx));
+                let command =
+                    std::future::poll_fn(|cx| std::pin::Pin::new(&mut commands).poll_next(cx));
                 let message = incoming.next();
-                let timeout = monoio::time::sleep(if idle { IDLE } else { Duration::from_secs(86_400) });
+                let timeout = monoio::time::sleep(if idle {
+                    IDLE
+                } else {
+                    Duration::from_secs(86_400)
+                });
                 monoio::select! {
                     c = command => Next::Command(c),
                     m = message => Next::Message(m),
@@ -220,7 +233,9 @@ impl Actor {
             };
             match next {
                 Next::Command(Some(Command::Inputs(inputs, reply))) => {
-                    let result = self.apply(inputs, &workspace, workspace_path.as_deref()).await;
+                    let result = self
+                        .apply(inputs, &workspace, workspace_path.as_deref())
+                        .await;
                     let _ = reply.send(result);
                 }
                 Next::Command(Some(Command::Stop)) | Next::Command(None) => break,
@@ -234,7 +249,10 @@ impl Actor {
                     let _ = code;
                     let why = format!(
                         "codex app-server exited{}",
-                        stderr_tail.last().map(|l| format!(": {l}")).unwrap_or_default()
+                        stderr_tail
+                            .last()
+                            .map(|l| format!(": {l}"))
+                            .unwrap_or_default()
                     );
                     self.fail_turn("connection_failed", &why, &workspace).await;
                     self.app = None;
@@ -265,7 +283,11 @@ impl Actor {
                 })
                 .await
                 .and_then(|r| r)
-                .map_err(|e| AgentError::Failed(format!("The session's scratch directory cannot be made: {e}")))?;
+                .map_err(|e| {
+                    AgentError::Failed(format!(
+                        "The session's scratch directory cannot be made: {e}"
+                    ))
+                })?;
                 (fd, launch.scratch.clone(), "read-only")
             }
         };
@@ -299,18 +321,22 @@ impl Actor {
                     p.remove("dynamicTools");
                 }
                 app.request("thread/resume", params).await.map_err(|e| {
-                    AgentError::Failed(format!("codex could not resume the session's thread {thread}: {}", e.message))
+                    AgentError::Failed(format!(
+                        "codex could not resume the session's thread {thread}: {}",
+                        e.message
+                    ))
                 })?;
                 thread.clone()
             }
             None => {
-                let started = app
-                    .request("thread/start", params)
-                    .await
-                    .map_err(|e| AgentError::Failed(format!("codex could not start a thread: {}", e.message)))?;
+                let started = app.request("thread/start", params).await.map_err(|e| {
+                    AgentError::Failed(format!("codex could not start a thread: {}", e.message))
+                })?;
                 let thread = started["thread"]["id"]
                     .as_str()
-                    .ok_or_else(|| AgentError::Failed("codex started a thread without an id".into()))?
+                    .ok_or_else(|| {
+                        AgentError::Failed("codex started a thread without an id".into())
+                    })?
                     .to_string();
                 let kept = thread.clone();
                 self.update_session(move |s| {
@@ -359,9 +385,11 @@ impl Actor {
     }
 
     fn publish_session(&self, kind: &str, session: &Session, ends_turn: bool) {
-        self.hub
-            .channels
-            .publish(&self.session, json!({"type": kind, "session": session.object()}), ends_turn);
+        self.hub.channels.publish(
+            &self.session,
+            json!({"type": kind, "session": session.object()}),
+            ends_turn,
+        );
     }
 
     async fn apply(
@@ -380,9 +408,8 @@ impl Actor {
                 Input::ToolResult {
                     turn_id,
                     call_id,
-                    success,
-                    output,
-                } => self.tool_result(&turn_id, &call_id, success, output).await?,
+                    result,
+                } => self.tool_result(&turn_id, &call_id, result).await?,
             }
         }
         Ok(())
@@ -397,7 +424,10 @@ impl Actor {
         let turn_id = new_id("turn_");
         let started_ms = now_ms();
         let now = now_unix();
-        let agent_id = self.load().await?.agent["id"].as_str().unwrap_or_default().to_string();
+        let agent_id = self.load().await?.agent["id"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string();
         let turn = Turn {
             id: turn_id.clone(),
             session_id: self.session.clone(),
@@ -436,7 +466,11 @@ impl Actor {
                 Ok::<_, AgentError>(session)
             })
             .await?;
-        let outputs_before = match workspace.borrow().as_ref().and_then(|fd| fd.try_clone().ok()) {
+        let fd = workspace
+            .borrow()
+            .as_ref()
+            .and_then(|fd| fd.try_clone().ok());
+        let outputs_before = match fd {
             Some(fd) => crate::runtime::file::blocking(move || {
                 use std::os::fd::AsFd;
                 snapshot(fd.as_fd())
@@ -462,7 +496,12 @@ impl Actor {
             self.model = model.to_string();
         }
         let (Some(app), Some(plan)) = (self.app.clone(), self.plan.as_ref()) else {
-            self.fail_turn("connection_failed", "codex app-server is not running", workspace).await;
+            self.fail_turn(
+                "connection_failed",
+                "codex app-server is not running",
+                workspace,
+            )
+            .await;
             return Ok(());
         };
         let params = codex_map::turn_start_params(&thread, codex_input(&messages), plan);
@@ -473,7 +512,8 @@ impl Actor {
                 if let Some(turn) = self.turn.as_mut() {
                     turn.codex_turn = codex.clone();
                 }
-                let (owner, session, tid) = (self.owner.clone(), self.session.clone(), turn_id.clone());
+                let (owner, session, tid) =
+                    (self.owner.clone(), self.session.clone(), turn_id.clone());
                 let _ = self
                     .agents
                     .transact(move |t| {
@@ -484,8 +524,12 @@ impl Actor {
                     .await;
             }
             Err(e) => {
-                self.fail_turn("server_error", &format!("codex refused the turn: {}", e.message), workspace)
-                    .await;
+                self.fail_turn(
+                    "server_error",
+                    &format!("codex refused the turn: {}", e.message),
+                    workspace,
+                )
+                .await;
             }
         }
         Ok(())
@@ -537,30 +581,30 @@ impl Actor {
         &mut self,
         turn_id: &str,
         call_id: &str,
-        success: bool,
-        output: String,
+        result: ToolResult,
     ) -> Result<(), AgentError> {
-        let unknown = || AgentError::invalid("events", format!("Unknown pending tool call: {call_id}"));
+        let unknown =
+            || AgentError::invalid("events", format!("Unknown pending tool call: {call_id}"));
         let turn = self.turn.as_mut().ok_or_else(unknown)?;
         match turn.pending.get(call_id) {
             Some(call) if call.turn_id == turn_id => {}
             _ => return Err(unknown()),
         }
         let call = turn.pending.remove(call_id).ok_or_else(unknown)?;
-        let result = ToolResult {
-            success,
-            output: success.then(|| json!(output)),
-            error: (!success).then(|| output.clone()),
-        };
         let (answer, mapped) = turn.mapper.tool_result(call_id, &result);
         let waiting = !turn.pending.is_empty();
         let app = self.app.clone().ok_or_else(gone)?;
         app.respond(call.request, Ok(answer));
         let call_id = call_id.to_string();
-        let (owner, sid, tid) = (self.owner.clone(), self.session.clone(), turn_id.to_string());
+        let (owner, sid, tid) = (
+            self.owner.clone(),
+            self.session.clone(),
+            turn_id.to_string(),
+        );
         let (session, _) = self
             .update_session(move |s| {
-                s.required_actions.retain(|a| a["call_id"].as_str() != Some(&call_id));
+                s.required_actions
+                    .retain(|a| a["call_id"].as_str() != Some(&call_id));
                 if !waiting {
                     s.status = Status::InProgress;
                 }
@@ -571,7 +615,9 @@ impl Actor {
             let _ = self
                 .agents
                 .transact(move |t| {
-                    t.update::<Turn, _>(Scope::within(&owner, &sid), &tid, |turn| turn.status = TurnStatus::InProgress)
+                    t.update::<Turn, _>(Scope::within(&owner, &sid), &tid, |turn| {
+                        turn.status = TurnStatus::InProgress
+                    })
                 })
                 .await;
         }
@@ -596,7 +642,10 @@ impl Actor {
             .agents
             .transact(move |t| {
                 let within = Scope::within(&owner, &session);
-                let ids: Vec<String> = items.iter().map(|i| i["id"].as_str().unwrap_or_default().to_string()).collect();
+                let ids: Vec<String> = items
+                    .iter()
+                    .map(|i| i["id"].as_str().unwrap_or_default().to_string())
+                    .collect();
                 for item in items {
                     // codex reports an item again when it changes: the last word is kept.
                     let id = item["id"].as_str().unwrap_or_default().to_string();
@@ -618,13 +667,20 @@ impl Actor {
             .await;
         if let Err(e) = result {
             // Full: the stream showed the item; the store keeps what it could.
-            crate::log::line(format_args!("session {}: an item was not kept: {e:?}", self.session));
+            crate::log::line(format_args!(
+                "session {}: an item was not kept: {e:?}",
+                self.session
+            ));
         }
     }
 
     /// Applies what the mapper said: facts first (stored, calls registered), then its
     /// events, so no event announces what the store does not hold yet.
-    async fn apply_mapped(&mut self, mapped: Mapped, workspace: Option<&Rc<RefCell<Option<OwnedFd>>>>) {
+    async fn apply_mapped(
+        &mut self,
+        mapped: Mapped,
+        workspace: Option<&Rc<RefCell<Option<OwnedFd>>>>,
+    ) {
         let mut ended = None;
         let mut calls = Vec::new();
         let mut items = Vec::new();
@@ -641,7 +697,11 @@ impl Actor {
         let mut requires_action = None;
         for call in calls {
             let action = call.required_action.clone();
-            let (owner, sid, tid) = (self.owner.clone(), self.session.clone(), self.turn.as_ref().map(|t| t.id.clone()).unwrap_or_default());
+            let (owner, sid, tid) = (
+                self.owner.clone(),
+                self.session.clone(),
+                self.turn.as_ref().map(|t| t.id.clone()).unwrap_or_default(),
+            );
             if let Ok((session, _)) = self
                 .update_session(move |s| {
                     s.required_actions.push(action);
@@ -655,7 +715,9 @@ impl Actor {
             let _ = self
                 .agents
                 .transact(move |t| {
-                    t.update::<Turn, _>(Scope::within(&owner, &sid), &tid, |turn| turn.status = TurnStatus::Waiting)
+                    t.update::<Turn, _>(Scope::within(&owner, &sid), &tid, |turn| {
+                        turn.status = TurnStatus::Waiting
+                    })
                 })
                 .await;
         }
@@ -674,10 +736,18 @@ impl Actor {
         }
     }
 
-    async fn notification(&mut self, method: &str, params: Value, workspace: &Rc<RefCell<Option<OwnedFd>>>) {
-        if method == "thread/tokenUsage/updated" && params["threadId"].as_str() == self.thread.as_deref() {
+    async fn notification(
+        &mut self,
+        method: &str,
+        params: Value,
+        workspace: &Rc<RefCell<Option<OwnedFd>>>,
+    ) {
+        if method == "thread/tokenUsage/updated"
+            && params["threadId"].as_str() == self.thread.as_deref()
+        {
             if let Some(turn) = self.turn.as_mut() {
-                turn.trace.model_request(now_ms(), &self.model, &params["tokenUsage"]["last"]);
+                turn.trace
+                    .model_request(now_ms(), &self.model, &params["tokenUsage"]["last"]);
             } else {
                 // Replayed after a resume: where the next turn's usage counts from.
                 self.totals = Totals::of(&params["tokenUsage"]["total"]);
@@ -726,13 +796,21 @@ impl Actor {
             return;
         };
         let mapped = match (method, self.turn.as_mut()) {
-            ("item/tool/call", Some(turn)) => turn.mapper.tool_call(&params).map(|m| (m, turn.id.clone())),
+            ("item/tool/call", Some(turn)) => {
+                turn.mapper.tool_call(&params).map(|m| (m, turn.id.clone()))
+            }
             _ => None,
         };
         let Some((mapped, turn_id)) = mapped else {
             // Approvals never reach a client: the thread runs with approvalPolicy never,
             // and anything else codex asks is refused so the turn never blocks on it.
-            app.respond(id, Err(RpcError::new(-32601, format!("agent-sandbox answers no {method} request"))));
+            app.respond(
+                id,
+                Err(RpcError::new(
+                    -32601,
+                    format!("agent-sandbox answers no {method} request"),
+                )),
+            );
             return;
         };
         for fact in &mapped.facts {
@@ -740,7 +818,10 @@ impl Actor {
                 if let Some(turn) = self.turn.as_mut() {
                     turn.pending.insert(
                         call.call_id.clone(),
-                        PendingCall { request: id.clone(), turn_id: turn_id.clone() },
+                        PendingCall {
+                            request: id.clone(),
+                            turn_id: turn_id.clone(),
+                        },
                     );
                 }
             }
@@ -748,7 +829,12 @@ impl Actor {
         self.apply_mapped(mapped, None).await;
     }
 
-    async fn fail_turn(&mut self, code: &str, message: &str, workspace: &Rc<RefCell<Option<OwnedFd>>>) {
+    async fn fail_turn(
+        &mut self,
+        code: &str,
+        message: &str,
+        workspace: &Rc<RefCell<Option<OwnedFd>>>,
+    ) {
         let Some(turn) = self.turn.as_ref() else {
             return;
         };
@@ -764,7 +850,10 @@ impl Actor {
         };
         let event = json!({"type": "agent.session.turn.failed", "session_id": self.session,
                            "turn_id": turn.id, "turn": object, "usage": end.usage});
-        let mapped = Mapped { events: vec![event], facts: vec![Fact::TurnEnded(end)] };
+        let mapped = Mapped {
+            events: vec![event],
+            facts: vec![Fact::TurnEnded(end)],
+        };
         self.apply_mapped(mapped, Some(workspace)).await;
     }
 
@@ -784,7 +873,10 @@ impl Actor {
         };
         let (error, usage) = (end.error, Some(end.usage));
         let end_ms = now_ms();
-        let fd = workspace.borrow().as_ref().and_then(|fd| fd.try_clone().ok());
+        let fd = workspace
+            .borrow()
+            .as_ref()
+            .and_then(|fd| fd.try_clone().ok());
         let published = match (turn.outputs_before.take(), fd) {
             (Some(before), Some(fd)) => crate::runtime::file::blocking(move || {
                 use std::os::fd::AsFd;
@@ -795,10 +887,17 @@ impl Actor {
             _ => Vec::new(),
         };
         let session_for_paths = self.load().await.ok();
-        let workspace_rel = session_for_paths.as_ref().and_then(|s| s.workspace.clone()).unwrap_or_default();
+        let workspace_rel = session_for_paths
+            .as_ref()
+            .and_then(|s| s.workspace.clone())
+            .unwrap_or_default();
         let shown_root = session_for_paths
             .as_ref()
-            .and_then(|s| s.environment["workspace_directory"].as_str().map(str::to_string))
+            .and_then(|s| {
+                s.environment["workspace_directory"]
+                    .as_str()
+                    .map(str::to_string)
+            })
             .unwrap_or_else(|| "/workspace".into());
         let environment_id = session_for_paths
             .as_ref()
@@ -818,7 +917,9 @@ impl Actor {
                 created_at: now,
             })
             .collect();
-        let otlp = turn.trace.finish(end_ms, &self.session, &turn.id, status.name());
+        let otlp = turn
+            .trace
+            .finish(end_ms, &self.session, &turn.id, status.name());
         let trace = Trace {
             id: turn.id.clone(),
             session_id: self.session.clone(),
@@ -857,7 +958,10 @@ impl Actor {
         match stored {
             Ok((_, session)) => Some(session),
             Err(e) => {
-                crate::log::line(format_args!("session {}: the turn's end was not kept: {e:?}", self.session));
+                crate::log::line(format_args!(
+                    "session {}: the turn's end was not kept: {e:?}",
+                    self.session
+                ));
                 None
             }
         }

@@ -135,14 +135,22 @@ fn binding(session: &str) -> String {
 
 fn seal_config(session: &str, config: &AgentConfig) -> Result<String, AgentError> {
     let value = serde_json::to_value(config).map_err(|e| AgentError::Failed(e.to_string()))?;
-    seal::seal_json(&binding(session), &value)
-        .map_err(|e| AgentError::Failed(format!("The session's configuration cannot be sealed: {}", e.0)))
+    seal::seal_json(&binding(session), &value).map_err(|e| {
+        AgentError::Failed(format!(
+            "The session's configuration cannot be sealed: {}",
+            e.0
+        ))
+    })
 }
 
 /// The session's whole agent configuration.
 pub fn open_config(session: &Session) -> Result<AgentConfig, AgentError> {
-    let value = seal::open_json(&binding(&session.id), &session.config)
-        .map_err(|e| AgentError::Failed(format!("The session's configuration cannot be opened: {}", e.0)))?;
+    let value = seal::open_json(&binding(&session.id), &session.config).map_err(|e| {
+        AgentError::Failed(format!(
+            "The session's configuration cannot be opened: {}",
+            e.0
+        ))
+    })?;
     serde_json::from_value(value).map_err(|e| AgentError::Failed(e.to_string()))
 }
 
@@ -153,17 +161,20 @@ pub async fn delete(agents: &Arc<Agents>, owner: &str, id: &str) -> Result<(), A
     agents
         .transact(move |t| {
             let scope = Scope::owner(&owner);
-            let session: Session = t
-                .get(scope, &key)
-                .map_err(AgentError::store("session", &key, "session_id"))?;
+            let session: Session =
+                t.get(scope, &key)
+                    .map_err(AgentError::store("session", &key, "session_id"))?;
             if session.active_turn.is_some() {
                 return Err(AgentError::Busy {
                     id: key.clone(),
                     param: "session_id",
                 });
             }
-            t.delete::<Session>(scope, &key)
-                .map_err(AgentError::store("session", &key, "session_id"))?;
+            t.delete::<Session>(scope, &key).map_err(AgentError::store(
+                "session",
+                &key,
+                "session_id",
+            ))?;
             Ok(())
         })
         .await
@@ -208,15 +219,18 @@ pub async fn list(
                     limit: 100,
                     order,
                 };
-                let page = t
-                    .list::<Session>(Scope::owner(&owner), &query)
-                    .map_err(|e| match e {
-                        StoreError::UnknownCursor => AgentError::invalid(
-                            "after",
-                            format!("No session '{}' in this list.", cursor.as_deref().unwrap_or("")),
-                        ),
-                        e => AgentError::from(e),
-                    })?;
+                let page =
+                    t.list::<Session>(Scope::owner(&owner), &query)
+                        .map_err(|e| match e {
+                            StoreError::UnknownCursor => AgentError::invalid(
+                                "after",
+                                format!(
+                                    "No session '{}' in this list.",
+                                    cursor.as_deref().unwrap_or("")
+                                ),
+                            ),
+                            e => AgentError::from(e),
+                        })?;
                 let more = page.has_more;
                 cursor = page.last_id.clone();
                 for session in page.data {

@@ -62,8 +62,8 @@ fn walk(dir: OwnedFd, prefix: String, depth: usize, budget: &mut usize, files: &
                     path,
                     Version {
                         size: stat.st_size as u64,
-                        mtime: (stat.st_mtime as i64, stat.st_mtime_nsec as i64),
-                        ino: stat.st_ino as u64,
+                        mtime: (stat.st_mtime, stat.st_mtime_nsec as i64),
+                        ino: stat.st_ino,
                     },
                 );
             }
@@ -110,7 +110,10 @@ mod tests {
         let after = snapshot(open().as_fd());
         assert_eq!(
             changed(&before, &after),
-            [("edited.txt".to_string(), 6), ("sub/new.bin".to_string(), 10)]
+            [
+                ("edited.txt".to_string(), 6),
+                ("sub/new.bin".to_string(), 10)
+            ]
         );
         let _ = std::fs::remove_dir_all(&dir);
         let none = std::env::temp_dir().join(format!("abx-no-outputs-{}", std::process::id()));

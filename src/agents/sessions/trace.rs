@@ -116,7 +116,10 @@ impl TraceBuilder {
                 ("agent.session.id".into(), json!(session_id)),
                 ("agent.turn.id".into(), json!(turn_id)),
                 ("agent.turn.status".into(), json!(status)),
-                ("agent.turn.model_requests".into(), json!(self.model_requests)),
+                (
+                    "agent.turn.model_requests".into(),
+                    json!(self.model_requests),
+                ),
             ],
             failed: status == "failed",
         };
@@ -197,7 +200,12 @@ mod tests {
         let names: Vec<&str> = spans.iter().map(|s| s["name"].as_str().unwrap()).collect();
         assert_eq!(
             names,
-            ["agent.turn", "model.request", "command_execution", "model.request"]
+            [
+                "agent.turn",
+                "model.request",
+                "command_execution",
+                "model.request"
+            ]
         );
         let root = &spans[0];
         assert_eq!(root["parentSpanId"], "");

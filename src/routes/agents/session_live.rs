@@ -32,7 +32,12 @@ pub fn hub(call: &Call) -> Result<Arc<Hub>, ApiError> {
 
 /// Hands `inputs` to the session's actor; a tool result for no pending call is the
 /// sentence the SDK's helper retries on.
-pub async fn send(call: &Call, hub: &Arc<Hub>, id: &str, inputs: Vec<Input>) -> Result<(), ApiError> {
+pub async fn send(
+    call: &Call,
+    hub: &Arc<Hub>,
+    id: &str,
+    inputs: Vec<Input>,
+) -> Result<(), ApiError> {
     let session = super::sessions::get_session(call, id).await?;
     let needs_runner = inputs.iter().any(|i| matches!(i, Input::Message(_)));
     let launch = if needs_runner {
@@ -72,15 +77,17 @@ async fn launch(call: &Call, session: &Session) -> Result<Launch, ApiError> {
     let env = cli::environment(call, &located);
     let workspace = match &session.workspace {
         Some(rel) => {
-            let fd = crate::routes::shared::working_dir(call, Some(rel)).await.map_err(|e| {
-                ApiError::new(
-                    409,
-                    "invalid_request_error",
-                    format!("The session's workspace directory is gone: {}", e.message),
-                )
-                .with_code("workspace_missing")
-                .with_header("x-should-retry", "false")
-            })?;
+            let fd = crate::routes::shared::working_dir(call, Some(rel))
+                .await
+                .map_err(|e| {
+                    ApiError::new(
+                        409,
+                        "invalid_request_error",
+                        format!("The session's workspace directory is gone: {}", e.message),
+                    )
+                    .with_code("workspace_missing")
+                    .with_header("x-should-retry", "false")
+                })?;
             let path = call.config().base_dir.join(rel);
             Some((fd, path))
         }
@@ -103,8 +110,18 @@ async fn launch(call: &Call, session: &Session) -> Result<Launch, ApiError> {
 
 /// Whether `key` is new for this session (then it is remembered with the body's
 /// digest); a key seen with the same body is a repeat, with another body a refusal.
-pub async fn first_use_of_key(call: &Call, id: &str, key: &str, digest: &str) -> Result<bool, ApiError> {
-    let (owner, sid, key, digest) = (call.identity.id.clone(), id.to_string(), key.to_string(), digest.to_string());
+pub async fn first_use_of_key(
+    call: &Call,
+    id: &str,
+    key: &str,
+    digest: &str,
+) -> Result<bool, ApiError> {
+    let (owner, sid, key, digest) = (
+        call.identity.id.clone(),
+        id.to_string(),
+        key.to_string(),
+        digest.to_string(),
+    );
     let shown = id.to_string();
     let seen = agents_of(call)?
         .transact(move |t| {
@@ -115,7 +132,10 @@ pub async fn first_use_of_key(call: &Call, id: &str, key: &str, digest: &str) ->
                     Some(_) => Some(false),
                     None => {
                         s.idempotency.push((key, digest));
-                        let excess = s.idempotency.len().saturating_sub(crate::agents::sessions::records::IDEMPOTENCY_KEYS);
+                        let excess = s
+                            .idempotency
+                            .len()
+                            .saturating_sub(crate::agents::sessions::records::IDEMPOTENCY_KEYS);
                         s.idempotency.drain(..excess);
                         None
                     }

@@ -5,11 +5,11 @@
 use serde_json::{json, Map, Value};
 
 use super::{agents_of, invalid};
-use crate::agents::input::check_metadata;
-use crate::agents::sessions::inputs::{parse_messages, Input};
 use crate::agents::environments::environment_id;
+use crate::agents::input::check_metadata;
 use crate::agents::records::{new_id, Scope};
 use crate::agents::saved::{self, AgentConfig};
+use crate::agents::sessions::inputs::{parse_messages, Input};
 use crate::agents::sessions::NewSession;
 use crate::agents::Agents;
 use crate::api::{ApiError, Args};
@@ -51,16 +51,24 @@ pub async fn new_session(
             let mut out = Vec::new();
             for (i, id) in ids.iter().enumerate() {
                 let id = id.as_str().ok_or_else(|| {
-                    invalid(format!("vault_ids[{i}]").as_str(), "vault_ids holds vault ids (strings).")
+                    invalid(
+                        format!("vault_ids[{i}]").as_str(),
+                        "vault_ids holds vault ids (strings).",
+                    )
                 })?;
                 out.push(id.to_string());
             }
             check_vaults(call, agents, &out).await?;
             out
         }
-        Some(_) => return Err(invalid("vault_ids", "vault_ids holds at most 10 vault ids.")),
+        Some(_) => {
+            return Err(invalid(
+                "vault_ids",
+                "vault_ids holds at most 10 vault ids.",
+            ))
+        }
     };
-    let (changes, _) = plain_changes(args)?;
+    let changes = plain_changes(args)?;
     Ok(Setup {
         session: NewSession {
             config,
@@ -69,7 +77,10 @@ pub async fn new_session(
             workspace,
             metadata: changes.get("metadata").cloned().unwrap_or(json!({})),
             vault_ids,
-            review: changes.get("review").and_then(Value::as_str).map(str::to_string),
+            review: changes
+                .get("review")
+                .and_then(Value::as_str)
+                .map(str::to_string),
             prompt_cache_options: changes.get("prompt_cache_options").cloned(),
             spend_control: changes.get("spend_control").cloned(),
         },
@@ -79,8 +90,14 @@ pub async fn new_session(
 
 /// The environment as answered, and the workspace relative to the base directory (`None`
 /// for `none`).
-async fn environment_of(call: &Call, environment: &Value) -> Result<(Value, Option<String>), ApiError> {
-    let kind = environment.get("type").and_then(Value::as_str).unwrap_or_default();
+async fn environment_of(
+    call: &Call,
+    environment: &Value,
+) -> Result<(Value, Option<String>), ApiError> {
+    let kind = environment
+        .get("type")
+        .and_then(Value::as_str)
+        .unwrap_or_default();
     match kind {
         "self_hosted" => {
             if let Some(dirs) = environment.get("capability_directories") {
@@ -138,14 +155,18 @@ fn workspace_relative(call: &Call, given: &str) -> String {
     let base = call.config().base_dir.to_string_lossy().to_string();
     if let Some(rest) = given.strip_prefix(&base) {
         let rest = rest.trim_start_matches('/');
-        return if rest.is_empty() { ".".into() } else { rest.to_string() };
+        return if rest.is_empty() {
+            ".".into()
+        } else {
+            rest.to_string()
+        };
     }
     given.trim_start_matches('/').to_string()
 }
 
 /// The plain fields of a create or update (metadata, review, prompt cache, spend
 /// control), checked, and the agent changes of an update.
-fn plain_changes(args: &mut Args) -> Result<(Map<String, Value>, Map<String, Value>), ApiError> {
+fn plain_changes(args: &mut Args) -> Result<Map<String, Value>, ApiError> {
     let mut changes = Map::new();
     if args.sent("metadata") {
         changes.insert("metadata".into(), check_metadata(args.take("metadata"))?);
@@ -156,7 +177,10 @@ fn plain_changes(args: &mut Args) -> Result<(Map<String, Value>, Map<String, Val
     if let Some(options) = args.take("prompt_cache_options") {
         let ttl = options.get("ttl").and_then(Value::as_str);
         if !matches!(ttl, None | Some("30m") | Some("12h")) {
-            return Err(invalid("prompt_cache_options.ttl", "ttl must be 30m or 12h."));
+            return Err(invalid(
+                "prompt_cache_options.ttl",
+                "ttl must be 30m or 12h.",
+            ));
         }
         changes.insert("prompt_cache_options".into(), options);
     }
@@ -167,9 +191,12 @@ fn plain_changes(args: &mut Args) -> Result<(Map<String, Value>, Map<String, Val
                 "No cost meter runs for a local session, so a spend limit cannot be kept: send {\"limit\": null} or leave spend_control out.",
             ));
         }
-        changes.insert("spend_control".into(), json!({"limit": null, "consumed": null}));
+        changes.insert(
+            "spend_control".into(),
+            json!({"limit": null, "consumed": null}),
+        );
     }
-    Ok((changes, Map::new()))
+    Ok(changes)
 }
 
 /// An update's changes: plain fields, and the agent's (`model`, `reasoning`,
@@ -177,7 +204,7 @@ fn plain_changes(args: &mut Args) -> Result<(Map<String, Value>, Map<String, Val
 pub fn changes(
     args: &mut Args,
 ) -> Result<(Map<String, Value>, Option<saved::AgentPatch>), ApiError> {
-    let (changes, _) = plain_changes(args)?;
+    let changes = plain_changes(args)?;
     let agent = match args.take("agent") {
         Some(Value::Object(map)) => Some(agent_changes(map)?),
         _ => None,
@@ -209,9 +236,8 @@ async fn session_agent(
     // What codex cannot honour is refused now, not at the first turn.
     let agent = serde_json::to_value(&config)
         .map_err(|e| ApiError::new(500, "server_error", e.to_string()))?;
-    crate::agents::codex_map::thread_plan(&agent, "/").map_err(|u| {
-        invalid(&u.param, u.message).with_code("unsupported_parameter")
-    })?;
+    crate::agents::codex_map::thread_plan(&agent, "/")
+        .map_err(|u| invalid(&u.param, u.message).with_code("unsupported_parameter"))?;
     Ok((config, id))
 }
 
@@ -231,7 +257,11 @@ fn agent_changes(map: Map<String, Value>) -> Result<saved::AgentPatch, ApiError>
 }
 
 /// The vaults a session names must be the caller's.
-async fn check_vaults(call: &Call, agents: &std::sync::Arc<Agents>, ids: &[String]) -> Result<(), ApiError> {
+async fn check_vaults(
+    call: &Call,
+    agents: &std::sync::Arc<Agents>,
+    ids: &[String],
+) -> Result<(), ApiError> {
     let owner = call.identity.id.clone();
     let ids = ids.to_vec();
     agents
@@ -270,9 +300,14 @@ pub async fn codex_agent(
                 if tool["transport"]["authorization"].is_string() {
                     continue;
                 }
-                let url = tool["transport"]["server_url"].as_str().unwrap_or_default().to_string();
+                let url = tool["transport"]["server_url"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .to_string();
                 let token = match credential.as_ref().and_then(Value::as_str) {
-                    Some(id) => Some(crate::agents::vaults::credential_token(t, &owner, &vaults, id)?),
+                    Some(id) => Some(crate::agents::vaults::credential_token(
+                        t, &owner, &vaults, id,
+                    )?),
                     None if vaults.is_empty() => None,
                     None => crate::agents::vaults::bearer_for(t, &owner, &vaults, &url)?,
                 };

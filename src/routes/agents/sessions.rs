@@ -101,12 +101,19 @@ pub fn endpoints() -> Vec<Endpoint> {
         )
         .params(create_fields)
         .streaming())
-        .op(Op::get_record::<Session>("A session, its status and pending actions."))
-        .op(Op::update("Change a session's metadata or its agent's model, reasoning or tools.", handler(update))
-            .params(session_fields()))
+        .op(Op::get_record::<Session>(
+            "A session, its status and pending actions.",
+        ))
+        .op(Op::update(
+            "Change a session's metadata or its agent's model, reasoning or tools.",
+            handler(update),
+        )
+        .params(session_fields()))
         .op(Op::list("The caller's sessions.", handler(list)).params({
             let mut params = super::stored::paging();
-            params.push(Param::query("agent_id", "string", false).doc("Only this saved agent's sessions."));
+            params.push(
+                Param::query("agent_id", "string", false).doc("Only this saved agent's sessions."),
+            );
             params
         }))
         .op(Op::delete(
@@ -131,25 +138,51 @@ pub fn endpoints() -> Vec<Endpoint> {
             .endpoints(),
     );
     endpoints.extend(
-        within("agents_session_items", "/v1/agents/sessions/{session_id}/items", ITEM)
-            .op(Op::list_records::<Item>("The root agent's items, its subagent interactions included."))
-            .endpoints(),
+        within(
+            "agents_session_items",
+            "/v1/agents/sessions/{session_id}/items",
+            ITEM,
+        )
+        .op(Op::list_records::<Item>(
+            "The root agent's items, its subagent interactions included.",
+        ))
+        .endpoints(),
     );
     endpoints.extend(
-        within("agents_session_turns", "/v1/agents/sessions/{session_id}/turns", TURN)
-            .op(Op::list_records::<Turn>("The root agent's turns."))
-            .op(Op::get_record::<Turn>("One turn, with its usage."))
-            .op(Op::member("items", Method::Get, "A turn's items, in order.", handler(turn_items))
-                .params(super::stored::paging()))
-            .endpoints(),
+        within(
+            "agents_session_turns",
+            "/v1/agents/sessions/{session_id}/turns",
+            TURN,
+        )
+        .op(Op::list_records::<Turn>("The root agent's turns."))
+        .op(Op::get_record::<Turn>("One turn, with its usage."))
+        .op(Op::member(
+            "items",
+            Method::Get,
+            "A turn's items, in order.",
+            handler(turn_items),
+        )
+        .params(super::stored::paging()))
+        .endpoints(),
     );
     endpoints.extend(
-        within("agents_session_subagents", "/v1/agents/sessions/{session_id}/subagents", SUBAGENT)
-            .op(Op::list_records::<Subagent>("codex sub-agents the session's turns opened."))
-            .op(Op::get_record::<Subagent>("One subagent."))
-            .op(Op::member("items", Method::Get, "A subagent's items.", handler(subagent_items))
-                .params(super::stored::paging()))
-            .endpoints(),
+        within(
+            "agents_session_subagents",
+            "/v1/agents/sessions/{session_id}/subagents",
+            SUBAGENT,
+        )
+        .op(Op::list_records::<Subagent>(
+            "codex sub-agents the session's turns opened.",
+        ))
+        .op(Op::get_record::<Subagent>("One subagent."))
+        .op(Op::member(
+            "items",
+            Method::Get,
+            "A subagent's items.",
+            handler(subagent_items),
+        )
+        .params(super::stored::paging()))
+        .endpoints(),
     );
     endpoints.extend(
         Resource::new(
@@ -158,28 +191,59 @@ pub fn endpoints() -> Vec<Endpoint> {
             TURN,
         )
         .within(SESSION)
-        .op(Op::list("A subagent's turns.", handler(subagent_turns)).params(super::stored::paging()))
-        .op(Op::get("One turn of a subagent.", handler(subagent_turn)))
-        .op(Op::member("items", Method::Get, "A subagent turn's items.", handler(subagent_turn_items))
+        .op(Op::list("A subagent's turns.", handler(subagent_turns))
             .params(super::stored::paging()))
+        .op(Op::get("One turn of a subagent.", handler(subagent_turn)))
+        .op(Op::member(
+            "items",
+            Method::Get,
+            "A subagent turn's items.",
+            handler(subagent_turn_items),
+        )
+        .params(super::stored::paging()))
         .endpoints(),
     );
     endpoints.extend(
-        within("agents_session_artifacts", "/v1/agents/sessions/{session_id}/artifacts", ARTIFACT)
-            .op(Op::list("Files turns created or changed under outputs/.", handler(artifacts_list)).params({
-                let mut params = super::stored::paging();
-                params.push(Param::query("environment_id", "string", false).doc("Only this environment's artifacts."));
-                params
-            }))
-            .op(Op::get_record::<Artifact>("One artifact."))
-            .op(Op::delete("Forget an artifact (the file stays).", handler(artifact_delete)))
-            .op(Op::member("content", Method::Get, "An artifact's bytes (application/octet-stream, Range honoured).", handler(artifact_content)))
-            .endpoints(),
+        within(
+            "agents_session_artifacts",
+            "/v1/agents/sessions/{session_id}/artifacts",
+            ARTIFACT,
+        )
+        .op(Op::list(
+            "Files turns created or changed under outputs/.",
+            handler(artifacts_list),
+        )
+        .params({
+            let mut params = super::stored::paging();
+            params.push(
+                Param::query("environment_id", "string", false)
+                    .doc("Only this environment's artifacts."),
+            );
+            params
+        }))
+        .op(Op::get_record::<Artifact>("One artifact."))
+        .op(Op::delete(
+            "Forget an artifact (the file stays).",
+            handler(artifact_delete),
+        ))
+        .op(Op::member(
+            "content",
+            Method::Get,
+            "An artifact's bytes (application/octet-stream, Range honoured).",
+            handler(artifact_content),
+        ))
+        .endpoints(),
     );
     endpoints.extend(
-        within("agents_session_traces", "/v1/agents/sessions/{session_id}/traces", TRACE)
-            .op(Op::list_records::<Trace>("One OTLP trace per finished root turn."))
-            .endpoints(),
+        within(
+            "agents_session_traces",
+            "/v1/agents/sessions/{session_id}/traces",
+            TRACE,
+        )
+        .op(Op::list_records::<Trace>(
+            "One OTLP trace per finished root turn.",
+        ))
+        .endpoints(),
     );
     endpoints
 }
@@ -358,10 +422,7 @@ pub(super) async fn get_session(call: &Call, id: &str) -> Result<Session, ApiErr
 
 /// A page of the ids `ids` (in order), looked up as `T` within the session: `after` is
 /// an id of the list, `order` reads it from either end.
-async fn page_of<T: Object>(
-    call: &Call,
-    ids: Vec<String>,
-) -> Result<Response, ApiError> {
+async fn page_of<T: Object>(call: &Call, ids: Vec<String>) -> Result<Response, ApiError> {
     let args = call.args()?;
     let (order, limit, after) = paging(&args);
     let mut ids = ids;
@@ -372,7 +433,12 @@ async fn page_of<T: Object>(
         None => 0,
         Some(after) => match ids.iter().position(|i| i == after) {
             Some(at) => at + 1,
-            None => return Err(super::invalid("after", format!("No item '{after}' in this list."))),
+            None => {
+                return Err(super::invalid(
+                    "after",
+                    format!("No item '{after}' in this list."),
+                ))
+            }
         },
     };
     let chosen: Vec<String> = ids.iter().skip(start).take(limit).cloned().collect();
@@ -413,7 +479,11 @@ impl From<StoreError> for Lookup {
 }
 
 async fn find_turn(call: &Call) -> Result<Turn, ApiError> {
-    let (owner, session, id) = (call.identity.id.clone(), session_id(call), path_value(call, TURN.param));
+    let (owner, session, id) = (
+        call.identity.id.clone(),
+        session_id(call),
+        path_value(call, TURN.param),
+    );
     let shown = id.clone();
     agents_of(call)?
         .transact(move |t| {
@@ -430,7 +500,11 @@ async fn find_turn(call: &Call) -> Result<Turn, ApiError> {
 }
 
 async fn find_subagent(call: &Call) -> Result<Subagent, ApiError> {
-    let (owner, session, id) = (call.identity.id.clone(), session_id(call), path_value(call, SUBAGENT.param));
+    let (owner, session, id) = (
+        call.identity.id.clone(),
+        session_id(call),
+        path_value(call, SUBAGENT.param),
+    );
     let shown = id.clone();
     agents_of(call)?
         .transact(move |t| {
@@ -496,7 +570,10 @@ async fn artifacts_list(call: Call) -> Result<Response, ApiError> {
                 let page = t.list::<Artifact>(scope, &query)?;
                 cursor = page.last_id.clone();
                 for artifact in page.data {
-                    if environment.as_deref().is_none_or(|e| e == artifact.environment_id) {
+                    if environment
+                        .as_deref()
+                        .is_none_or(|e| e == artifact.environment_id)
+                    {
                         if found.len() == limit {
                             return Ok((found, true));
                         }
@@ -510,7 +587,9 @@ async fn artifacts_list(call: Call) -> Result<Response, ApiError> {
         })
         .await
         .map_err(|e| match e {
-            StoreError::UnknownCursor => super::invalid("after", "No artifact with this id in this list."),
+            StoreError::UnknownCursor => {
+                super::invalid("after", "No artifact with this id in this list.")
+            }
             e => store_error(e, "session", &shown, "session_id"),
         })?;
     Ok(page(data.iter().map(Object::object).collect(), has_more))
@@ -518,7 +597,11 @@ async fn artifacts_list(call: Call) -> Result<Response, ApiError> {
 
 async fn find_artifact(call: &Call) -> Result<Artifact, ApiError> {
     get_session(call, &session_id(call)).await?;
-    let (owner, session, id) = (call.identity.id.clone(), session_id(call), path_value(call, ARTIFACT.param));
+    let (owner, session, id) = (
+        call.identity.id.clone(),
+        session_id(call),
+        path_value(call, ARTIFACT.param),
+    );
     let shown = id.clone();
     agents_of(call)?
         .transact(move |t| t.get::<Artifact>(Scope::within(&owner, &session), &id))
@@ -528,7 +611,11 @@ async fn find_artifact(call: &Call) -> Result<Artifact, ApiError> {
 
 async fn artifact_delete(call: Call) -> Result<Response, ApiError> {
     let artifact = find_artifact(&call).await?;
-    let (owner, session, id) = (call.identity.id.clone(), session_id(&call), artifact.id.clone());
+    let (owner, session, id) = (
+        call.identity.id.clone(),
+        session_id(&call),
+        artifact.id.clone(),
+    );
     agents_of(&call)?
         .transact(move |t| t.delete::<Artifact>(Scope::within(&owner, &session), &id))
         .await
@@ -542,16 +629,18 @@ async fn artifact_delete(call: Call) -> Result<Response, ApiError> {
 async fn artifact_content(call: Call) -> Result<Response, ApiError> {
     let artifact = find_artifact(&call).await?;
     // Confined again at read time: the file may have been replaced by a link since.
-    let caller = crate::routes::shared::confine(&call, &artifact.local_path).map_err(|_| {
-        super::not_found("artifact", &artifact.id, "artifact_id")
-    })?;
+    let caller = crate::routes::shared::confine(&call, &artifact.local_path)
+        .map_err(|_| super::not_found("artifact", &artifact.id, "artifact_id"))?;
     crate::routes::shared::raw_bytes(&call, &caller, "invalid_request_error")
         .await
         .map_err(|e| match e.status {
             404 | 403 => ApiError::new(
                 404,
                 "not_found_error",
-                format!("The artifact '{}' is gone from disk: {} no longer exists.", artifact.id, artifact.path),
+                format!(
+                    "The artifact '{}' is gone from disk: {} no longer exists.",
+                    artifact.id, artifact.path
+                ),
             )
             .with_code("artifact_file_missing")
             .with_field("param", "artifact_id"),

@@ -426,3 +426,101 @@ pub async fn download_stream(call: Call) -> Result<Response, ApiError> {
     let caller = confine(&call, &input)?;
     raw_bytes(&call, &caller, "ValueError").await
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn base64_tolerates_wrapping_and_enforces_the_limit() {
+        assert_eq!(decode_base64("aGVs\nbG8=", 100).unwrap(), b"hello");
+        assert_eq!(decode_base64("aGVsbG8=", 100).unwrap(), b"hello");
+        assert_eq!(
+            decode_base64("aGVsbG8=", 4).unwrap_err().code,
+            Some("payload_too_large")
+        );
+        assert_eq!(decode_base64("not base64!", 100).unwrap_err().status, 400);
+    }
+
+    /// The field names a `Deserialize` struct accepts, read from its derive.
+    fn struct_fields<'de, T: Deserialize<'de>>() -> &'static [&'static str] {
+        struct Capture(&'static [&'static str]);
+        impl<'de> serde::Deserializer<'de> for &mut Capture {
+            type Error = serde::de::value::Error;
+            fn deserialize_any<V: serde::de::Visitor<'de>>(
+                self,
+                _: V,
+            ) -> Result<V::Value, Self::Error> {
+                Err(serde::de::Error::custom("not a struct"))
+            }
+            fn deserialize_struct<V: serde::de::Visitor<'de>>(
+                self,
+                _: &'static str,
+                fields: &'static [&'static str],
+                _: V,
+            ) -> Result<V::Value, Self::Error> {
+                self.0 = fields;
+                Err(serde::de::Error::custom("captured"))
+            }
+            serde::forward_to_deserialize_any! {
+                bool i8 i16 i32 i64 i128 u8 u16 u32 u64 u128 f32 f64 char str string bytes
+                byte_buf option unit unit_struct newtype_struct seq tuple tuple_struct map
+                enum identifier ignored_any
+            }
+        }
+        let mut capture = Capture(&[]);
+        let _ = T::deserialize(&mut capture);
+        capture.0
+    }
+
+    /// The streamed JSON upload is not parsed by `Call::args`: its fields (the scanner's
+    /// streamed member and the skeleton's struct) and their required-ness must be the
+    /// body fields the upload endpoints declare, with the same sentences.
+    #[test]
+    fn the_streaming_parser_accepts_the_declared_fields() {
+        for endpoint in crate::routes::builtin_endpoints() {
+            let spec = &endpoint.spec;
+            if !matches!(spec.id.as_str(), "upload" | "files_upload_stream") {
+                continue;
+            }
+            let body: Vec<&Param> = (spec.params.iter())
+                .filter(|p| p.location == ParamIn::Body)
+                .collect();
+            let mut declared: Vec<&str> = body.iter().map(|p| p.name).collect();
+            let mut accepted = struct_fields::<UploadBody>().to_vec();
+            declared.sort_unstable();
+            accepted.sort_unstable();
+            assert_eq!(declared, accepted, "{}", spec.id);
+            let streamed = std::str::from_utf8(crate::fs::upload_body::KEY).unwrap();
+            assert!(declared.contains(&streamed), "{}", spec.id);
+            for param in &body {
+                assert!(param.required, "{} {}", spec.id, param.name);
+                let others: serde_json::Map<String, serde_json::Value> = (body.iter())
+                    .filter(|p| p.name != param.name)
+                    .map(|p| (p.name.to_string(), json!("aGk=")))
+                    .collect();
+                let skeleton = serde_json::to_vec(&others).unwrap();
+                let err = parse_skeleton(&skeleton, false, 100).unwrap_err();
+                let sentence = param
+                    .missing
+                    .map_or_else(|| format!("{} is required", param.name), str::to_string);
+                assert_eq!(err.message, sentence, "{} {}", spec.id, param.name);
+            }
+            let whole = br#"{"path": "a.txt", "content_base64": "aGk="}"#;
+            let (path, inline) = parse_skeleton(whole, false, 100).unwrap();
+            assert_eq!(
+                (path.as_str(), inline.as_deref()),
+                ("a.txt", Some(&b"hi"[..]))
+            );
+        }
+    }
+
+    #[test]
+    fn download_body_is_valid_json() {
+        let body = download_body("/home/user/a \"b\".bin", &[0, 1, 2, 255], true);
+        let v: serde_json::Value = serde_json::from_slice(&body).unwrap();
+        assert_eq!(v["content_base64"], "AAEC/w==");
+        assert_eq!(v["bytes"], 4);
+        assert_eq!(v["path"], "/home/user/a \"b\".bin");
+    }
+}

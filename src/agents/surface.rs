@@ -9,7 +9,7 @@
 
 use std::collections::HashMap;
 use std::sync::atomic::AtomicBool;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 
 use super::durable::DurableStore;
 use super::records::{ListQuery, ObjectStore, Page, Record, Scope, StoreError, Transaction};
@@ -21,9 +21,15 @@ pub type AgentsStore = DurableStore;
 /// The agents surface: its object store, and the turns running now (their CLIs'
 /// process groups live here, not in the store: a process is not a record).
 pub struct Agents<S: ObjectStore = AgentsStore> {
-    store: S,
+    store: OnceLock<S>,
+    /// Opens the store at first use, for a server whose agents group is off at startup
+    /// (it may be switched on by a policy later): no file is opened, and no memory
+    /// held, for a group nobody uses.
+    opener: Mutex<Option<Opener<S>>>,
     running: Mutex<HashMap<String, Running>>,
 }
+
+type Opener<S> = Box<dyn FnOnce() -> S + Send>;
 
 /// A running turn of a stored response.
 struct Running {
@@ -65,9 +71,44 @@ impl Owned {
 impl<S: ObjectStore> Agents<S> {
     pub fn new(store: S) -> Agents<S> {
         Agents {
-            store,
+            store: OnceLock::from(store),
+            opener: Mutex::new(None),
             running: Mutex::default(),
         }
+    }
+
+    /// A surface whose store `open` makes when it is first used (on the blocking pool,
+    /// as every store call runs).
+    pub fn opened_on_first_use(open: impl FnOnce() -> S + Send + 'static) -> Agents<S> {
+        Agents {
+            store: OnceLock::new(),
+            opener: Mutex::new(Some(Box::new(open))),
+            running: Mutex::default(),
+        }
+    }
+
+    /// The store itself (opened now if it was not yet).
+    pub fn into_store(self) -> S {
+        self.store();
+        match self.store.into_inner() {
+            Some(store) => store,
+            None => unreachable!("store() has just made it"),
+        }
+    }
+
+    fn store(&self) -> &S {
+        self.store.get_or_init(|| {
+            let open = self
+                .opener
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .take();
+            // `OnceLock` runs one initializer at a time, so the opener is there once.
+            match open {
+                Some(open) => open(),
+                None => unreachable!("the agents store has neither a store nor an opener"),
+            }
+        })
     }
 
     /// Runs `f` as one store transaction on the blocking pool and awaits it. A durable
@@ -80,7 +121,7 @@ impl<S: ObjectStore> Agents<S> {
         E: From<StoreError> + Send + 'static,
     {
         let agents = Arc::clone(self);
-        match crate::runtime::file::blocking(move || agents.store.transact(f)).await {
+        match crate::runtime::file::blocking(move || agents.store().transact(f)).await {
             Ok(result) => result,
             Err(e) => Err(E::from(StoreError::Storage(e.to_string()))),
         }
@@ -101,7 +142,7 @@ impl<S: ObjectStore> Agents<S> {
                 let _ = agents.transact(f).await;
             });
         } else {
-            let _ = self.store.transact(f);
+            let _ = self.store().transact(f);
         }
     }
 
@@ -162,7 +203,7 @@ impl<S: ObjectStore> Agents<S> {
         &self,
         f: impl FnOnce(&mut S::Txn<'_>) -> Result<R, E>,
     ) -> Result<R, E> {
-        self.store.transact(f)
+        self.store().transact(f)
     }
 
     fn runs(&self) -> std::sync::MutexGuard<'_, HashMap<String, Running>> {

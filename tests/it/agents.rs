@@ -145,8 +145,8 @@ fn runtimes_models_and_refusals() {
     let caps = server.get("/capabilities").json();
     assert_eq!(
         caps["group_summary"]["agents"],
-        // Phase 1's 20 and the Agents API's 25 CRUD operations.
-        json!({"enabled": 45, "total": 45})
+        // Phase 1's 20, the Agents API's 25 CRUD operations and its 22 of sessions.
+        json!({"enabled": 67, "total": 67})
     );
     assert_eq!(
         caps["endpoints"]["responses_create"]["scopes"],

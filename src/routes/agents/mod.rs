@@ -269,21 +269,38 @@ pub fn registrar() -> crate::app::Registrar {
         // Vault secrets are sealed with a key from ABX_AGENTS_VAULT_KEY or a key file
         // in the state directory, read on first use.
         crate::agents::seal::configure(&setup.config.state_dir);
-        let opened = crate::agents::store::open(&setup.config.state_dir);
-        if let Some(warning) = opened.warning {
-            setup.warn(warning);
+        let state_dir = setup.config.state_dir.clone();
+        if setup.config.enabled_groups.contains(&Group::Agents) {
+            let opened = crate::agents::store::open(&state_dir);
+            if let Some(warning) = opened.warning {
+                setup.warn(warning);
+            }
+            announce_restart(opened.restarted);
+            setup.provide(Arc::new(opened.agents));
+        } else {
+            // Off at startup (a policy may switch it on later): the store is opened by
+            // its first use, and a sandbox that never uses agents gets no file.
+            setup.provide(Arc::new(Agents::opened_on_first_use(move || {
+                let opened = crate::agents::store::open(&state_dir);
+                if let Some(warning) = opened.warning {
+                    crate::log!("warning: {warning}");
+                }
+                announce_restart(opened.restarted);
+                opened.agents.into_store()
+            })));
         }
-        if opened.restarted > 0 {
-            crate::log!(
-                "agents: {} records of work that was running when the server stopped now say so (responses failed, conversations freed)",
-                opened.restarted
-            );
-        }
-        setup.provide(Arc::new(opened.agents));
         setup.provide(Arc::new(cli::installer(setup.config)));
         let hub = Arc::new(crate::agents::sessions::live::Hub::default());
         let stopping = hub.clone();
         setup.on_shutdown(move || stopping.stop_all());
         setup.provide(hub);
     })
+}
+
+fn announce_restart(restarted: usize) {
+    if restarted > 0 {
+        crate::log!(
+            "agents: {restarted} records of work that was running when the server stopped now say so (responses and sessions' turns failed, conversations freed)"
+        );
+    }
 }

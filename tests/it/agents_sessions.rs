@@ -71,6 +71,10 @@ impl Sandbox {
 
 /// Runs one phase of the SDK script against `server`.
 fn sdk(server: &Server, sandbox: &Sandbox, phase: &str) {
+    sdk_with(server, sandbox, phase, &[]);
+}
+
+fn sdk_with(server: &Server, sandbox: &Sandbox, phase: &str, env: &[(&str, &str)]) {
     let script =
         Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/agents_sessions_sdk.py");
     let output = Command::new(&tools().python)
@@ -78,6 +82,7 @@ fn sdk(server: &Server, sandbox: &Sandbox, phase: &str) {
         .arg(format!("http://{}/v1", server.addr))
         .arg(phase)
         .arg(sandbox.state_file())
+        .envs(env.iter().copied())
         .output()
         .unwrap();
     let stdout = String::from_utf8_lossy(&output.stdout);
@@ -149,5 +154,38 @@ fn the_sdk_drives_sessions_on_codex_threads_and_a_restart_resumes_them() {
     assert!(
         resumed.contains("SAY hello from codex"),
         "the resumed thread lost its history: {resumed}"
+    );
+}
+
+/// An agent's `mcp` tool connects codex to that server with the bearer the session's
+/// vault holds for its URL (here another agent-sandbox's `/mcp`): the file the model's
+/// tool call wrote is in the other sandbox, and the token is in no answer and in no
+/// environment but that session's app-server's.
+#[test]
+fn an_mcp_tool_reaches_its_server_with_the_vaults_bearer() {
+    let target = Launch::new("uring")
+        .env("ABX_SERVER_TOKEN", "vault-held-mcp-token")
+        .start();
+    let upstream = serve_upstream();
+    let sandbox = Sandbox::new(&upstream);
+    let server = sandbox.server();
+    let url = format!("http://{}/mcp", target.addr);
+    sdk_with(
+        &server,
+        &sandbox,
+        "mcp",
+        &[("MCP_TARGET_URL", &url), ("MCP_TARGET_TOKEN", "vault-held-mcp-token")],
+    );
+    let written = std::fs::read_to_string(target.base_dir().join("from-session.txt"));
+    assert_eq!(written.ok().as_deref(), Some("written by a session over MCP"));
+    let environ = std::fs::read(format!("/proc/{}/environ", server.child.id())).unwrap();
+    assert!(
+        !String::from_utf8_lossy(&environ).contains("vault-held-mcp-token"),
+        "the vault's token is in the server's own environment"
+    );
+    let offered = asked(&upstream);
+    assert!(
+        !offered.iter().any(|r| r.contains("vault-held-mcp-token")),
+        "the token reached the model"
     );
 }

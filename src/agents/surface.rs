@@ -98,11 +98,7 @@ impl<S: ObjectStore> Agents<S> {
 
     fn store(&self) -> &S {
         self.store.get_or_init(|| {
-            let open = self
-                .opener
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .take();
+            let open = self.opener.lock().unwrap_or_else(|e| e.into_inner()).take();
             // `OnceLock` runs one initializer at a time, so the opener is there once.
             match open {
                 Some(open) => open(),

@@ -174,10 +174,16 @@ fn an_mcp_tool_reaches_its_server_with_the_vaults_bearer() {
         &server,
         &sandbox,
         "mcp",
-        &[("MCP_TARGET_URL", &url), ("MCP_TARGET_TOKEN", "vault-held-mcp-token")],
+        &[
+            ("MCP_TARGET_URL", &url),
+            ("MCP_TARGET_TOKEN", "vault-held-mcp-token"),
+        ],
     );
     let written = std::fs::read_to_string(target.base_dir().join("from-session.txt"));
-    assert_eq!(written.ok().as_deref(), Some("written by a session over MCP"));
+    assert_eq!(
+        written.ok().as_deref(),
+        Some("written by a session over MCP")
+    );
     let environ = std::fs::read(format!("/proc/{}/environ", server.child.id())).unwrap();
     assert!(
         !String::from_utf8_lossy(&environ).contains("vault-held-mcp-token"),

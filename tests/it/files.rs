@@ -262,7 +262,8 @@ fn peak_rss_kib(server: &Server) -> u64 {
     // size, not with what a transfer buffers; they stay mapped, so the difference is
     // the anonymous peak).
     let pid = server.child.id();
-    crate::support::status_kib(pid, "VmHWM").saturating_sub(crate::support::status_kib(pid, "RssFile"))
+    crate::support::status_kib(pid, "VmHWM")
+        .saturating_sub(crate::support::status_kib(pid, "RssFile"))
 }
 
 fn raw_streaming_200_mib_in_constant_memory(driver: &'static str) {

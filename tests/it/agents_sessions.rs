@@ -126,6 +126,16 @@ fn the_sdk_drives_sessions_on_codex_threads_and_a_restart_resumes_them() {
         continued.contains("SAY hello from codex") && continued.contains("hello from codex"),
         "the second turn did not carry the first: {continued}"
     );
+    // A session's override of a saved agent's instructions is what codex was given.
+    assert!(
+        upstream
+            .seen
+            .lock()
+            .unwrap()
+            .iter()
+            .any(|r: &Value| r.to_string().contains("Overridden instructions.")),
+        "the overriding instructions never reached the model"
+    );
     // The artifact's record is gone, its file is not.
     let report = sandbox.base.path().join("outputs/report.txt");
     assert_eq!(std::fs::read_to_string(&report).unwrap(), "report body");

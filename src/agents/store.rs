@@ -11,7 +11,7 @@ use super::conversations::Conversation;
 use super::durable::{DurableStore, OpenError};
 use super::records::{Limits, ObjectStore, StoreError, Transaction};
 use super::responses::ResponseRecord;
-use super::sessions::records::{Session, Turn};
+use super::sessions::records::{Session, Subagent, SubagentTurn, Turn};
 use super::surface::{Agents, AgentsStore};
 
 /// The store's file in the state directory.
@@ -64,7 +64,9 @@ pub fn restart(t: &mut <AgentsStore as ObjectStore>::Txn<'_>) -> Result<usize, S
     Ok(t.restart::<ResponseRecord>()?
         + t.restart::<Conversation>()?
         + t.restart::<Session>()?
-        + t.restart::<Turn>()?)
+        + t.restart::<Turn>()?
+        + t.restart::<SubagentTurn>()?
+        + t.restart::<Subagent>()?)
 }
 
 /// The startup warning of a store kept in memory because `path` could not be opened.

@@ -205,3 +205,20 @@ fn an_mcp_tool_reaches_its_server_with_the_vaults_bearer() {
         "the token reached the model"
     );
 }
+
+/// A codex sub-agent is a subagent of the session: the child thread codex opened when
+/// the model called `spawn_agent` is listed, with its own turns and items, apart from
+/// the root agent's, and its events stream on the session.
+#[test]
+fn codex_sub_agents_are_the_sessions_subagents() {
+    let upstream = serve_upstream();
+    let sandbox = Sandbox::new(&upstream);
+    let server = sandbox.server();
+    sdk(&server, &sandbox, "subagents");
+    assert!(
+        asked(&upstream)
+            .iter()
+            .any(|r| r.contains("SAY from the child")),
+        "the child thread never asked the model"
+    );
+}

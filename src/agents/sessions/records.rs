@@ -53,6 +53,7 @@ child!(TURNS, "session_turn");
 child!(ITEMS, "session_item");
 child!(SUBAGENT_ITEMS, "session_subagent_item");
 child!(SUBAGENTS, "session_subagent");
+child!(SUBAGENT_TURNS, "session_subagent_turn");
 child!(ARTIFACTS, "session_artifact");
 child!(TRACES, "session_trace");
 
@@ -283,6 +284,29 @@ impl Object for Item {
     }
 }
 
+/// A turn of a subagent (kept apart from the root agent's, which the session's turn
+/// list shows).
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct SubagentTurn(pub Turn);
+
+impl Record for SubagentTurn {
+    fn collection() -> &'static Collection {
+        &SUBAGENT_TURNS
+    }
+    fn id(&self) -> &str {
+        &self.0.id
+    }
+    fn on_restart(&mut self) -> bool {
+        self.0.on_restart()
+    }
+}
+
+impl Object for SubagentTurn {
+    fn object(&self) -> Value {
+        self.0.object()
+    }
+}
+
 /// An item of a subagent's turn.
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct SubagentItem(pub Value);
@@ -325,6 +349,14 @@ impl Record for Subagent {
     }
     fn id(&self) -> &str {
         &self.id
+    }
+    fn on_restart(&mut self) -> bool {
+        // Its thread ended with the app-server that ran it.
+        if self.closed_at.is_some() {
+            return false;
+        }
+        self.closed_at = Some(now_unix());
+        true
     }
 }
 

@@ -11,7 +11,7 @@ use super::{agents_of, args, path_value, server_runtime, store_error};
 use crate::agents::objects::{label, Object};
 use crate::agents::records::{ListQuery, Order, Scope, StoreError, Transaction};
 use crate::agents::sessions::records::{
-    Artifact, Item, Session, Subagent, SubagentItem, Trace, Turn, DIFFERENCES,
+    Artifact, Item, Session, Subagent, SubagentItem, SubagentTurn, Trace, Turn, DIFFERENCES,
 };
 use crate::agents::sessions::{self, SessionFilter};
 use crate::api::{ApiError, Method, Param};
@@ -527,16 +527,24 @@ async fn subagent_items(call: Call) -> Result<Response, ApiError> {
 
 async fn subagent_turns(call: Call) -> Result<Response, ApiError> {
     let subagent = find_subagent(&call).await?;
-    page_of::<Turn>(&call, subagent.turns).await
+    page_of::<SubagentTurn>(&call, subagent.turns).await
 }
 
 /// A turn of the subagent of the path (another subagent's or a root turn is unknown here).
 async fn subagent_turn_of(call: &Call) -> Result<Turn, ApiError> {
     let subagent = find_subagent(call).await?;
-    let turn = find_turn(call).await?;
+    let (owner, session, id) = (
+        call.identity.id.clone(),
+        session_id(call),
+        path_value(call, TURN.param),
+    );
+    let shown = id.clone();
+    let SubagentTurn(turn) = agents_of(call)?
+        .transact(move |t| t.get::<SubagentTurn>(Scope::within(&owner, &session), &id))
+        .await
+        .map_err(|e| store_error(e, "turn", &shown, "turn_id"))?;
     if turn.subagent_id.as_deref() != Some(subagent.id.as_str()) {
-        let id = path_value(call, TURN.param);
-        return Err(store_error(StoreError::NotFound, "turn", &id, "turn_id"));
+        return Err(store_error(StoreError::NotFound, "turn", &shown, "turn_id"));
     }
     Ok(turn)
 }

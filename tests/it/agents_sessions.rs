@@ -136,6 +136,16 @@ fn the_sdk_drives_sessions_on_codex_threads_and_a_restart_resumes_them() {
             .any(|r: &Value| r.to_string().contains("Overridden instructions.")),
         "the overriding instructions never reached the model"
     );
+    // The session's new model reached codex for the next turn.
+    assert!(
+        upstream
+            .seen
+            .lock()
+            .unwrap()
+            .iter()
+            .any(|r: &Value| r["model"] == "stub-model-2"),
+        "the updated model was never asked"
+    );
     // The artifact's record is gone, its file is not.
     let report = sandbox.base.path().join("outputs/report.txt");
     assert_eq!(std::fs::read_to_string(&report).unwrap(), "report body");

@@ -514,7 +514,15 @@ impl Actor {
             .await;
             return Ok(());
         };
-        let params = codex_map::turn_start_params(&thread, codex_input(&messages), plan);
+        let mut params = codex_map::turn_start_params(&thread, codex_input(&messages), plan);
+        // What an update changed since the thread started applies from this turn on
+        // (codex keeps a turn's overrides for the later ones).
+        if let Some(model) = session.agent["model"].as_str() {
+            params["model"] = json!(model);
+        }
+        if let Some(effort) = session.agent["reasoning"]["effort"].as_str() {
+            params["effort"] = json!(effort);
+        }
         // The answer comes while notifications flow; `turn/started` may come first.
         match app.request("turn/start", params).await {
             Ok(answer) => {

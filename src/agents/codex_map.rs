@@ -1071,6 +1071,9 @@ pub struct ThreadPlan {
     pub env: Vec<(String, String)>,
 }
 
+/// The environment variables that carry MCP servers' bearers to the app-server.
+const MCP_TOKEN_PREFIX: &str = "ABX_MCP_TOKEN_";
+
 /// A name codex accepts for a dynamic tool or a config key: `^[a-zA-Z0-9_-]{1,128}$`.
 fn valid_name(name: &str) -> bool {
     !name.is_empty()
@@ -1253,6 +1256,14 @@ pub fn thread_plan(agent: &Value, cwd: &str) -> Result<ThreadPlan, Unsupported> 
     if !functions.is_empty() {
         start["dynamicTools"] = json!(functions);
     }
+    if !env.is_empty() {
+        // The bearers are the app-server's, for its MCP clients: the commands codex runs
+        // for the model inherit its environment unless told not to.
+        config.insert(
+            "shell_environment_policy.exclude".into(),
+            json!([format!("{MCP_TOKEN_PREFIX}*")]),
+        );
+    }
     start["config"] = Value::Object(config);
     Ok(ThreadPlan {
         thread_start: start,
@@ -1309,7 +1320,7 @@ fn mcp_server(
             {
                 let token = token.strip_prefix("Bearer ").unwrap_or(token);
                 let var = format!(
-                    "ABX_MCP_TOKEN_{}",
+                    "{MCP_TOKEN_PREFIX}{}",
                     label.to_ascii_uppercase().replace('-', "_")
                 );
                 config.insert(key("bearer_token_env_var"), json!(var));

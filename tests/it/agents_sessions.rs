@@ -204,6 +204,14 @@ fn an_mcp_tool_reaches_its_server_with_the_vaults_bearer() {
         written.ok().as_deref(),
         Some("written by a session over MCP")
     );
+    let command_env =
+        std::fs::read_to_string(sandbox.base.path().join("environment-of-a-command.txt"))
+            .expect("the command codex ran wrote its environment");
+    assert!(command_env.contains("PATH="), "{command_env}");
+    assert!(
+        !command_env.contains("vault-held-mcp-token"),
+        "a command codex ran saw the MCP server's bearer"
+    );
     let environ = std::fs::read(format!("/proc/{}/environ", server.child.id())).unwrap();
     assert!(
         !String::from_utf8_lossy(&environ).contains("vault-held-mcp-token"),

@@ -51,10 +51,9 @@ pub async fn create(
 ) -> Result<Session, AgentError> {
     let now = now_unix();
     let id = new_id("sess_");
-    let config = seal_config(&id, &new.config)?;
-    let session = Session {
+    let mut session = Session {
         agent: new.config.snapshot(&new.agent_id),
-        config,
+        config: String::new(),
         id,
         created_at: now,
         last_active_at: now,
@@ -74,13 +73,16 @@ pub async fn create(
         idempotency: Vec::new(),
         turns: 0,
     };
-    let owner = owner.to_string();
-    let kept = session.clone();
+    let (owner, id) = (owner.to_string(), session.id.clone());
+    // Sealed on the blocking pool: the first seal may read the key file.
     agents
-        .transact(move |t| t.create(Scope::owner(&owner), kept))
+        .transact(move |t| {
+            session.config = seal_config(&session.id, &new.config)?;
+            t.create(Scope::owner(&owner), session.clone())
+                .map_err(AgentError::store("session", &id, "session_id"))?;
+            Ok(session)
+        })
         .await
-        .map_err(AgentError::store("session", &session.id, "session_id"))?;
-    Ok(session)
 }
 
 /// Changes a session's `metadata`, `review`, `prompt_cache_options`, `spend_control`

@@ -285,13 +285,15 @@ pub async fn codex_agent(
     call: &Call,
     session: &crate::agents::sessions::records::Session,
 ) -> Result<(Value, Vec<(String, String)>), ApiError> {
-    let config = crate::agents::sessions::open_config(session)?;
-    let mut agent = serde_json::to_value(&config)
-        .map_err(|e| ApiError::new(500, "server_error", e.to_string()))?;
     let owner = call.identity.id.clone();
     let vaults = session.vault_ids.clone();
+    let session = session.clone();
     let found = agents_of(call)?
         .transact(move |t| {
+            // Opened on the blocking pool: the first open may read the key file.
+            let config = crate::agents::sessions::open_config(&session)?;
+            let mut agent = serde_json::to_value(&config)
+                .map_err(|e| crate::agents::AgentError::Failed(e.to_string()))?;
             for tool in agent["tools"].as_array_mut().into_iter().flatten() {
                 if tool["type"] != "mcp" || tool["transport"]["type"] == "stdio" {
                     continue;

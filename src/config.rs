@@ -48,8 +48,13 @@ pub struct Config {
     /// Opt-in groups named in `ABX_SERVER_ENABLED_GROUPS`.
     pub enabled_groups: Vec<Group>,
     pub max_upload_size: u64,
-    /// Path of the policy document named by `ABX_SERVER_POLICY`.
+    /// Path of the policy document: `--policy`, `ABX_SERVER_POLICY` naming a file,
+    /// `ABX_SERVER_POLICY_FILE`, `/etc/agent-sandbox/server-policy.json`, or a
+    /// template's `template.yaml`, the first that is given.
     pub policy_path: Option<PathBuf>,
+    /// The policy document itself, when `ABX_SERVER_POLICY` holds JSON (as the
+    /// reference reads it) rather than a path.
+    pub policy_inline: Option<String>,
     pub io_driver: IoDriverChoice,
     /// How long a keep-alive connection may sit between requests.
     pub idle_timeout: Duration,
@@ -122,6 +127,7 @@ impl Default for Config {
             enabled_groups: Vec::new(),
             max_upload_size: 100 * 1024 * 1024,
             policy_path: None,
+            policy_inline: None,
             io_driver: IoDriverChoice::Auto,
             idle_timeout: Duration::from_secs(75),
             read_timeout: Duration::from_secs(30),
@@ -307,9 +313,29 @@ const SETTINGS: &[Setting] = &[
     Setting {
         flag: None,
         var: "ABX_SERVER_POLICY",
-        default: "path of a policy document",
+        default: "a policy document (JSON starting with '{') or the path of one",
         apply: |c, _, v| {
-            c.policy_path = Some(PathBuf::from(v));
+            if v.starts_with('{') {
+                c.policy_inline = Some(v.to_string());
+            } else {
+                c.policy_path = Some(PathBuf::from(v));
+            }
+            Ok(())
+        },
+    },
+    Setting {
+        flag: Some("policy"),
+        var: "ABX_SERVER_POLICY_FILE",
+        default: "path of a policy document",
+        apply: |c, src, v| {
+            // `--policy` beats ABX_SERVER_POLICY, which beats ABX_SERVER_POLICY_FILE.
+            let from_flag = src.starts_with("--");
+            if from_flag {
+                c.policy_inline = None;
+            }
+            if from_flag || (c.policy_inline.is_none() && c.policy_path.is_none()) {
+                c.policy_path = Some(PathBuf::from(v));
+            }
             Ok(())
         },
     },
@@ -538,6 +564,9 @@ pub enum Parsed {
     Version,
 }
 
+/// The policy document the reference server reads when none is named.
+pub const DEFAULT_POLICY_FILE: &str = "/etc/agent-sandbox/server-policy.json";
+
 impl Config {
     /// Builds the configuration from `args` (without the program name) and an environment
     /// lookup. Errors are one line meant for stderr, after which the caller exits 2.
@@ -616,14 +645,21 @@ impl Config {
         }
         if let Some(path) = check_policy {
             config.policy_path = Some(PathBuf::from(path));
+            config.policy_inline = None;
             return Ok(Parsed::CheckPolicy(Box::new(config)));
         }
         if health_check {
             return Ok(Parsed::HealthCheck(Box::new(config)));
         }
-        // A template's template.yaml in the working directory is its policy (its
-        // `server:` section) when no document is named.
-        if config.policy_path.is_none() && env("ABX_SERVER_POLICY").is_none() {
+        // The reference's well-known file, then a template's template.yaml in the
+        // working directory (its `server:` section), when no document is named.
+        if config.policy_path.is_none() && config.policy_inline.is_none() {
+            let well_known = std::path::Path::new(DEFAULT_POLICY_FILE);
+            if well_known.is_file() {
+                config.policy_path = Some(well_known.to_path_buf());
+            }
+        }
+        if config.policy_path.is_none() && config.policy_inline.is_none() {
             for name in ["template.yaml", "template.yml"] {
                 if std::path::Path::new(name).is_file() {
                     config.policy_path = std::env::current_dir().ok().map(|d| d.join(name));

@@ -106,7 +106,13 @@ impl Server {
                 .config
                 .policy_path
                 .as_deref()
-                .map_or("(none)".into(), |p| p.display().to_string()),
+                .map(|p| p.display().to_string())
+                .or_else(|| state
+                    .config
+                    .policy_inline
+                    .as_ref()
+                    .map(|_| "(inline ABX_SERVER_POLICY)".into()))
+                .unwrap_or_else(|| "(none)".into()),
             catalog.policy.preset,
             catalog.policy.revision
         );
@@ -149,11 +155,18 @@ impl Server {
         shutdown::block_termination_signals();
         // Secrets leave the environment before anything can copy it (the guardian's
         // fork, a child), and the process's memory is closed to its own user.
-        crate::process::secrets::keep(&["ABX_SERVER_TOKEN", crate::agents::seal::KEY_VAR]);
-        if let Some(path) = &self.config.policy_path {
+        // The policy's variables too, as the reference keeps them from children: a
+        // caller with /shell learns nothing of how it is governed.
+        crate::process::secrets::keep(&[
+            "ABX_SERVER_TOKEN",
+            "ABX_SERVER_POLICY",
+            "ABX_SERVER_POLICY_FILE",
+            crate::agents::seal::KEY_VAR,
+        ]);
+        if self.config.policy_path.is_some() || self.config.policy_inline.is_some() {
             // The policy's token_env variables too; a document that does not load is
             // reported once, by the build below.
-            if let Ok(policy) = crate::app::policy::Policy::load(path) {
+            if let Ok(policy) = crate::app::state::load_policy(&self.config) {
                 let names = policy.token_env_names();
                 let names: Vec<&str> = names.iter().map(String::as_str).collect();
                 crate::process::secrets::keep(&names);

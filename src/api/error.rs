@@ -68,7 +68,7 @@ impl ApiError {
     }
 
     pub fn unauthorized() -> Self {
-        Self::new(401, "AuthError", "unauthorized")
+        Self::new(401, "AuthError", "unauthorized").with_code("unauthorized")
     }
 
     /// 500 with the message of whatever failed inside a handler.

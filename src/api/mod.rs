@@ -150,6 +150,9 @@ pub enum Listener {
 #[derive(Clone, Debug)]
 pub struct EndpointSpec {
     pub id: String,
+    /// Former ids a policy document may still name (each named one is a startup
+    /// warning): the ids this server used before it took the reference server's.
+    pub aliases: Vec<String>,
     pub method: Method,
     /// Path pattern with `{name}` segments.
     pub path: String,
@@ -206,6 +209,7 @@ impl EndpointSpec {
     pub fn new(method: Method, path: &str, group: Group) -> EndpointSpec {
         EndpointSpec {
             id: format!("{} {}", method.as_str(), path),
+            aliases: Vec::new(),
             method,
             path: path.to_string(),
             group,

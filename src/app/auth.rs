@@ -26,21 +26,33 @@ pub struct Identity {
 }
 
 impl Identity {
-    /// Whether this identity holds every scope in `required` (`*` holds them all).
+    /// Whether this identity holds `scope`: listed, or covered by `*` or by its
+    /// namespace's `ns:*`. `core:read` (discovery) is held by every identity, as on the
+    /// reference server.
+    pub fn can(&self, scope: &str) -> bool {
+        scope == CORE_READ || scope_granted(&self.scopes, scope)
+    }
+
+    /// Whether this identity holds every scope in `required`.
     pub fn has_scopes(&self, required: &[String]) -> bool {
-        self.scopes.iter().any(|s| s == "*") || required.iter().all(|r| self.scopes.contains(r))
+        required.iter().all(|r| self.can(r))
     }
 
     /// The first scope in `required` this identity lacks.
     pub fn missing_scope<'a>(&self, required: &'a [String]) -> Option<&'a str> {
-        if self.scopes.iter().any(|s| s == "*") {
-            return None;
-        }
-        required
-            .iter()
-            .find(|r| !self.scopes.contains(r))
-            .map(String::as_str)
+        required.iter().find(|r| !self.can(r)).map(String::as_str)
     }
+}
+
+/// The scope of discovery (`/capabilities`), which no identity lacks.
+pub const CORE_READ: &str = "core:read";
+
+/// Whether `granted` covers `required`: `*`, the scope itself, or `<namespace>:*`.
+pub fn scope_granted(granted: &[String], required: &str) -> bool {
+    let namespace = required.split(':').next().unwrap_or(required);
+    granted.iter().any(|g| {
+        g == "*" || g == required || g.strip_suffix(":*").is_some_and(|ns| ns == namespace)
+    })
 }
 
 /// One accepted token: who presents it, and the tag it must produce.
@@ -63,6 +75,9 @@ pub struct Auth {
     holders: Vec<Holder>,
     /// Identities come from a policy (not only `ABX_SERVER_TOKEN`).
     per_identity: bool,
+    /// A caller without credentials is `anonymous` even though tokens are configured
+    /// (the policy's `auth.allow_anonymous`).
+    anonymous_allowed: bool,
     /// A token is expected (`ABX_TOKEN_FILE`) but has not arrived: no local mode.
     pending: bool,
     anonymous: Arc<Identity>,
@@ -130,6 +145,9 @@ impl Credentials {
     }
 }
 
+/// The identity `ABX_SERVER_TOKEN` stands for, as on the reference server.
+pub const SERVER_IDENTITY: &str = "server";
+
 /// SHA-256 of a token, as policies store it.
 pub fn token_digest(token: &str) -> [u8; 32] {
     Sha256::digest(token.as_bytes()).into()
@@ -151,7 +169,7 @@ impl Auth {
         if let Some(token) = token.filter(|t| !t.is_empty()) {
             holders.push(Holder {
                 identity: Arc::new(Identity {
-                    id: "token".into(),
+                    id: SERVER_IDENTITY.into(),
                     scopes: vec!["*".into()],
                 }),
                 tag: tag(&key, &token_digest(token)),
@@ -170,12 +188,27 @@ impl Auth {
             key,
             holders,
             pending: false,
+            anonymous_allowed: false,
             per_identity: !identities.is_empty(),
             anonymous: Arc::new(Identity {
                 id: "anonymous".into(),
                 scopes: vec!["*".into()],
             }),
         }
+    }
+
+    /// The policy's `auth.allow_anonymous` and `auth.anonymous_scopes`: what a caller
+    /// who presents no credential may do (`*` unless scopes are given). In local mode the
+    /// scopes narrow the anonymous caller; with tokens, `allow` admits it at all.
+    pub fn with_anonymous(mut self, allow: bool, scopes: Option<Vec<String>>) -> Auth {
+        self.anonymous_allowed = allow;
+        if let Some(scopes) = scopes {
+            self.anonymous = Arc::new(Identity {
+                id: "anonymous".into(),
+                scopes,
+            });
+        }
+        self
     }
 
     /// Closes the server until its token arrives, when it has none yet (a warm pod
@@ -231,7 +264,11 @@ impl Auth {
         if self.holders.is_empty() {
             return Ok(self.anonymous.clone());
         }
-        self.identify(&Credentials::presented(headers, query_token)?, required)
+        let credentials = Credentials::presented(headers, query_token)?;
+        if credentials.digests.is_empty() && self.anonymous_allowed {
+            return Ok(self.anonymous.clone());
+        }
+        self.identify(&credentials, required)
     }
 
     /// The identity `credentials` stand for under these holders (a later policy's, for a
@@ -367,7 +404,7 @@ mod tests {
         );
         assert_eq!(
             who(&[("x-access-token", "root")]).unwrap(),
-            ("token".into(), vec!["*".into()])
+            (SERVER_IDENTITY.into(), vec!["*".into()])
         );
         assert!(who(&[("x-access-token", "nobody")]).is_err());
         // Identities alone are token mode.
@@ -447,5 +484,43 @@ mod tests {
         assert!(id(&["*"]).has_scopes(&need(&["anything"])));
         assert_eq!(id(&["a"]).missing_scope(&need(&["a", "b"])), Some("b"));
         assert_eq!(id(&["*"]).missing_scope(&need(&["b"])), None);
+    }
+
+    #[test]
+    fn namespace_wildcards_and_implicit_discovery() {
+        let id = |scopes: &[&str]| Identity {
+            id: "x".into(),
+            scopes: scopes.iter().map(|s| s.to_string()).collect(),
+        };
+        assert!(id(&["files:*"]).can("files:read"));
+        assert!(id(&["files:*"]).can("files:delete"));
+        assert!(!id(&["files:*"]).can("process:run"));
+        assert!(!id(&["files"]).can("files:read"));
+        assert!(!id(&["file:*"]).can("files:read"));
+        // Discovery is every identity's, as on the reference server.
+        assert!(id(&[]).can("core:read"));
+        assert!(!id(&[]).can("core:write"));
+    }
+
+    #[test]
+    fn anonymous_may_be_admitted_beside_tokens() {
+        let auth = Auth::new(Some("s3cret")).with_anonymous(true, Some(vec!["files:read".into()]));
+        let who = auth.authenticate(&h(&[]), None, true).unwrap();
+        assert_eq!(
+            (who.id.as_str(), who.scopes.clone()),
+            ("anonymous", vec!["files:read".to_string()])
+        );
+        // A wrong credential is not anonymous: it is refused.
+        assert!(auth
+            .authenticate(&h(&[("x-access-token", "nope")]), None, true)
+            .is_err());
+        assert_eq!(
+            auth.authenticate(&h(&[("x-access-token", "s3cret")]), None, true)
+                .unwrap()
+                .id,
+            "server"
+        );
+        let closed = Auth::new(Some("s3cret"));
+        assert!(closed.authenticate(&h(&[]), None, true).is_err());
     }
 }

@@ -8,6 +8,7 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 
+use super::audit;
 use super::auth::Identity;
 use super::endpoint::RawSink;
 use super::request::{split_target, validate_json_object};
@@ -86,14 +87,6 @@ impl ApiService {
         };
         let endpoint = &catalog.endpoints[found.index];
         let style = endpoint.spec.errors;
-        // A body over the limit is refused from its header alone, before anything else
-        // (credentials, policy, a sink) is looked at: it is never read.
-        let limit = self.body_limit(found.index, method, head);
-        if head.content_length.is_some_and(|n| n > limit) {
-            return Err(self
-                .refuse(ProtocolError::body_too_large(limit), Some(head))
-                .closing());
-        }
         // origin: a page of another site may drive nothing (GET routes run programs too:
         // git, pip)
         if let Some(error) = cross_origin_refusal(head, &catalog.policy.allow_origins) {
@@ -107,19 +100,8 @@ impl ApiService {
             .map_err(|e| self.decorate(found.index, render(e, style)))?;
         // authorize
         let access = catalog.access(found.index, &identity);
-        if !access.allowed {
-            let disabled = access.code == Some("endpoint_disabled");
-            let (status, kind) = if disabled {
-                (404, "ValueError")
-            } else {
-                (403, "PermissionError")
-            };
-            let mut error = ApiError::new(status, kind, access.reason.clone().unwrap_or_default())
-                .with_field("endpoint", endpoint.spec.id.clone());
-            error.code = access.code;
-            if disabled {
-                error = error.with_field("rule", access.rule.unwrap_or_default().to_string());
-            }
+        if let Some(error) = access.refusal(&endpoint.spec.id, &identity) {
+            audit::refused(catalog, found.index, &identity.id, error.status, error.code);
             return Err(self.decorate(found.index, render(error, style)));
         }
         // rate limit
@@ -128,17 +110,41 @@ impl ApiService {
                 let seconds = wait.ceil().max(1.0) as u64;
                 let error = ApiError::new(
                     429,
-                    "RateLimitError",
+                    "RateLimited",
                     format!(
-                        "Rate limit of endpoint '{}': {requests} requests per {per_seconds} s for '{}'; retry in {seconds} s",
+                        "Rate limit exceeded: endpoint '{}' allows {requests} requests per {per_seconds} s for '{}'; retry in {seconds} s",
                         endpoint.spec.id, identity.id
                     ),
                 )
                 .with_code("rate_limited")
                 .with_field("endpoint", endpoint.spec.id.clone())
+                .with_field("retry_after", seconds)
                 .with_header("Retry-After", seconds.to_string());
+                audit::refused(
+                    catalog,
+                    found.index,
+                    &identity.id,
+                    429,
+                    Some("rate_limited"),
+                );
                 return Err(self.decorate(found.index, render(error, style)));
             }
+        }
+        // A body over the limit is refused from its header alone, after the caller is
+        // known (an unauthenticated caller learns nothing of the limits, as on the
+        // reference) and before anything reads it: it is never read.
+        let limit = self.body_limit(found.index, method, head);
+        if head.content_length.is_some_and(|n| n > limit) {
+            audit::refused(
+                catalog,
+                found.index,
+                &identity.id,
+                413,
+                Some("payload_too_large"),
+            );
+            return Err(self
+                .refuse(ProtocolError::body_too_large(limit), Some(head))
+                .closing());
         }
         let query = query.map_err(|e| self.decorate(found.index, render(e, style)))?;
         Ok(Accepted {
@@ -269,7 +275,10 @@ impl ApiService {
                 limit
             }
         } else {
-            MAX_JSON_BODY as u64
+            // The policy's `limits.max_request_bytes` replaces the contract's 10 MiB.
+            self.state.catalog().decisions[index]
+                .knob_u64("max_request_bytes")
+                .unwrap_or(MAX_JSON_BODY as u64)
         }
     }
 
@@ -299,13 +308,18 @@ impl ApiService {
     /// Runs a handler, turning an error or a panic into its rendered answer.
     async fn invoke(&self, index: usize, handler: Handler, call: Call) -> Response {
         let catalog = call.catalog.clone();
+        let identity = call.identity.clone();
         let spec = &catalog.endpoints[index].spec;
         let outcome = guarded(move || handler(call)).await;
-        let response = match outcome {
-            Ok(Ok(response)) => response,
-            Ok(Err(error)) => render(with_endpoint(error, &spec.id), spec.errors),
-            Err(message) => render(panicked(&spec.id, &message), spec.errors),
+        let (response, code) = match outcome {
+            Ok(Ok(response)) => (response, None),
+            Ok(Err(error)) => {
+                let code = error.code;
+                (render(with_endpoint(error, &spec.id), spec.errors), code)
+            }
+            Err(message) => (render(panicked(&spec.id, &message), spec.errors), None),
         };
+        audit::answered(&catalog, index, &identity.id, response.status, code);
         self.decorate(index, response)
     }
 }

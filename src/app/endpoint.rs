@@ -167,6 +167,21 @@ impl<C, U> Endpoint<C, U> {
         self.spec.id = id.to_string();
         self
     }
+    /// An id this endpoint had before it took the reference server's, which policy
+    /// documents may still name.
+    pub fn formerly(mut self, id: &str) -> Self {
+        self.spec.aliases.push(id.to_string());
+        self
+    }
+    /// Gives the endpoint the id `id`, keeping its current one as a former id that
+    /// policy documents may still name.
+    pub fn renamed(mut self, id: &str) -> Self {
+        let old = std::mem::replace(&mut self.spec.id, id.to_string());
+        if old != id {
+            self.spec.aliases.push(old);
+        }
+        self
+    }
     pub fn summary(mut self, summary: &str) -> Self {
         self.spec.summary = summary.to_string();
         self

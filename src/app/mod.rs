@@ -3,6 +3,7 @@
 //! credentials (`auth`), the policy engine (`policy`), the contract's request rules
 //! (`request`) and the shared state (`state`).
 
+pub mod audit;
 pub mod auth;
 pub mod client;
 pub mod dispatch;

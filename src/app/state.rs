@@ -178,6 +178,30 @@ pub struct Access<'a> {
     pub code: Option<&'static str>,
     pub rule: Option<&'a str>,
     pub reason: Option<String>,
+    /// The scope the caller lacks (`missing_scope`).
+    pub scope: Option<&'a str>,
+}
+
+impl Access<'_> {
+    /// The refusal a caller gets for this outcome, as the reference words it:
+    /// `endpoint_disabled` is a 404 naming its rule; `missing_scope` a 403 naming the
+    /// scope and the identity.
+    pub fn refusal(&self, endpoint: &str, identity: &Identity) -> Option<ApiError> {
+        if self.allowed {
+            return None;
+        }
+        let reason = self.reason.clone().unwrap_or_default();
+        let error = match self.code {
+            Some("endpoint_disabled") => ApiError::new(404, "ValueError", reason)
+                .with_field("rule", self.rule.unwrap_or_default().to_string()),
+            _ => ApiError::new(403, "PolicyDenied", reason)
+                .with_field("scope", self.scope.unwrap_or_default().to_string())
+                .with_field("identity", identity.id.clone()),
+        };
+        let mut error = error.with_field("endpoint", endpoint.to_string());
+        error.code = self.code;
+        Some(error)
+    }
 }
 
 impl AppState {
@@ -195,10 +219,7 @@ impl AppState {
                 return Err(format!("two endpoints share the id '{}'", ep.spec.id));
             }
         }
-        let policy = match &config.policy_path {
-            Some(path) => Policy::load(path)?,
-            None => Policy::empty(),
-        };
+        let policy = load_policy(&config)?;
         let base_dir = policy
             .base_dir
             .clone()
@@ -212,6 +233,7 @@ impl AppState {
             &extras.group_switches,
             file_token.as_deref(),
         )?;
+        refuse_roots_outside(&catalog, &base_dir)?;
         let children: Arc<ChildRegistry> = extras.children.unwrap_or_default();
         let mut setup_warnings = Vec::new();
         let groups = super::groups::GroupStates::build(
@@ -294,10 +316,7 @@ impl AppState {
     /// the base directory (which needs a restart), keeps the current policy; the error
     /// says why. Returns the new revision.
     pub fn reload_policy(&self) -> Result<String, String> {
-        let policy = match &self.config.policy_path {
-            Some(path) => Policy::load(path)?,
-            None => Policy::empty(),
-        };
+        let policy = load_policy(&self.config)?;
         let base_dir = policy
             .base_dir
             .clone()
@@ -351,6 +370,34 @@ fn read_token_file(path: &std::path::Path) -> Option<String> {
     let text = std::fs::read(path).ok()?;
     let token = String::from_utf8_lossy(&text).trim().to_string();
     (!token.is_empty()).then_some(token)
+}
+
+/// Every caller path is confined beneath the base directory, so an allowed directory
+/// (`paths.allow: ["/srv/out"]`) outside it could never be reached: refused at startup
+/// rather than accepted and never applied.
+fn refuse_roots_outside(catalog: &Catalog, base: &std::path::Path) -> Result<(), String> {
+    for (endpoint, decision) in catalog.endpoints.iter().zip(&catalog.decisions) {
+        for root in decision.knob_list("paths.allow").unwrap_or_default() {
+            let directory = root.starts_with('/') && !root.contains(['*', '?', '[']);
+            if directory && !std::path::Path::new(root).starts_with(base) {
+                return Err(format!(
+                    "policy endpoints.{}.paths.allow: '{root}' is outside the base directory {}; every path is confined beneath it (set base_dir to a directory that holds '{root}')",
+                    endpoint.spec.id,
+                    base.display()
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The policy document the configuration names (inline, a file, or none).
+pub fn load_policy(config: &Config) -> Result<Policy, String> {
+    match (&config.policy_inline, &config.policy_path) {
+        (Some(text), _) => Policy::inline(text),
+        (None, Some(path)) => Policy::load(path),
+        (None, None) => Ok(Policy::empty()),
+    }
 }
 
 /// Decides every endpoint under `policy` and builds the credentials it names.
@@ -421,21 +468,31 @@ fn compile(
             })
         })
         .collect::<Result<Vec<_>, String>>()?;
-    // One token, one identity: a repeated token would silently take the first's scopes.
-    let server_token = token.filter(|t| !t.is_empty()).map(token_digest);
+    // As on the reference server, a policy that names its own tokens is the one source
+    // of credentials: ABX_SERVER_TOKEN is then no way in.
+    let token = if identities.is_empty() {
+        token
+    } else {
+        if token.is_some_and(|t| !t.is_empty()) {
+            warnings.push("ABX_SERVER_TOKEN is not accepted: the policy names its own tokens (auth.tokens / identities)".into());
+        }
+        None
+    };
+    // Two identities with one token: the first listed is who presents it, as on the
+    // reference server; said, because the second can never be used.
     for (i, identity) in identities.iter().enumerate() {
-        let repeated = identities[..i]
+        if let Some(first) = identities[..i]
             .iter()
-            .any(|other| other.digest == identity.digest)
-            || server_token == Some(identity.digest);
-        if repeated {
-            return Err(format!(
-                "ABX_SERVER_POLICY: identity '{}' has the same token as another identity (or ABX_SERVER_TOKEN); give each its own",
-                identity.id
+            .find(|other| other.digest == identity.digest)
+        {
+            warnings.push(format!(
+                "identity '{}' has the same token as '{}'; that token is '{}' (give each its own)",
+                identity.id, first.id, first.id
             ));
         }
     }
-    let mut auth = Auth::with_identities(token, &identities);
+    let mut auth = Auth::with_identities(token, &identities)
+        .with_anonymous(policy.allow_anonymous, policy.anonymous_scopes.clone());
     if config.token_file.is_some() {
         auth = auth.expecting_token();
     }
@@ -468,6 +525,7 @@ impl Catalog {
                 code: Some("endpoint_disabled"),
                 rule: Some(&decision.rule),
                 reason: decision.message.clone(),
+                scope: None,
             };
         }
         if let Some(scope) = identity.missing_scope(&decision.scopes) {
@@ -476,9 +534,10 @@ impl Catalog {
                 code: Some("missing_scope"),
                 rule: Some(&decision.scopes_rule),
                 reason: Some(format!(
-                    "Endpoint '{}' needs scope '{scope}', which the caller '{}' does not have",
-                    self.endpoints[index].spec.id, identity.id
+                    "Identity '{}' lacks scope '{scope}' required by endpoint '{}'",
+                    identity.id, self.endpoints[index].spec.id
                 )),
+                scope: Some(scope),
             };
         }
         Access {
@@ -486,6 +545,7 @@ impl Catalog {
             code: None,
             rule: None,
             reason: None,
+            scope: None,
         }
     }
 

@@ -22,7 +22,7 @@ pub fn endpoints() -> Vec<Endpoint> {
             Group::Core,
             handler(capabilities),
         )
-        .id("capabilities")
+        .id("capabilities").scopes(&["core:read"])
         .summary("Discovery document: every endpoint with its state for this caller.")
         .returns(json!({"type": "object", "required": ["api_version", "server_version", "groups", "group_summary", "identity", "policy", "endpoints", "warnings"]})),
         Endpoint::new(
@@ -31,7 +31,7 @@ pub fn endpoints() -> Vec<Endpoint> {
             Group::Core,
             handler(capabilities_check),
         )
-        .id("capabilities_check")
+        .id("capabilities_check").scopes(&["core:read"])
         .only_reads()
         .summary("Whether this caller may use an endpoint (and a path), without calling it.")
         .params(&[
@@ -52,7 +52,7 @@ pub fn endpoints() -> Vec<Endpoint> {
             "code": {"type": ["string", "null"]}, "reason": {"type": ["string", "null"]},
         }})),
         Endpoint::new(Method::Get, "/openapi.json", Group::Core, handler(openapi))
-            .id("openapi")
+            .id("openapi").scopes(&["core:read"])
             .summary("This API as an OpenAPI 3.1 document, generated from the route table.")
             .returns(json!({"type": "object", "required": ["openapi", "paths"]})),
     ]

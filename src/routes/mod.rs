@@ -102,8 +102,6 @@ mod tests {
         assert_eq!(
             ids(|s| s.kept_locked_down),
             [
-                "commands_list",
-                "commands_run",
                 "download",
                 "files_archive",
                 "files_download_stream",
@@ -111,6 +109,8 @@ mod tests {
                 "files_search",
                 "files_stat",
                 "files_watch",
+                "list_commands",
+                "run_command",
             ]
         );
         let off = ids(|s| s.effect == Effect::Changes && s.group != crate::api::Group::K8sRuntime);
@@ -125,19 +125,19 @@ mod tests {
             "process_start",
             "process_signal",
             "process_stdin",
-            "commands_run",
+            "run_command",
             "env_set",
             "packages",
             "code_run",
             "git_status",
             "git_diff",
-            "pty_create",
+            "pty_create_session",
             "pty_resize",
-            "pty_delete",
+            "pty_delete_session",
             "pty_connect",
             "browser_navigate",
             "browser_screenshot",
-            "responses_create",
+            "agents_responses_create",
         ] {
             assert!(
                 off.contains(&id.to_string()),

@@ -19,8 +19,12 @@ use crate::runtime::{AsyncFile, FileStream};
 pub fn fs_error(error: FsError) -> ApiError {
     let message = error.to_string();
     match error {
-        FsError::NotAllowed { .. } | FsError::BaseDirectory { .. } => {
-            ApiError::new(403, "PermissionError", message).with_code("path_not_allowed")
+        FsError::NotAllowed { .. } => {
+            ApiError::new(403, "PolicyDenied", message).with_code("path_not_allowed")
+        }
+        // As the reference: the boundary root itself cannot be modified.
+        FsError::BaseDirectory { .. } => {
+            ApiError::new(403, "PolicyDenied", message).with_code("path_denied")
         }
         FsError::Invalid(_) => ApiError::bad_request(message),
         FsError::NotFound(_) => ApiError::new(404, "FileNotFoundError", message),
@@ -51,20 +55,93 @@ fn is_out_of_descriptors(error: &std::io::Error) -> bool {
 }
 
 /// Checks a caller path against the base directory, then against the endpoint's
-/// policy `paths` rule.
+/// policy `paths` rule. A relative path is resolved against the rule's first allowed
+/// directory when it names one (as the reference resolves it), else against the base.
 pub(crate) fn confine(call: &Call, input: &str) -> Result<crate::fs::CallerPath, ApiError> {
-    let caller = call.services().base.confine(input).map_err(fs_error)?;
+    let base = &call.services().base;
+    let rooted = match allow_roots(call.decision()).first() {
+        Some(root) if !input.starts_with('/') => format!("{}/{input}", root.trim_end_matches('/')),
+        _ => input.to_string(),
+    };
+    let mut caller = base.confine(&rooted).map_err(fs_error)?;
+    caller.input = input.to_string();
     match paths_refusal(call.decision(), &call.spec().id, &caller) {
         Some(refusal) => Err(refusal),
         None => Ok(caller),
     }
 }
 
-/// The policy's `paths: {allow, deny}` for an endpoint, matched (as `fnmatch`: `*`
-/// crosses `/`) against the path beneath the base directory (`work/notes.txt`) and
-/// the absolute path (`/home/user/work/notes.txt`). A `deny` match, or no `allow`
-/// match when `allow` is given, is 403 `path_not_allowed`. The check is lexical, on
-/// the path as written.
+/// The `paths.allow` entries that are directories (absolute, no glob character): the
+/// reference's allowed roots, each with everything beneath it.
+fn allow_roots(decision: &crate::app::policy::Decision) -> Vec<&str> {
+    decision
+        .knob_list("paths.allow")
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|entry| is_directory_entry(entry))
+        .collect()
+}
+
+fn is_directory_entry(entry: &str) -> bool {
+    entry.starts_with('/') && !entry.contains(['*', '?', '['])
+}
+
+/// Whether `path` (absolute) is `root` or beneath it.
+fn within(path: &str, root: &str) -> bool {
+    let root = root.trim_end_matches('/');
+    root.is_empty()
+        || path == root
+        || path
+            .strip_prefix(root)
+            .is_some_and(|rest| rest.starts_with('/'))
+}
+
+/// The reference's reading of a `deny` pattern (`guard._deny_matches`): without a `/`
+/// it matches any component (`*.pem`, `.env`); an absolute one is a directory prefix
+/// (`/home/*/.ssh`: the path or any ancestor); otherwise it matches the tail of the path
+/// or of an ancestor (`**/.env`).
+fn reference_deny(path: &str, pattern: &str) -> bool {
+    use crate::fs::fnmatch::fnmatch;
+    if !pattern.contains('/') {
+        return path
+            .split('/')
+            .any(|part| !part.is_empty() && fnmatch(pattern.as_bytes(), part.as_bytes()));
+    }
+    let stripped = pattern.trim_end_matches('/');
+    let mut prefixes = Vec::new();
+    let mut current = path.trim_end_matches('/');
+    while !current.is_empty() {
+        prefixes.push(current);
+        current = &current[..current.rfind('/').unwrap_or(0)];
+    }
+    if pattern.starts_with('/') {
+        return prefixes
+            .iter()
+            .any(|p| *p == stripped || fnmatch(stripped.as_bytes(), p.as_bytes()));
+    }
+    let tail = stripped.strip_prefix("**/").unwrap_or(stripped);
+    let anywhere = format!("*/{tail}");
+    prefixes.iter().any(|p| {
+        fnmatch(anywhere.as_bytes(), p.as_bytes()) || fnmatch(tail.as_bytes(), p.as_bytes())
+    })
+}
+
+/// What an endpoint does to the paths it names, for `paths.read_only` (the reference's
+/// operation classes).
+fn mutates(id: &str) -> bool {
+    matches!(
+        id,
+        "upload" | "files_mkdir" | "files_upload_stream" | "files_delete" | "files_move"
+    )
+}
+
+/// The policy's `paths` rule for an endpoint. `allow` entries that are directories
+/// admit everything beneath them; the others are globs (`fnmatch`: `*` also crosses
+/// `/`) matched against the path beneath the base directory (`work/notes.txt`) or, when
+/// they start with `/`, the absolute path. A path that matches nothing in `allow` is 403
+/// `path_not_allowed`; one that a `deny` pattern matches (as a glob, or as the
+/// reference reads deny patterns) is 403 `path_denied`; a change through a `read_only`
+/// endpoint is 403 `read_only`. The check is lexical, on the path as written.
 pub(crate) fn paths_refusal(
     decision: &crate::app::policy::Decision,
     id: &str,
@@ -72,34 +149,62 @@ pub(crate) fn paths_refusal(
 ) -> Option<ApiError> {
     let allow = decision.knob_list("paths.allow");
     let deny = decision.knob_list("paths.deny");
-    if allow.is_none() && deny.is_none() {
+    let read_only = decision.knob_bool("paths.read_only") == Some(true);
+    if allow.is_none() && deny.is_none() && !read_only {
         return None;
     }
     let rel = caller.rel.to_string_lossy();
     let shown = caller.display();
-    let matches = |globs: &[&str]| {
-        globs.iter().any(|glob| {
-            let target = if glob.starts_with('/') {
-                shown.as_str()
-            } else {
-                rel.as_ref()
-            };
-            crate::fs::fnmatch::fnmatch(glob.as_bytes(), target.as_bytes())
-        })
+    let glob_matches = |glob: &str| {
+        let target = if glob.starts_with('/') {
+            shown.as_str()
+        } else {
+            rel.as_ref()
+        };
+        crate::fs::fnmatch::fnmatch(glob.as_bytes(), target.as_bytes())
     };
-    let refused =
-        deny.as_deref().is_some_and(matches) || allow.as_deref().is_some_and(|a| !matches(a));
-    refused.then(|| {
-        ApiError::new(
-            403,
-            "PermissionError",
-            format!(
-                "Path '{}' is not allowed by policy rule endpoints.{id}.paths; use a path its allow list names",
-                caller.input
-            ),
-        )
-        .with_code("path_not_allowed")
-    })
+    let refusal = |code: &'static str, why: String| {
+        Some(ApiError::new(403, "PolicyDenied", why).with_code(code))
+    };
+    if let Some(allow) = allow {
+        let allowed = allow.iter().any(|entry| {
+            if is_directory_entry(entry) {
+                within(&shown, entry)
+            } else {
+                glob_matches(entry)
+            }
+        });
+        if !allowed {
+            return refusal(
+                "path_not_allowed",
+                format!(
+                    "Path '{}' is outside the allowed directories of endpoint '{id}' (policy endpoints.{id}.paths.allow)",
+                    caller.input
+                ),
+            );
+        }
+    }
+    if let Some(deny) = deny {
+        if deny
+            .iter()
+            .any(|pattern| glob_matches(pattern) || reference_deny(&shown, pattern))
+        {
+            return refusal(
+                "path_denied",
+                format!(
+                    "Path '{}' is denied by policy (endpoints.{id}.paths.deny)",
+                    caller.input
+                ),
+            );
+        }
+    }
+    if read_only && mutates(id) {
+        return refusal(
+            "read_only",
+            format!("This endpoint is read-only (policy endpoints.{id}.paths.read_only): '{}' cannot be changed", caller.input),
+        );
+    }
+    None
 }
 
 /// Output `/shell` keeps per stream; more is read and dropped and `truncated` is set.
@@ -146,10 +251,7 @@ pub(crate) fn command_refusal(
 pub(crate) async fn working_dir(call: &Call, cwd: Option<&str>) -> Result<OwnedFd, ApiError> {
     let base = &call.services().base;
     let input = cwd.unwrap_or(".");
-    let caller = base.confine(input).map_err(fs_error)?;
-    if let Some(refusal) = paths_refusal(call.decision(), &call.spec().id, &caller) {
-        return Err(refusal);
-    }
+    let caller = confine(call, input)?;
     match crate::fs::tree::open_dir(base, &caller).await {
         Ok(fd) => Ok(fd),
         // The base directory, made if missing: a caller who sent no cwd is never refused

@@ -645,7 +645,61 @@ fn sessions_belong_to_the_identity_that_made_them(driver: &'static str) {
     assert_eq!(closed_with(&mut alice_ws), 4003, "the group is off");
 }
 
+/// The socket checks the identity's scope, with the credential in a header or the
+/// query, as the reference's does: an identity without `terminal:use` is closed with
+/// 4003, one with it gets its shell.
+fn the_socket_needs_the_terminal_scope(driver: &'static str) {
+    let dir = TempDir::new("pty-scope");
+    let policy = serde_json::json!({"auth": {"tokens": [
+        {"id": "ops", "scopes": ["terminal:use"], "token_env": "OPS_TOKEN"},
+        {"id": "ci", "scopes": ["files:read", "process:*"], "token_env": "CI_TOKEN"}
+    ]}});
+    let server = Launch::new(driver)
+        .env("ABX_SERVER_POLICY", &policy.to_string())
+        .env("OPS_TOKEN", "ops-secret")
+        .env("CI_TOKEN", "ci-secret")
+        .base_dir(dir.path())
+        .start();
+    let reply = server.request(
+        "POST",
+        "/pty/sessions",
+        &[("Authorization", "Bearer ops-secret")],
+        Some(b"{\"shell\": \"/bin/bash\"}"),
+    );
+    assert_eq!(reply.status, 200, "{}", reply.text());
+    let id = reply.json()["session_id"].as_str().unwrap().to_string();
+    let refused = server.request(
+        "GET",
+        "/pty/sessions",
+        &[("X-Access-Token", "ci-secret")],
+        None,
+    );
+    assert_eq!(
+        (
+            refused.status,
+            refused.json()["code"].clone(),
+            refused.json()["scope"].clone()
+        ),
+        (403, json!("missing_scope"), json!("terminal:use"))
+    );
+    let addr = server.pty_addr.expect("the PTY port listens");
+    let query = format!("session_id={id}");
+    assert_eq!(
+        close_code(addr, &format!("{query}&token=ci-secret"), &[]),
+        4003
+    );
+    assert_eq!(
+        close_code(addr, &query, &[("Authorization", "Bearer ci-secret")]),
+        4003
+    );
+    assert_eq!(close_code(addr, &query, &[]), 4001);
+    let mut ws = open(addr, &query, &[("X-Access-Token", "ops-secret")]);
+    type_text(&mut ws, "echo scoped-$((6*7))\n");
+    read_output_until(&mut ws, "scoped-42");
+}
+
 on_both_drivers!(
+    the_socket_needs_the_terminal_scope,
     sessions_follow_the_contract,
     typing_echo_resize_signals_and_exit,
     output_is_valid_utf8_across_reads,

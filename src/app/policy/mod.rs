@@ -1,29 +1,30 @@
-//! The policy engine: which endpoint answers, and why. Every endpoint gets exactly one
-//! decision, computed once at startup from (most specific first) the policy document's
-//! `endpoints.<id>` rule, its `groups` rule, `ABX_SERVER_ENABLED_GROUPS`, and the
-//! built-in default (opt-in groups off, the rest on). The decision carries the name of
-//! the rule that made it, which `/capabilities`, `/capabilities/check` and the 404 of a
-//! disabled endpoint all report. The document format is in `docs/policy.md`.
+//! The policy engine: which endpoint answers, to whom, and under which limits. Every
+//! endpoint gets exactly one decision, computed once at startup (and at each reload)
+//! by merging rule layers as the reference server does ([`layers`]): the built-in
+//! defaults, the program's group switches, the preset, the policy document and
+//! `ABX_SERVER_ENABLED_GROUPS`. The decision carries the name of the rule that made it,
+//! which `/capabilities`, `/capabilities/check` and the 404 of a disabled endpoint all
+//! report.
+//!
+//! A document may be written in the reference server's schema (`version`, `preset`,
+//! `base_dir`, `groups`, `defaults`, `auth`, `endpoints` with `limits`, `params`,
+//! `paths`, `audit`, `description`) or in this server's (`identities`, `server`,
+//! `allow_origins`, flat knobs on a rule), or both where each key still has one
+//! meaning; a key neither knows stops the server. The format is in `docs/policy.md`.
 
+pub mod knobs;
+pub mod layers;
 pub mod presets;
 pub mod pydumps;
 
-use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
-use serde_json::Value;
+use serde_json::{Map, Value};
 use sha2::{Digest, Sha256};
 
 use crate::api::{EndpointSpec, Group};
-
-/// One `endpoints.<id>` rule of the policy document.
-#[derive(Debug, Clone, Default)]
-pub struct EndpointRule {
-    pub enabled: Option<bool>,
-    pub scopes: Option<Vec<String>>,
-    /// Per-endpoint limits and rules (`timeout_seconds`, `commands`, ...), validated.
-    pub knobs: serde_json::Map<String, Value>,
-}
+pub use layers::{EndpointRule, Layer, Selector};
+use layers::{RANK_CODE, RANK_DEFAULT, RANK_ENV, RANK_POLICY};
 
 /// Where an identity's token comes from: never the token itself.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -34,7 +35,7 @@ pub enum TokenSource {
     Env(String),
 }
 
-/// One `identities[]` entry.
+/// One `auth.tokens[]` (or `identities[]`) entry.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct IdentityRule {
     pub id: String,
@@ -50,11 +51,15 @@ pub struct Policy {
     /// `json.dumps(doc, sort_keys=True)` writes it.
     pub revision: String,
     pub configured: bool,
-    /// Group switches, with the document key that set them (for the rule name).
-    pub groups: Vec<(Group, bool, String)>,
-    pub endpoints: HashMap<String, EndpointRule>,
+    /// The preset's rules and the document's own.
+    pub layers: Vec<Layer>,
     pub base_dir: Option<PathBuf>,
     pub identities: Vec<IdentityRule>,
+    /// `auth.allow_anonymous`: a caller without a credential is `anonymous` even when
+    /// tokens are configured.
+    pub allow_anonymous: bool,
+    /// `auth.anonymous_scopes`: what `anonymous` holds (`*` when not given).
+    pub anonymous_scopes: Option<Vec<String>>,
     /// Origins (`scheme://host[:port]`, lower case) whose pages may send requests that
     /// change something; `*` admits every origin (`docs/policy.md`, cross-origin
     /// requests).
@@ -75,9 +80,11 @@ pub struct Decision {
     pub scopes_rule: String,
     /// The endpoint's limits with the policy's knobs on top, as `/capabilities` shows
     /// them.
-    pub limits: serde_json::Map<String, Value>,
+    pub limits: Map<String, Value>,
     /// The knobs the policy set for this endpoint, which its route enforces.
-    pub knobs: serde_json::Map<String, Value>,
+    pub knobs: Map<String, Value>,
+    /// Which requests leave an audit line: `off`, `deny` (refusals) or `all`.
+    pub audit: String,
 }
 
 impl Decision {
@@ -94,21 +101,47 @@ impl Decision {
     /// A list of strings (globs, names) such as `languages` or `commands.allow`, if the
     /// policy set it.
     pub fn knob_list(&self, name: &str) -> Option<Vec<&str>> {
+        self.knob(name)?
+            .as_array()?
+            .iter()
+            .map(Value::as_str)
+            .collect()
+    }
+
+    /// A list of whole numbers (`allowed_signals`), if the policy set it.
+    pub fn knob_numbers(&self, name: &str) -> Option<Vec<i64>> {
+        self.knob(name)?
+            .as_array()?
+            .iter()
+            .map(Value::as_i64)
+            .collect()
+    }
+
+    /// A switch, if the policy set it (`paths.read_only` reaches inside an object).
+    pub fn knob_bool(&self, name: &str) -> Option<bool> {
+        self.knob(name).and_then(Value::as_bool)
+    }
+
+    /// A text value (`paths.symlinks`), if the policy set it.
+    pub fn knob_str(&self, name: &str) -> Option<&str> {
+        self.knob(name).and_then(Value::as_str)
+    }
+
+    fn knob(&self, name: &str) -> Option<&Value> {
         let mut path = name.split('.');
         let mut value = self.knobs.get(path.next()?)?;
         for key in path {
             value = value.get(key)?;
         }
-        value.as_array()?.iter().map(Value::as_str).collect()
+        Some(value)
     }
 
-    /// A switch, if the policy set it.
-    pub fn knob_bool(&self, name: &str) -> Option<bool> {
-        self.knobs.get(name).and_then(Value::as_bool)
-    }
-
-    /// `rate_limit`: (requests, per seconds), if the policy set it.
+    /// `rate_limit` (requests per seconds) or the reference's `rate_per_minute`, if the
+    /// policy set one.
     pub fn rate_limit(&self) -> Option<(f64, f64)> {
+        if let Some(per_minute) = self.knob_u64("rate_per_minute") {
+            return Some((per_minute as f64, 60.0));
+        }
         let rate = self.knobs.get("rate_limit")?;
         Some((
             rate.get("requests")?.as_u64()? as f64,
@@ -117,101 +150,33 @@ impl Decision {
     }
 }
 
-/// How a knob's value is checked.
-enum KnobKind {
-    /// A number above 0 (seconds).
-    Seconds,
-    /// A whole number above 0 (bytes, counts).
-    Count,
-    /// A whole number, 0 included (a depth: 0 is the directory itself).
-    Depth,
-    Switch,
-    /// A list of strings.
-    Strings,
-    /// `{allow: [...], deny: [...]}` of strings.
-    AllowDeny,
-    /// `{requests: N, per_seconds: S}`.
-    Rate,
-}
-
-/// Every per-endpoint knob the document may set; the route of an endpoint enforces the
-/// ones that concern it (`docs/policy.md`).
-const KNOBS: [(&str, KnobKind); 19] = [
-    ("paths", KnobKind::AllowDeny),
-    ("rate_limit", KnobKind::Rate),
-    ("timeout_seconds", KnobKind::Seconds),
-    ("max_duration_seconds", KnobKind::Seconds),
-    ("max_output_bytes", KnobKind::Count),
-    ("max_upload_bytes", KnobKind::Count),
-    ("max_depth", KnobKind::Depth),
-    ("max_files", KnobKind::Count),
-    ("max_bytes", KnobKind::Count),
-    ("overwrite", KnobKind::Switch),
-    ("block_private_networks", KnobKind::Switch),
-    ("allow_extensions", KnobKind::Strings),
-    ("deny_extensions", KnobKind::Strings),
-    ("languages", KnobKind::Strings),
-    ("allow_vars", KnobKind::Strings),
-    ("deny_vars", KnobKind::Strings),
-    ("url_allow", KnobKind::Strings),
-    ("url_deny", KnobKind::Strings),
-    ("commands", KnobKind::AllowDeny),
-];
-
 /// Whether `name` is an endpoint-level knob a policy document may set.
 #[cfg(test)]
 pub(crate) fn is_knob(name: &str) -> bool {
-    name == "rate_limit" || KNOBS.iter().any(|(knob, _)| *knob == name)
+    knobs::OWN.iter().any(|(knob, _)| *knob == name)
+        || knobs::LIMITS
+            .iter()
+            .chain(&knobs::PARAMS)
+            .any(|(knob, _)| *knob == name)
 }
 
-/// Checks one knob's value; `Err` is the message after the key.
-fn check_knob(kind: &KnobKind, value: &Value) -> Result<(), &'static str> {
-    let strings = |v: &Value| v.as_array().is_some_and(|a| a.iter().all(Value::is_string));
-    let ok = match kind {
-        KnobKind::Seconds => value.as_f64().is_some_and(|v| v > 0.0),
-        KnobKind::Count => value.as_u64().is_some_and(|v| v > 0),
-        KnobKind::Depth => value.as_u64().is_some(),
-        KnobKind::Switch => value.is_boolean(),
-        KnobKind::Strings => strings(value),
-        KnobKind::AllowDeny => value.as_object().is_some_and(|m| {
-            m.iter()
-                .all(|(k, v)| matches!(k.as_str(), "allow" | "deny") && strings(v))
-        }),
-        KnobKind::Rate => value.as_object().is_some_and(|m| {
-            m.len() == 2
-                && m.get("requests")
-                    .and_then(Value::as_u64)
-                    .is_some_and(|n| n > 0)
-                && m.get("per_seconds")
-                    .and_then(Value::as_f64)
-                    .is_some_and(|s| s > 0.0)
-        }),
-    };
-    if ok {
-        return Ok(());
-    }
-    Err(match kind {
-        KnobKind::Seconds => "must be a number of seconds above 0",
-        KnobKind::Count => "must be a whole number above 0",
-        KnobKind::Depth => "must be a whole number (0 or more)",
-        KnobKind::Switch => "must be true or false",
-        KnobKind::Strings => "must be a list of strings",
-        KnobKind::AllowDeny => "must be {allow: [...], deny: [...]} with lists of strings",
-        KnobKind::Rate => {
-            "must be {requests: <whole number above 0>, per_seconds: <seconds above 0>}"
-        }
-    })
-}
-
-const KNOWN_KEYS: [&str; 7] = [
+/// Every top-level key a document may have: the reference's, then this server's own.
+const KNOWN_KEYS: [&str; 11] = [
+    "version",
     "preset",
-    "groups",
-    "server",
-    "endpoints",
     "base_dir",
+    "groups",
+    "defaults",
+    "auth",
+    "endpoints",
+    "description",
+    "server",
     "identities",
     "allow_origins",
 ];
+
+/// The keys of one rule.
+const RULE_KEYS: [&str; 6] = ["enabled", "scopes", "paths", "limits", "params", "audit"];
 
 /// `allow_origins`: a list of origins as a browser sends them (`https://app.example.com`,
 /// `http://localhost:3000`), or `*`.
@@ -238,6 +203,126 @@ fn parse_origins(value: &Value) -> Result<Vec<String>, String> {
         .collect()
 }
 
+/// The closest of `choices` to `word`, as a hint (`(did you mean 'shell'?)`).
+fn suggest<'a>(word: &str, choices: impl IntoIterator<Item = &'a str>) -> String {
+    let distance = |a: &str, b: &str| {
+        let b: Vec<char> = b.chars().collect();
+        let mut row: Vec<usize> = (0..=b.len()).collect();
+        for (i, ca) in a.chars().enumerate() {
+            let mut diagonal = row[0];
+            row[0] = i + 1;
+            for (j, cb) in b.iter().enumerate() {
+                let above = row[j + 1];
+                row[j + 1] = (diagonal + usize::from(ca != *cb))
+                    .min(above + 1)
+                    .min(row[j] + 1);
+                diagonal = above;
+            }
+        }
+        row[b.len()]
+    };
+    choices
+        .into_iter()
+        .map(|c| (distance(word, c), c))
+        .filter(|(d, c)| *d * 3 <= c.len().max(word.len()))
+        .min()
+        .map(|(_, c)| format!(" (did you mean '{c}'?)"))
+        .unwrap_or_default()
+}
+
+/// A scope as the reference accepts it: `*`, `ns:*`, `ns:name` or a bare name (lower
+/// case letters, digits, `_`, `.`, `-`, and `:` after the namespace).
+pub fn valid_scope(scope: &str) -> bool {
+    fn word(s: &str, extra: &str) -> bool {
+        let mut chars = s.chars();
+        chars.next().is_some_and(|c| c.is_ascii_lowercase())
+            && chars.all(|c| {
+                c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_' || extra.contains(c)
+            })
+    }
+    if scope == "*" {
+        return true;
+    }
+    match scope.split_once(':') {
+        Some((ns, rest)) => word(ns, "") && (rest == "*" || word(rest, ":.-")),
+        None => word(scope, ".-"),
+    }
+}
+
+fn parse_scopes(value: &Value, at: &str) -> Result<Vec<String>, String> {
+    let scopes = value
+        .as_array()
+        .and_then(|items| {
+            items
+                .iter()
+                .map(|s| s.as_str().map(String::from))
+                .collect::<Option<Vec<String>>>()
+        })
+        .ok_or_else(|| format!("{at} must be a list of strings"))?;
+    if let Some(bad) = scopes.iter().find(|s| !valid_scope(s)) {
+        return Err(format!(
+            "{at}: invalid scope '{bad}' (a scope is '*', 'namespace:*', 'namespace:name' or a lower-case name)"
+        ));
+    }
+    Ok(scopes)
+}
+
+/// One rule (`endpoints.<selector>` or `defaults`), in either spelling.
+fn parse_rule(value: &Value, at: &str) -> Result<EndpointRule, String> {
+    let Value::Object(rule) = value else {
+        return Err(format!("{at} must be an object"));
+    };
+    let mut parsed = EndpointRule::default();
+    for (key, value) in rule {
+        match key.as_str() {
+            "enabled" => {
+                parsed.enabled = Some(
+                    value
+                        .as_bool()
+                        .ok_or_else(|| format!("{at}.enabled must be true or false"))?,
+                )
+            }
+            "scopes" => parsed.scopes = Some(parse_scopes(value, &format!("{at}.scopes"))?),
+            "audit" => match value.as_str() {
+                Some(mode @ ("off" | "deny" | "all")) => parsed.audit = Some(mode.to_string()),
+                _ => return Err(format!("{at}.audit must be one of off, deny, all")),
+            },
+            "limits" => parsed.limits = knobs::check_section("limits", value, at)?,
+            "params" => parsed.params = knobs::check_section("params", value, at)?,
+            knob => match knobs::OWN.iter().find(|(name, _)| *name == knob) {
+                Some((_, kind)) => {
+                    let value =
+                        knobs::check(*kind, value).map_err(|why| format!("{at}.{knob} {why}"))?;
+                    parsed.knobs.insert(knob.to_string(), value);
+                }
+                None => {
+                    let known = RULE_KEYS
+                        .iter()
+                        .copied()
+                        .chain(knobs::OWN.iter().map(|(n, _)| *n));
+                    return Err(format!(
+                        "{at}.{knob}: unknown key{}; a rule takes {} and this server's knobs (docs/policy.md)",
+                        suggest(knob, known),
+                        RULE_KEYS.join(", ")
+                    ));
+                }
+            },
+        }
+    }
+    // One meaning per key: the same limit in both spellings is ambiguous.
+    for (section, entries) in [("limits", &parsed.limits), ("params", &parsed.params)] {
+        for key in entries.keys() {
+            let (name, _) = knobs::canonical("", section, key);
+            if parsed.knobs.contains_key(name) {
+                return Err(format!(
+                    "{at}: {name} is set both as {at}.{name} and as {at}.{section}.{key}; keep one"
+                ));
+            }
+        }
+    }
+    Ok(parsed)
+}
+
 impl Policy {
     /// The environment variables the identities take their tokens from (`token_env`):
     /// secrets, kept from every child.
@@ -256,7 +341,7 @@ impl Policy {
         Policy::from_value(Value::Object(Default::default()), false).expect("empty policy is valid")
     }
 
-    /// Loads the document at `path` (JSON; see `docs/policy.md`).
+    /// Loads the document at `path` (YAML or JSON; see `docs/policy.md`).
     pub fn load(path: &Path) -> Result<Policy, String> {
         let shown = path.display();
         let text = std::fs::read_to_string(path)
@@ -281,6 +366,13 @@ impl Policy {
         })
     }
 
+    /// Reads a document given inline (`ABX_SERVER_POLICY='{"preset": ...}'`), as the
+    /// reference does.
+    pub fn inline(text: &str) -> Result<Policy, String> {
+        let doc = parse_document(text).map_err(|e| format!("ABX_SERVER_POLICY (inline): {e}"))?;
+        Policy::from_value(doc, true).map_err(|e| format!("ABX_SERVER_POLICY (inline): {e}"))
+    }
+
     /// Builds a policy from a parsed document.
     pub fn from_value(doc: Value, configured: bool) -> Result<Policy, String> {
         let Value::Object(map) = &doc else {
@@ -290,42 +382,62 @@ impl Policy {
         let mut policy = Policy {
             preset: "default".into(),
             revision,
-            configured,
-            groups: Vec::new(),
-            endpoints: HashMap::new(),
+            configured: configured && !map.keys().all(|k| k == "version"),
+            layers: Vec::new(),
             base_dir: None,
             identities: Vec::new(),
+            allow_anonymous: false,
+            anonymous_scopes: None,
             allow_origins: Vec::new(),
             warnings: Vec::new(),
         };
+        // A key this server does not know might be a restriction it would not apply:
+        // refuse it rather than run wider than the document means.
         for key in map.keys() {
             if !KNOWN_KEYS.contains(&key.as_str()) {
-                policy.warnings.push(format!(
-                    "policy key '{key}' is not understood by this server and was ignored"
+                return Err(format!(
+                    "{key}: unknown policy key{}; allowed: {}",
+                    suggest(key, KNOWN_KEYS),
+                    KNOWN_KEYS.join(", ")
                 ));
             }
+        }
+        match map.get("version") {
+            None => {}
+            Some(v) if v.as_u64() == Some(1) && !v.is_boolean() => {}
+            Some(v) => {
+                return Err(format!(
+                    "version: unsupported {v}; this server understands 1"
+                ))
+            }
+        }
+        if map.contains_key("auth") && map.contains_key("identities") {
+            return Err("auth and identities both name tokens; keep one (auth.tokens is the reference's spelling, identities this server's)".into());
         }
         match map.get("preset") {
             None => {}
             Some(Value::String(s)) if presets::PRESETS.contains(&s.as_str()) => {
                 policy.preset = s.clone()
             }
-            Some(_) => {
+            Some(other) => {
+                let name = other.as_str().unwrap_or_default();
                 return Err(format!(
-                    "preset must be one of {} (docs/policy.md describes each)",
+                    "preset: unknown {other}{}; allowed: {} (docs/policy.md describes each)",
+                    suggest(name, presets::PRESETS),
                     presets::PRESETS.join(", ")
-                ))
+                ));
             }
         }
+        policy.layers.extend(presets::layers(&policy.preset));
         match map.get("base_dir") {
             None => {}
-            Some(Value::String(s)) if s.starts_with('/') => {
+            Some(Value::String(s)) if s.starts_with('/') && !s.contains('\0') => {
                 policy.base_dir = Some(PathBuf::from(s))
             }
             Some(_) => return Err("base_dir must be an absolute path".into()),
         }
         if let Some(groups) = map.get("groups") {
-            parse_groups(groups, "groups", &mut policy.groups)?;
+            parse_groups(groups, "groups", &mut policy.layers)?;
         }
         if let Some(server) = map.get("server") {
             let Value::Object(server) = server else {
@@ -333,88 +445,123 @@ impl Policy {
             };
             for (key, value) in server {
                 match key.as_str() {
-                    "groups" => parse_groups(value, "server.groups", &mut policy.groups)?,
-                    other => policy.warnings.push(format!(
-                        "policy key 'server.{other}' is not understood by this server and was ignored"
-                    )),
+                    "groups" => parse_groups(value, "server.groups", &mut policy.layers)?,
+                    other => {
+                        return Err(format!(
+                            "server.{other}: unknown key; server: takes groups (the rest of a policy goes at the top level)"
+                        ))
+                    }
                 }
             }
+        }
+        if let Some(defaults) = map.get("defaults") {
+            policy.layers.push(Layer {
+                selector: Selector::Defaults,
+                rank: RANK_POLICY,
+                rule: parse_rule(defaults, "defaults")?,
+                origin: "policy:defaults".into(),
+            });
         }
         if let Some(endpoints) = map.get("endpoints") {
             let Value::Object(endpoints) = endpoints else {
                 return Err("endpoints must be an object of endpoint id to rule".into());
             };
-            for (id, rule) in endpoints {
-                let Value::Object(rule) = rule else {
-                    return Err(format!("endpoints.{id} must be an object"));
-                };
-                let mut parsed = EndpointRule::default();
-                for (key, value) in rule {
-                    match (key.as_str(), value) {
-                        ("enabled", Value::Bool(b)) => parsed.enabled = Some(*b),
-                        ("enabled", _) => return Err(format!("endpoints.{id}.enabled must be true or false")),
-                        ("scopes", Value::Array(items)) => {
-                            let scopes: Option<Vec<String>> =
-                                items.iter().map(|s| s.as_str().map(String::from)).collect();
-                            parsed.scopes = Some(
-                                scopes.ok_or_else(|| format!("endpoints.{id}.scopes must be a list of strings"))?,
-                            );
-                        }
-                        ("scopes", _) => return Err(format!("endpoints.{id}.scopes must be a list of strings")),
-                        (knob, value) if KNOBS.iter().any(|(name, _)| *name == knob) => {
-                            let (_, kind) = KNOBS.iter().find(|(name, _)| *name == knob).expect("just found");
-                            check_knob(kind, value).map_err(|why| format!("endpoints.{id}.{knob} {why}"))?;
-                            parsed.knobs.insert(knob.to_string(), value.clone());
-                        }
-                        (other, _) => policy.warnings.push(format!(
-                            "policy key 'endpoints.{id}.{other}' is not understood by this server and was ignored"
-                        )),
-                    }
-                }
-                policy.endpoints.insert(id.clone(), parsed);
+            for (key, rule) in endpoints {
+                policy.layers.push(Layer {
+                    selector: Selector::parse(key)?,
+                    rank: RANK_POLICY,
+                    rule: parse_rule(rule, &format!("endpoints.{key}"))?,
+                    origin: format!("policy:endpoints.{key}"),
+                });
             }
         }
         if let Some(identities) = map.get("identities") {
-            policy.identities = parse_identities(identities)?;
+            policy.identities = parse_identities(identities, "identities", false)?;
+        }
+        if let Some(auth) = map.get("auth") {
+            let Value::Object(auth) = auth else {
+                return Err("auth must be an object".into());
+            };
+            for (key, value) in auth {
+                match key.as_str() {
+                    "tokens" => policy.identities = parse_identities(value, "auth.tokens", true)?,
+                    "allow_anonymous" => {
+                        policy.allow_anonymous = value
+                            .as_bool()
+                            .ok_or("auth.allow_anonymous must be true or false")?
+                    }
+                    "anonymous_scopes" => {
+                        policy.anonymous_scopes =
+                            Some(parse_scopes(value, "auth.anonymous_scopes")?)
+                    }
+                    other => {
+                        return Err(format!(
+                            "auth.{other}: unknown key{}; allowed: allow_anonymous, anonymous_scopes, tokens",
+                            suggest(other, ["tokens", "allow_anonymous", "anonymous_scopes"])
+                        ))
+                    }
+                }
+            }
         }
         if let Some(origins) = map.get("allow_origins") {
             policy.allow_origins = parse_origins(origins)?;
         }
-        if policy
-            .groups
-            .iter()
-            .any(|(g, on, _)| *g == Group::Core && !on)
-        {
-            return Err("the core group cannot be disabled".into());
-        }
         Ok(policy)
     }
 
-    /// Checks rules that need the route table, and returns the warnings to publish.
+    /// Checks the rules that need the route table and returns the warnings to publish:
+    /// an id no endpoint has, or a limit the endpoint it names does not apply, stops the
+    /// server (a limit that is written but not applied reads as a protection that is
+    /// not there).
     pub fn validate(&self, endpoints: &[EndpointSpec]) -> Result<Vec<String>, String> {
         let mut warnings = self.warnings.clone();
-        for (id, rule) in &self.endpoints {
-            match endpoints.iter().find(|e| e.id == *id) {
-                None => warnings.push(format!(
-                    "policy endpoints.{id} names no endpoint of this server"
-                )),
-                Some(e) if e.group == Group::Core && rule.enabled == Some(false) => {
-                    return Err(format!("endpoints.{id}: core endpoints cannot be disabled"));
+        for layer in &self.layers {
+            if layer.rank != RANK_POLICY {
+                continue;
+            }
+            let Selector::Exact(id) = &layer.selector else {
+                continue;
+            };
+            let at = layer.origin.trim_start_matches("policy:");
+            let Some(endpoint) = endpoints
+                .iter()
+                .find(|e| e.id == *id || e.aliases.iter().any(|a| a == id))
+            else {
+                return Err(format!(
+                    "{at}: unknown endpoint{}; GET /capabilities lists every id",
+                    suggest(id, endpoints.iter().map(|e| e.id.as_str()))
+                ));
+            };
+            if endpoint.id != *id {
+                warnings.push(format!(
+                    "policy {at} names endpoint '{id}' by its former id; its id is now '{}' (the old one keeps working)",
+                    endpoint.id
+                ));
+            }
+            if endpoint.group == Group::Core && layer.rule.enabled == Some(false) {
+                warnings.push(format!(
+                    "policy {at}.enabled: false is ignored: the core endpoint '{}' is always on",
+                    endpoint.id
+                ));
+            }
+            for knob in applied_knobs(&layer.rule, endpoint).keys() {
+                if !applies(endpoint, knob) {
+                    return Err(format!(
+                        "{at}: {knob} is not applied by endpoint '{}' in this build (docs/policy.md lists what each endpoint applies)",
+                        endpoint.id
+                    ));
                 }
-                Some(endpoint) => {
-                    // Said out loud: a limit that is listed but not applied would read as
-                    // a protection that is not there.
-                    for knob in rule.knobs.keys() {
-                        // The dispatcher applies rate limits to every endpoint.
-                        let enforced =
-                            knob == "rate_limit" || endpoint.enforces.contains(&knob.as_str());
-                        if !enforced {
-                            warnings.push(format!(
-                                "policy endpoints.{id}.{knob} is accepted but not applied by this build of agent-sandbox (docs/policy.md lists what is)"
-                            ));
-                        }
-                    }
-                }
+            }
+            if layer
+                .rule
+                .knobs
+                .get("paths")
+                .and_then(|p| p.get("symlinks"))
+                == Some(&Value::from("never"))
+            {
+                return Err(format!(
+                    "{at}.paths.symlinks: 'never' is not supported by this build; 'within' (the default: a symlink may lead anywhere beneath the allowed directories) is what it enforces"
+                ));
             }
         }
         Ok(warnings)
@@ -431,8 +578,7 @@ impl Policy {
     }
 
     /// [`Policy::decide`] with the embedding program's own group switches
-    /// (`enable_group` / `disable_group` on its route table, in call order), which rank
-    /// below the policy document and the environment and above the defaults.
+    /// (`enable_group` / `disable_group` on its route table, in call order).
     pub fn decide_with(
         &self,
         endpoint: &EndpointSpec,
@@ -441,79 +587,106 @@ impl Policy {
         code_groups: &[(Group, bool)],
     ) -> Decision {
         let id = endpoint.id.as_str();
-        let group = endpoint.group;
-        let (scopes, scopes_rule) = match self.endpoints.get(id).and_then(|r| r.scopes.clone()) {
-            Some(scopes) => (scopes, format!("policy:endpoints.{id}.scopes")),
-            None => (endpoint.scopes.clone(), format!("default:scopes:{id}")),
-        };
-        let knobs = self
-            .endpoints
-            .get(id)
-            .map(|rule| rule.knobs.clone())
-            .unwrap_or_default();
+        let mut all: Vec<Layer> = Group::ALL
+            .into_iter()
+            .filter(|g| g.opt_in())
+            .map(|g| {
+                Layer::switch(
+                    Selector::Group(g),
+                    RANK_DEFAULT,
+                    false,
+                    format!("default:opt-in:{}", g.name()),
+                )
+            })
+            .collect();
+        all.extend(code_groups.iter().map(|(g, on)| {
+            let verb = if *on { "enable_group" } else { "disable_group" };
+            Layer::switch(
+                Selector::Group(*g),
+                RANK_CODE,
+                *on,
+                format!("code:{verb}:{}", g.name()),
+            )
+        }));
+        all.extend(self.layers.iter().cloned());
+        all.extend(env_groups.iter().map(|g| {
+            Layer::switch(
+                Selector::Group(*g),
+                RANK_ENV,
+                true,
+                "env:ABX_SERVER_ENABLED_GROUPS".into(),
+            )
+        }));
+        let order = layers::ordered(&all);
+        let merged = layers::merge(endpoint, &order, |rule, endpoint| {
+            let mut knobs = applied_knobs(rule, endpoint);
+            knobs.retain(|name, _| applies(endpoint, name));
+            knobs
+        });
+        let (scopes, scopes_rule) = merged
+            .scopes
+            .unwrap_or_else(|| (endpoint.scopes.clone(), format!("default:scopes:{id}")));
         let mut limits = endpoint.limits.clone();
-        for (name, value) in &knobs {
+        for (name, value) in &merged.knobs {
             limits.insert(name.clone(), value.clone());
         }
-        let decided = |enabled: bool, rule: String, message: Option<String>| Decision {
+        let g = endpoint.group.name();
+        let (enabled, rule) = if endpoint.group == Group::Core {
+            (true, "default:core".to_string())
+        } else if unavailable.is_some() {
+            (false, "build:unavailable".to_string())
+        } else {
+            (
+                merged.enabled,
+                merged.enabled_by.unwrap_or_else(|| format!("default:{g}")),
+            )
+        };
+        let message = (!enabled).then(|| match unavailable {
+            Some(reason) => format!("Endpoint '{id}' is not available: {reason}"),
+            None if rule.starts_with("default:opt-in:") => format!(
+                "Endpoint '{id}' is disabled: group '{g}' is opt-in. Enable the group (ABX_SERVER_ENABLED_GROUPS={g}, policy groups: [{g}]) or this endpoint (policy endpoints.{id}.enabled: true)"
+            ),
+            None => format!("Endpoint '{id}' is disabled by rule {rule}"),
+        });
+        Decision {
             enabled,
             rule,
             message,
-            scopes: scopes.clone(),
-            scopes_rule: scopes_rule.clone(),
-            limits: limits.clone(),
-            knobs: knobs.clone(),
-        };
-        if group == Group::Core {
-            return decided(true, "default:core".into(), None);
+            scopes,
+            scopes_rule,
+            limits,
+            knobs: merged.knobs,
+            audit: merged.audit,
         }
-        if let Some(reason) = unavailable {
-            return decided(
-                false,
-                "build:unavailable".into(),
-                Some(format!("Endpoint '{id}' is not available: {reason}")),
-            );
-        }
-        let g = group.name();
-        if let Some(enabled) = self.endpoints.get(id).and_then(|r| r.enabled) {
-            let message = (!enabled).then(|| {
-                format!("Endpoint '{id}' is disabled by policy rule endpoints.{id}.enabled: false. Set it to true in the policy to enable this endpoint")
-            });
-            return decided(enabled, format!("policy:endpoints.{id}"), message);
-        }
-        if let Some((_, enabled, key)) = self.groups.iter().rev().find(|(gr, _, _)| *gr == group) {
-            let message = (!enabled).then(|| {
-                format!("Endpoint '{id}' is disabled: policy {key} turns group '{g}' off. Enable the group (policy {key}: true) or this endpoint (policy endpoints.{id}.enabled: true)")
-            });
-            return decided(*enabled, format!("policy:{key}"), message);
-        }
-        if let Some(enabled) = presets::decide(&self.preset, endpoint) {
-            let preset = &self.preset;
-            let message = (!enabled).then(|| {
-                format!("Endpoint '{id}' is disabled by preset '{preset}'. Enable it with policy endpoints.{id}.enabled: true, or its group with policy groups")
-            });
-            return decided(enabled, format!("preset:{preset}"), message);
-        }
-        if env_groups.contains(&group) {
-            return decided(true, "env:ABX_SERVER_ENABLED_GROUPS".into(), None);
-        }
-        if let Some((_, enabled)) = code_groups.iter().rev().find(|(gr, _)| *gr == group) {
-            if *enabled {
-                return decided(true, format!("code:enable_group:{g}"), None);
-            }
-            let message = format!(
-                "Endpoint '{id}' is disabled: the server's route table turns group '{g}' off (disable_group). Enable the group (policy groups: {{{g}: true}}) or this endpoint (policy endpoints.{id}.enabled: true)"
-            );
-            return decided(false, format!("code:disable_group:{g}"), Some(message));
-        }
-        if group.opt_in() {
-            let message = format!(
-                "Endpoint '{id}' is disabled: group '{g}' is opt-in. Enable the group (ABX_SERVER_ENABLED_GROUPS={g}, policy groups: [{g}]) or this endpoint (policy endpoints.{id}.enabled: true)"
-            );
-            return decided(false, format!("default:opt-in:{g}"), Some(message));
-        }
-        decided(true, format!("default:{g}"), None)
     }
+}
+
+/// The knobs `rule` sets on `endpoint`, in this server's names.
+fn applied_knobs(rule: &EndpointRule, endpoint: &EndpointSpec) -> Map<String, Value> {
+    let mut out = rule.knobs.clone();
+    for (section, entries) in [("limits", &rule.limits), ("params", &rule.params)] {
+        for (key, value) in entries {
+            match knobs::canonical(&endpoint.id, section, key) {
+                (name, Some(sub)) => {
+                    let slot = out
+                        .entry(name.to_string())
+                        .or_insert_with(|| Value::Object(Map::new()));
+                    if let Value::Object(slot) = slot {
+                        slot.insert(sub.to_string(), value.clone());
+                    }
+                }
+                (name, None) => {
+                    out.insert(name.to_string(), value.clone());
+                }
+            }
+        }
+    }
+    out
+}
+
+/// Whether `endpoint` applies the knob `name`.
+fn applies(endpoint: &EndpointSpec, name: &str) -> bool {
+    knobs::EVERY_ENDPOINT.contains(&name) || endpoint.enforces.contains(&name)
 }
 
 /// A policy document: YAML (which includes JSON). YAML's own errors carry their line.
@@ -703,14 +876,22 @@ pub fn line_of(text: &str, key: &str) -> Option<usize> {
     found
 }
 
-/// `identities`: a list of `{id, scopes, token_sha256 | token_env}`.
-fn parse_identities(value: &Value) -> Result<Vec<IdentityRule>, String> {
+/// `identities` or `auth.tokens`: a list of `{id, scopes, token_sha256 | token_env}`
+/// (the reference requires `scopes` on each entry; this server's own spelling lets it
+/// default to none).
+fn parse_identities(
+    value: &Value,
+    key: &str,
+    scopes_required: bool,
+) -> Result<Vec<IdentityRule>, String> {
     let Value::Array(entries) = value else {
-        return Err("identities must be a list of {id, scopes, token_sha256 or token_env}".into());
+        return Err(format!(
+            "{key} must be a list of {{id, scopes, token_sha256 or token_env}}"
+        ));
     };
     let mut identities: Vec<IdentityRule> = Vec::new();
     for (i, entry) in entries.iter().enumerate() {
-        let at = format!("identities[{i}]");
+        let at = format!("{key}[{i}]");
         let Value::Object(entry) = entry else {
             return Err(format!("{at} must be an object"));
         };
@@ -718,22 +899,18 @@ fn parse_identities(value: &Value) -> Result<Vec<IdentityRule>, String> {
             Some(Value::String(id)) if !id.trim().is_empty() => id.clone(),
             _ => return Err(format!("{at}.id must be a non-empty string")),
         };
-        if id == "anonymous" || id == "token" {
+        if id == "anonymous" || id == crate::app::auth::SERVER_IDENTITY {
             return Err(format!(
                 "{at}.id: '{id}' is reserved (the caller without a credential, and the ABX_SERVER_TOKEN holder)"
             ));
         }
         if identities.iter().any(|known| known.id == id) {
-            return Err(format!("{at}.id: '{id}' is listed twice"));
+            return Err(format!("{at}.id: duplicate identity '{id}'"));
         }
         let scopes = match entry.get("scopes") {
+            None if scopes_required => return Err(format!("{at}.scopes: required")),
             None => Vec::new(),
-            Some(Value::Array(items)) => items
-                .iter()
-                .map(|s| s.as_str().map(String::from))
-                .collect::<Option<Vec<String>>>()
-                .ok_or_else(|| format!("{at}.scopes must be a list of strings"))?,
-            Some(_) => return Err(format!("{at}.scopes must be a list of strings")),
+            Some(value) => parse_scopes(value, &format!("{at}.scopes"))?,
         };
         if entry.contains_key("token") {
             return Err(format!(
@@ -756,10 +933,10 @@ fn parse_identities(value: &Value) -> Result<Vec<IdentityRule>, String> {
                 ))
             }
         };
-        for key in entry.keys() {
-            if !["id", "scopes", "token_sha256", "token_env"].contains(&key.as_str()) {
+        for name in entry.keys() {
+            if !["id", "scopes", "token_sha256", "token_env"].contains(&name.as_str()) {
                 return Err(format!(
-                    "{at}.{key} is not an identity key (id, scopes, token_sha256, token_env)"
+                    "{at}.{name} is not an identity key (id, scopes, token_sha256, token_env)"
                 ));
             }
         }
@@ -780,18 +957,25 @@ fn parse_digest(hex: &str) -> Option<[u8; 32]> {
     Some(digest)
 }
 
-fn parse_groups(
-    value: &Value,
-    key: &str,
-    out: &mut Vec<(Group, bool, String)>,
-) -> Result<(), String> {
-    let group = |name: &str| {
-        Group::parse(name).ok_or_else(|| {
+fn parse_groups(value: &Value, key: &str, out: &mut Vec<Layer>) -> Result<(), String> {
+    let mut switch = |name: &str, on: bool| -> Result<(), String> {
+        let group = Group::parse(name).ok_or_else(|| {
             format!(
-                "{key}: unknown group '{name}' (known: {})",
+                "{key}: unknown group '{name}'{}; known: {}",
+                suggest(name, Group::ALL.map(Group::name)),
                 Group::ALL.map(Group::name).join(", ")
             )
-        })
+        })?;
+        if group == Group::Core && !on {
+            return Err(format!("{key}.core: the core group cannot be disabled"));
+        }
+        out.push(Layer::switch(
+            Selector::Group(group),
+            RANK_POLICY,
+            on,
+            format!("policy:{key}.{name}"),
+        ));
+        Ok(())
     };
     match value {
         // A list enables the groups it names.
@@ -800,7 +984,7 @@ fn parse_groups(
                 let name = name
                     .as_str()
                     .ok_or_else(|| format!("{key} must list group names"))?;
-                out.push((group(name)?, true, format!("{key}.{name}")));
+                switch(name, true)?;
             }
         }
         Value::Object(switches) => {
@@ -808,7 +992,7 @@ fn parse_groups(
                 let on = on
                     .as_bool()
                     .ok_or_else(|| format!("{key}.{name} must be true or false"))?;
-                out.push((group(name)?, on, format!("{key}.{name}")));
+                switch(name, on)?;
             }
         }
         _ => {
@@ -907,8 +1091,8 @@ mod tests {
         );
         assert_eq!(
             d(&locked, "code_run", Group::DevTools),
-            (false, "preset:locked-down".into()),
-            "the preset beats the environment"
+            (true, "env:ABX_SERVER_ENABLED_GROUPS".into()),
+            "the environment ranks above the preset, as on the reference server"
         );
         assert_eq!(
             d(&locked, "health", Group::Core),
@@ -942,7 +1126,10 @@ mod tests {
         std::fs::write(&yaml, "# comment\npreset: read-only\ngroups: [dev_tools]\nendpoints:\n  shell:\n    enabled: true\n").unwrap();
         let p = Policy::load(&yaml).unwrap();
         assert_eq!(p.preset, "read-only");
-        assert_eq!(p.endpoints["shell"].enabled, Some(true));
+        assert!(p.layers.iter().any(
+            |l| matches!(&l.selector, Selector::Exact(id) if id == "shell")
+                && l.rule.enabled == Some(true)
+        ));
         std::fs::write(
             &yaml,
             "endpoints:\n  shell:\n    scopes: x\n  code_run:\n    enabled: maybe\n",
@@ -979,7 +1166,11 @@ mod tests {
         .unwrap();
         let p = Policy::load(&template).unwrap();
         assert_eq!(p.preset, "locked-down");
-        assert!(p.groups.iter().any(|(g, on, _)| *g == Group::Agents && *on));
+        assert!(p
+            .layers
+            .iter()
+            .any(|l| matches!(l.selector, Selector::Group(Group::Agents))
+                && l.rule.enabled == Some(true)));
         std::fs::write(&template, "name: t\n").unwrap();
         assert_eq!(
             Policy::load(&template).unwrap().preset,
@@ -1217,16 +1408,164 @@ mod tests {
         assert!(Policy::from_value(json!({"groups": {"core": false}}), true).is_err());
         assert!(Policy::from_value(json!({"groups": ["nope"]}), true).is_err());
         assert!(Policy::from_value(json!([1]), true).is_err());
+        // As on the reference: accepted, and core stays on (said in a warning).
         let p =
             Policy::from_value(json!({"endpoints": {"health": {"enabled": false}}}), true).unwrap();
-        assert!(p.validate(&[ep("health", Group::Core)]).is_err());
+        let warnings = p.validate(&[ep("health", Group::Core)]).unwrap();
+        assert!(warnings[0].contains("always on"), "{warnings:?}");
+        assert!(p.decide(&ep("health", Group::Core), None, &[]).enabled);
     }
 
     #[test]
-    fn unknown_keys_are_warnings() {
-        let p = Policy::from_value(json!({"frobnicate": 1, "preset": "read-only"}), true).unwrap();
-        assert_eq!(p.preset, "read-only");
-        assert_eq!(p.warnings.len(), 1);
-        assert_ne!(p.revision, Policy::empty().revision);
+    fn unknown_keys_stop_the_server() {
+        let err =
+            Policy::from_value(json!({"frobnicate": 1, "preset": "read-only"}), true).unwrap_err();
+        assert!(err.starts_with("frobnicate: unknown policy key"), "{err}");
+        let err = Policy::from_value(json!({"endpoints": {"shell": {"enabeld": true}}}), true)
+            .unwrap_err();
+        assert!(
+            err.contains("endpoints.shell.enabeld: unknown key (did you mean 'enabled'?)"),
+            "{err}"
+        );
+        let err = Policy::from_value(json!({"auth": {"tokens": [], "anonymous": true}}), true)
+            .unwrap_err();
+        assert!(err.contains("auth.anonymous: unknown key"), "{err}");
+        let err = Policy::from_value(json!({"preset": "transfer_only"}), true).unwrap_err();
+        assert!(err.contains("did you mean 'transfer-only'"), "{err}");
+    }
+
+    /// The reference's own document, as its docs write one, means the same here.
+    #[test]
+    fn the_reference_schema_is_understood() {
+        let doc = json!({
+            "version": 1,
+            "description": "ci sandbox",
+            "preset": "default",
+            "groups": ["dev_tools"],
+            "defaults": {"limits": {"rate_per_minute": 600}},
+            "auth": {
+                "tokens": [{"id": "ci", "scopes": ["files:read"], "token_sha256": "90fedcbce452b5a8a6f979579502bffa56b69a8a3543833062e46632f658e0b8"}],
+                "allow_anonymous": true,
+                "anonymous_scopes": ["core:read"]
+            },
+            "endpoints": {
+                "files_*": {"paths": {"deny": ["**/.env"]}},
+                "shell": {"limits": {"timeout_seconds": 5, "max_output_bytes": "1MiB"}, "params": {"deny_commands": ["rm"]}},
+                "process_signal": {"params": {"allowed_signals": [15]}},
+                "group:browser": {"enabled": false},
+                "files_upload_stream": {"limits": {"max_bytes": "5MB"}, "audit": "all"}
+            }
+        });
+        let p = Policy::from_value(doc, true).unwrap();
+        assert_eq!(p.identities[0].id, "ci");
+        assert!(p.allow_anonymous);
+        assert_eq!(
+            p.anonymous_scopes.as_deref(),
+            Some(&["core:read".to_string()][..])
+        );
+        let mut shell = ep("shell", Group::Process);
+        shell.enforces = vec!["paths", "timeout_seconds", "max_output_bytes", "commands"];
+        let d = p.decide(&shell, None, &[]);
+        assert_eq!(d.knob_seconds("timeout_seconds"), Some(5.0));
+        assert_eq!(d.knob_u64("max_output_bytes"), Some(1 << 20));
+        assert_eq!(d.knob_list("commands.deny"), Some(vec!["rm"]));
+        assert_eq!(d.rate_limit(), Some((600.0, 60.0)));
+        let mut upload = ep("files_upload_stream", Group::FileOps);
+        upload.enforces = vec!["paths", "max_upload_bytes"];
+        let d = p.decide(&upload, None, &[]);
+        assert_eq!(d.knob_u64("max_upload_bytes"), Some(5_000_000));
+        assert_eq!(d.knob_list("paths.deny"), Some(vec!["**/.env"]));
+        assert_eq!(d.audit, "all");
+        let d = p.decide(&ep("browser_navigate", Group::Browser), None, &[]);
+        assert_eq!(
+            (d.enabled, d.rule.as_str()),
+            (false, "policy:endpoints.group:browser")
+        );
+        // The environment's group switch ranks above the document's, as there.
+        let d = p.decide(
+            &ep("browser_navigate", Group::Browser),
+            None,
+            &[Group::Browser],
+        );
+        assert_eq!(
+            (d.enabled, d.rule.as_str()),
+            (true, "env:ABX_SERVER_ENABLED_GROUPS")
+        );
+        // A limit the endpoint does not apply, on that endpoint by name, stops the server.
+        let err = p
+            .validate(&[
+                shell.clone(),
+                upload.clone(),
+                ep("process_signal", Group::Process),
+            ])
+            .unwrap_err();
+        assert!(
+            err.contains("allowed_signals is not applied by endpoint 'process_signal'"),
+            "{err}"
+        );
+        // The two spellings of one limit in one rule are ambiguous.
+        let err = Policy::from_value(json!({"endpoints": {"shell": {"timeout_seconds": 1, "limits": {"timeout_seconds": 2}}}}), true).unwrap_err();
+        assert!(err.contains("keep one"), "{err}");
+        let err = Policy::from_value(json!({"auth": {}, "identities": []}), true).unwrap_err();
+        assert!(err.contains("keep one"), "{err}");
+    }
+
+    #[test]
+    fn reference_presets_mean_what_they_mean_there() {
+        let transfer = Policy::from_value(
+            json!({"preset": "transfer-only", "groups": ["process"]}),
+            true,
+        )
+        .unwrap();
+        assert!(
+            transfer
+                .decide(&ep("files_upload_stream", Group::FileOps), None, &[])
+                .enabled
+        );
+        let d = transfer.decide(&ep("shell", Group::Process), None, &[]);
+        assert_eq!(
+            (d.enabled, d.rule.as_str()),
+            (false, "preset:transfer-only:endpoints.*"),
+            "a group switch does not undo the preset's glob"
+        );
+        let locked = Policy::from_value(json!({"preset": "locked"}), true).unwrap();
+        assert!(
+            locked
+                .decide(&ep("run_command", Group::Commands), None, &[])
+                .enabled
+        );
+        assert!(
+            !locked
+                .decide(&ep("files_list", Group::FileOps), None, &[])
+                .enabled
+        );
+        let hardened = Policy::from_value(json!({"preset": "hardened"}), true).unwrap();
+        let mut list = ep("files_list", Group::FileOps);
+        list.enforces = vec!["paths"];
+        let d = hardened.decide(&list, None, &[]);
+        assert!(d.enabled);
+        assert!(d.knob_list("paths.deny").unwrap().contains(&"**/.ssh"));
+        assert!(
+            !hardened
+                .decide(&ep("process_list", Group::Process), None, &[])
+                .enabled
+        );
+        let read_only = Policy::from_value(json!({"preset": "read-only"}), true).unwrap();
+        assert!(
+            !read_only
+                .decide(&ep("process_list", Group::Process), None, &[])
+                .enabled
+        );
+        // A former id in a document still names its endpoint.
+        let renamed = Policy::from_value(
+            json!({"endpoints": {"commands_run": {"enabled": false}}}),
+            true,
+        )
+        .unwrap();
+        let mut run = ep("run_command", Group::Commands);
+        run.aliases = vec!["commands_run".into()];
+        assert!(!renamed.decide(&run, None, &[]).enabled);
+        let warnings = renamed.validate(&[run]).unwrap();
+        assert!(warnings[0].contains("former id"), "{warnings:?}");
     }
 }

@@ -13,6 +13,7 @@
 mod cli;
 mod conversations;
 mod environments;
+mod reference_ids;
 mod resource;
 mod responses;
 mod runtimes;
@@ -63,7 +64,7 @@ pub fn endpoints() -> Vec<Endpoint> {
         route(Method::Get, "/v1/agents/executors/{executor_id}/channel", "agents_executors_channel", "Refused: no executor channel on a local server.", handler(|_| async { Err(cannot("agents_cannot_open_executor_channels", "Executor channels are not available: this server runs agents itself, in this sandbox.")) }))
             .params(&[Param::path("executor_id")]),
     ]);
-    endpoints
+    reference_ids::adopt(endpoints)
 }
 
 /// A path parameter's value.

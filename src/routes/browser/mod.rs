@@ -29,6 +29,12 @@ const MAX_CLICKS: u64 = 10;
 fn post(path: &str, id: &str, summary: &str, f: fn(Call) -> Handled) -> Endpoint {
     Endpoint::new(Method::Post, path, Group::Browser, handler(f))
         .id(id)
+        // Running a script in the page is its own scope, as on the reference server.
+        .scopes(&[if id == "browser_evaluate" {
+            "browser:evaluate"
+        } else {
+            "browser:use"
+        }])
         .summary(summary)
         .also_answers(&[400, 408, 429, 500, 503])
         // Every route drives the one shared page: off under `read-only`, and held for
@@ -40,6 +46,12 @@ fn post(path: &str, id: &str, summary: &str, f: fn(Call) -> Handled) -> Endpoint
 fn get(path: &str, id: &str, summary: &str, f: fn(Call) -> Handled) -> Endpoint {
     Endpoint::new(Method::Get, path, Group::Browser, handler(f))
         .id(id)
+        // Running a script in the page is its own scope, as on the reference server.
+        .scopes(&[if id == "browser_evaluate" {
+            "browser:evaluate"
+        } else {
+            "browser:use"
+        }])
         .summary(summary)
         .also_answers(&[400, 408, 429, 500, 503])
         // Every route drives the one shared page: off under `read-only`, and held for

@@ -21,12 +21,14 @@ use crate::http::Response;
 pub fn endpoints() -> Vec<Endpoint> {
     vec![
         Endpoint::new(Method::Get, "/commands", Group::Commands, handler(list))
-            .id("commands_list")
+            .id("list_commands")
+            .formerly("commands_list").scopes(&["commands:list"])
             .kept_locked_down()
             .summary("Visible named commands with their arguments (hidden ones and those the caller lacks scopes for are left out).")
             .returns(schema_object(&["commands"], json!({"commands": {"type": "array"}}))),
         Endpoint::new(Method::Post, "/commands/{name}", Group::Commands, handler(run))
-            .id("commands_run")
+            .id("run_command")
+            .formerly("commands_run").scopes(&["commands:run"])
             .changes()
             .kept_locked_down()
             .summary("Run a named command with a JSON object of arguments; answers {\"result\": ...}.")

@@ -27,7 +27,7 @@ const SECURITY_NOTE: &str =
 pub fn endpoints() -> Vec<Endpoint> {
     vec![
         Endpoint::new(Method::Post, "/code/run", Group::DevTools, handler(code_run))
-            .id("code_run")
+            .id("code_run").scopes(&["devtools:run"])
             .enforces(&["paths", "timeout_seconds", "languages"])
             .changes()
             .summary("Run a snippet of Python, Node.js or bash and answer with its output.")
@@ -53,7 +53,7 @@ pub fn endpoints() -> Vec<Endpoint> {
             ))
             .also_answers(&[400, 408, 500]),
         Endpoint::new(Method::Get, "/git/status", Group::DevTools, handler(git_status))
-            .id("git_status")
+            .id("git_status").scopes(&["devtools:read"])
             .enforces(&["paths"])
             .changes()
             .summary("Branch and changed files of the repository containing path.")
@@ -63,7 +63,7 @@ pub fn endpoints() -> Vec<Endpoint> {
             })))
             .also_answers(&[400, 403, 408, 500]),
         Endpoint::new(Method::Get, "/git/diff", Group::DevTools, handler(git_diff))
-            .id("git_diff")
+            .id("git_diff").scopes(&["devtools:read"])
             .enforces(&["paths"])
             .changes()
             .summary("Unified diff (cut at 1 MiB) and its stats, of the worktree or the index.")

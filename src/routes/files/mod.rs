@@ -49,7 +49,7 @@ pub fn endpoints() -> Vec<Endpoint> {
             Group::FileOps,
             sink_handler(transfer::open_json_upload),
         )
-        .id("upload")
+        .id("upload").scopes(&["files:write"])
         .enforces(&[
             "paths",
             "overwrite",
@@ -68,7 +68,7 @@ pub fn endpoints() -> Vec<Endpoint> {
             Group::FileOps,
             handler(transfer::download),
         )
-        .id("download")
+        .id("download").scopes(&["files:read"])
         .enforces(&["paths"])
         .kept_locked_down()
         .returns(schema::download())
@@ -81,7 +81,7 @@ pub fn endpoints() -> Vec<Endpoint> {
             Group::FileOps,
             handler(tree::list),
         )
-        .id("files_list")
+        .id("files_list").scopes(&["files:read"])
         .enforces(&["paths", "max_depth"])
         .kept_locked_down()
         .returns(schema::list())
@@ -100,7 +100,7 @@ pub fn endpoints() -> Vec<Endpoint> {
             Group::FileOps,
             handler(tree::stat),
         )
-        .id("files_stat")
+        .id("files_stat").scopes(&["files:read"])
         .enforces(&["paths"])
         .kept_locked_down()
         .returns(schema::stat())
@@ -113,7 +113,7 @@ pub fn endpoints() -> Vec<Endpoint> {
             Group::FileOps,
             handler(tree::mkdir),
         )
-        .id("files_mkdir")
+        .id("files_mkdir").scopes(&["files:write"])
         .enforces(&["paths"])
         .changes()
         .returns(schema::mkdir())
@@ -127,7 +127,7 @@ pub fn endpoints() -> Vec<Endpoint> {
             Group::FileOps,
             handler(tree::delete),
         )
-        .id("files_delete")
+        .id("files_delete").scopes(&["files:delete"])
         .enforces(&["paths"])
         .changes()
         .returns(schema::delete())
@@ -140,7 +140,7 @@ pub fn endpoints() -> Vec<Endpoint> {
             Group::FileOps,
             handler(tree::move_path),
         )
-        .id("files_move")
+        .id("files_move").scopes(&["files:write", "files:delete"])
         .enforces(&["paths"])
         .changes()
         .returns(schema::r#move())
@@ -166,7 +166,7 @@ pub fn endpoints() -> Vec<Endpoint> {
             Group::FileOps,
             handler(search::search),
         )
-        .id("files_search")
+        .id("files_search").scopes(&["files:read"])
         .enforces(&["paths", "max_files", "max_depth", "max_duration_seconds"])
         .only_reads()
         .kept_locked_down()
@@ -198,7 +198,7 @@ pub fn endpoints() -> Vec<Endpoint> {
             Group::FileOps,
             sink_handler(transfer::open_json_upload),
         )
-        .id("files_upload_stream")
+        .id("files_upload_stream").scopes(&["files:write"])
         .enforces(&[
             "paths",
             "overwrite",
@@ -218,7 +218,7 @@ pub fn endpoints() -> Vec<Endpoint> {
             Group::FileOps,
             handler(transfer::download_stream),
         )
-        .id("files_download_stream")
+        .id("files_download_stream").scopes(&["files:read"])
         .enforces(&["paths"])
         .kept_locked_down()
         .returns(schema::download_stream())
@@ -237,7 +237,7 @@ pub fn endpoints() -> Vec<Endpoint> {
             Group::FileOps,
             handler(archive::archive),
         )
-        .id("files_archive")
+        .id("files_archive").scopes(&["files:read"])
         .enforces(&["paths", "max_files", "max_bytes"])
         .only_reads()
         .kept_locked_down()
@@ -263,7 +263,7 @@ pub fn endpoints() -> Vec<Endpoint> {
             Group::FileOps,
             handler(watch::watch),
         )
-        .id("files_watch")
+        .id("files_watch").scopes(&["files:read"])
         .enforces(&["paths"])
         .kept_locked_down()
         .summary("Server-sent events for changes below a directory.")

@@ -27,19 +27,19 @@ pub fn endpoints() -> Vec<Endpoint> {
     vec![
         Endpoint::new(Method::Post, "/mcp", Group::Mcp, handler(post))
             .json_rpc()
-            .id("mcp")
+            .id("mcp").scopes(&["core:read"])
             .summary("Model Context Protocol over Streamable HTTP: this caller's routes and commands as tools (JSON-RPC: initialize, tools/list, tools/call, ping).")
             .returns(json!({"type": ["object", "array"]}))
             .also_answers(&[202, 400, 404])
             .own_refusals(json_rpc_error()),
         Endpoint::new(Method::Get, "/mcp", Group::Mcp, handler(events))
-            .id("mcp_events")
+            .id("mcp_events").scopes(&["core:read"])
             .summary("The MCP session's server stream: notifications/tools/list_changed when a policy reload changes the tools.")
             .streaming(true)
             .also_answers(&[400, 404])
             .own_refusals(json_rpc_error()),
         Endpoint::new(Method::Delete, "/mcp", Group::Mcp, handler(end))
-            .id("mcp_end")
+            .id("mcp_end").scopes(&["core:read"])
             .summary("Ends an MCP session (Mcp-Session-Id).")
             .returns(json!({"type": "object"}))
             .also_answers(&[400, 404])
@@ -222,7 +222,7 @@ fn is_tool(endpoint: &Endpoint) -> bool {
 /// every id names a built-in endpoint.)
 const DOWNLOAD_ENDPOINT: &str = "download";
 const UPLOAD_ENDPOINT: &str = "upload";
-const COMMANDS_ENDPOINT: &str = "commands_run";
+const COMMANDS_ENDPOINT: &str = "run_command";
 
 /// The tools `call`'s identity may use under the catalog in force now.
 fn tools(call: &Call) -> Vec<Value> {

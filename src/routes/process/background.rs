@@ -35,7 +35,7 @@ pub async fn start(call: Call) -> Result<Response, ApiError> {
         .sent("timeout")
         .then(|| timeout_duration(request.timeout_secs()));
     let argv = split(&request.command, 400)?;
-    check_command(&call, &argv)?;
+    check_command(&call, &argv).await?;
     // A bad cwd is 403 even when the table is full.
     let cwd = working_dir(&call, request.cwd.as_deref()).await?;
     let table = call.group_state::<ProcessTable>()?;
@@ -129,6 +129,17 @@ pub async fn signal(call: Call) -> Result<Response, ApiError> {
     else {
         return Err(ApiError::bad_request(SIGNAL_INVALID));
     };
+    // The policy's `allowed_signals` narrows the contract's five.
+    if let Some(allowed) = call.decision().knob_numbers("allowed_signals") {
+        if !allowed.contains(&i64::from(*number)) {
+            return Err(ApiError::new(
+                403,
+                "PolicyDenied",
+                format!("Signal {number} is not permitted by policy (endpoints.process_signal.params.allowed_signals: {allowed:?})"),
+            )
+            .with_code("signal_not_allowed"));
+        }
+    }
     if pid == 1 || pid == std::process::id() as i32 {
         return Err(ApiError::new(
             403,

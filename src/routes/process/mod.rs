@@ -50,6 +50,7 @@ pub fn endpoints() -> Vec<Endpoint> {
             handler(shell::shell),
         )
         .id("shell")
+        .scopes(&["process:run"])
         .enforces(&["paths", "timeout_seconds", "max_output_bytes", "commands"])
         .changes()
         .summary("Run a command (shlex-split, no shell) and return its output and exit code.")
@@ -65,7 +66,8 @@ pub fn endpoints() -> Vec<Endpoint> {
             handler(shell::shell_stream),
         )
         .id("shell_stream")
-        .enforces(&["paths", "timeout_seconds", "commands"])
+        .scopes(&["process:run"])
+        .enforces(&["paths", "timeout_seconds", "max_output_bytes", "commands"])
         .changes()
         .summary("Run a command and stream its output lines as server-sent events.")
         .streaming(true)
@@ -80,6 +82,7 @@ pub fn endpoints() -> Vec<Endpoint> {
             handler(background::start),
         )
         .id("process_start")
+        .scopes(&["process:run"])
         .enforces(&["paths", "commands"])
         .changes()
         .summary("Start a background process, optionally capturing output and keeping stdin open.")
@@ -95,6 +98,7 @@ pub fn endpoints() -> Vec<Endpoint> {
             handler(background::list),
         )
         .id("process_list")
+        .scopes(&["process:read"])
         .summary("Running background processes.")
         .returns(schema::list()),
         Endpoint::new(
@@ -103,7 +107,9 @@ pub fn endpoints() -> Vec<Endpoint> {
             Group::Process,
             handler(background::get),
         )
-        .id("process_get")
+        .id("process_detail")
+        .formerly("process_get")
+        .scopes(&["process:read"])
         .summary("State and exit code of a background process.")
         .returns(schema::process())
         .also_answers(&[404])
@@ -115,6 +121,8 @@ pub fn endpoints() -> Vec<Endpoint> {
             handler(background::signal),
         )
         .id("process_signal")
+        .scopes(&["process:manage"])
+        .enforces(&["allowed_signals"])
         .changes()
         .summary(
             "Send SIGINT, SIGKILL, SIGTERM, SIGCONT or SIGTSTP to a background process's group.",
@@ -135,6 +143,7 @@ pub fn endpoints() -> Vec<Endpoint> {
             handler(background::stdin),
         )
         .id("process_stdin")
+        .scopes(&["process:manage"])
         .changes()
         .summary("Write to (or close) the stdin of a process started with stdin: true.")
         .returns(schema::stdin())
@@ -156,6 +165,7 @@ pub fn endpoints() -> Vec<Endpoint> {
             handler(background::output),
         )
         .id("process_output")
+        .scopes(&["process:read"])
         .summary("Captured output after a cursor, optionally waiting up to 30 s for more.")
         .returns(schema::output())
         .also_answers(&[404, 409])
@@ -199,6 +209,16 @@ impl RunRequest {
                 return Err(ApiError::bad_request(format!(
                     "env: '{name}' cannot be set (names must be non-empty without '=', and neither may contain NUL)"
                 )));
+            }
+            // The server's own settings are not a caller's to change, for a child either
+            // (as on the reference).
+            if name.to_ascii_uppercase().starts_with("ABX_") {
+                return Err(ApiError::new(
+                    403,
+                    "PolicyDenied",
+                    format!("Environment variable '{name}' cannot be overwritten (ABX_* names are the server's own)"),
+                )
+                .with_code("env_var_denied"));
             }
             if crate::process::env::loads_code(name) {
                 return Err(ApiError::bad_request(format!(
@@ -251,8 +271,63 @@ impl RunRequest {
 /// and with `allow` only programs matching one of its globs run. A glob is matched
 /// against argv[0] as given and against its last path component, so `rm` catches
 /// `/bin/rm` too. 403 `command_not_allowed` otherwise.
-fn check_command(call: &Call, argv: &[String]) -> Result<(), ApiError> {
-    command_refusal(call.decision(), &call.spec().id, argv).map_or(Ok(()), Err)
+async fn check_command(call: &Call, argv: &[String]) -> Result<(), ApiError> {
+    command_refusal(call.decision(), &call.spec().id, argv).map_or(Ok(()), Err)?;
+    let program = argv.first().cloned().unwrap_or_default();
+    // Finding the program and its real path are filesystem lookups: on the pool.
+    let protected = crate::runtime::blocking(move || under_system_tree(&program))
+        .await
+        .unwrap_or(false);
+    if protected {
+        return Err(ApiError::new(
+            403,
+            "PolicyDenied",
+            format!(
+                "Executable '{}' resolves under a protected directory (/proc, /sys, /dev): the server's own binary and the kernel's files are not programs to run",
+                argv.first().map(String::as_str).unwrap_or_default()
+            ),
+        )
+        .with_code("process_denied"));
+    }
+    Ok(())
+}
+
+/// Whether `program` (looked up on `PATH` when it has no `/`) is, or resolves to, a
+/// file under `/proc`, `/sys` or `/dev`, as the reference's process guard refuses:
+/// `/proc/self/exe` would start another server with the caller's arguments.
+fn under_system_tree(program: &str) -> bool {
+    use std::path::{Component, Path, PathBuf};
+    let looked_up: PathBuf = if program.contains('/') {
+        PathBuf::from(program)
+    } else {
+        std::env::var_os("PATH")
+            .and_then(|path| {
+                std::env::split_paths(&path)
+                    .map(|dir| dir.join(program))
+                    .find(|candidate| candidate.is_file())
+            })
+            .unwrap_or_else(|| PathBuf::from(program))
+    };
+    let under = |path: &Path| {
+        let mut normal = PathBuf::from("/");
+        for component in path.components() {
+            match component {
+                Component::ParentDir => {
+                    normal.pop();
+                }
+                Component::Normal(part) => normal.push(part),
+                _ => {}
+            }
+        }
+        ["/proc", "/sys", "/dev"]
+            .iter()
+            .any(|root| normal.starts_with(root))
+    };
+    let absolute = match looked_up.is_absolute() {
+        true => looked_up.clone(),
+        false => std::env::current_dir().unwrap_or_default().join(&looked_up),
+    };
+    under(&absolute) || std::fs::canonicalize(&absolute).is_ok_and(|real| under(&real))
 }
 
 /// The seconds a run may take: the caller's (or the default), no more than the

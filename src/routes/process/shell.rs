@@ -33,7 +33,7 @@ pub async fn shell(call: Call) -> Result<Response, ApiError> {
     let request = request.with_timeout(seconds);
     // Python's shlex failure escapes the handler here: the contract's 500.
     let argv = split(&request.command, 500)?;
-    check_command(&call, &argv)?;
+    check_command(&call, &argv).await?;
     let child = spawn(&call, argv, &request, false, true).await?;
     let timeout = timeout_duration(request.timeout_secs());
     let max_output = call
@@ -70,13 +70,14 @@ pub async fn shell_stream(call: Call) -> Result<Response, ApiError> {
     let seconds = effective_timeout(&call, &request, args.given("timeout"));
     let request = request.with_timeout(seconds);
     let argv = split(&request.command, 400)?;
-    check_command(&call, &argv)?;
+    check_command(&call, &argv).await?;
     let mut child = spawn(&call, argv, &request, false, true).await?;
     let outputs = Outputs::of(&mut child).map_err(|e| crate::api::errno::os_error(&e, None))?;
     let (tx, rx) = sse::channel(64);
     let deadline = Instant::now() + timeout_duration(request.timeout_secs());
     let timed_out = request.timed_out();
-    monoio::spawn(stream_lines(child, outputs, deadline, timed_out, tx));
+    let limit = call.decision().knob_u64("max_output_bytes");
+    monoio::spawn(stream_lines(child, outputs, deadline, timed_out, limit, tx));
     Ok(sse::response(rx))
 }
 
@@ -88,9 +89,13 @@ async fn stream_lines(
     mut outputs: Outputs,
     deadline: Instant,
     timed_out: ApiError,
+    limit: Option<u64>,
     mut tx: sse::SseSender,
 ) {
     let mut lines = [Lines::default(), Lines::default()];
+    // The policy's `max_output_bytes`: the lines sent (each with its newline) may not
+    // exceed it; past it the group is killed and the stream says `output_limit`.
+    let mut emitted: u64 = 0;
     let mut last_sent = Instant::now();
     loop {
         let now = Instant::now();
@@ -122,6 +127,10 @@ async fn stream_lines(
         };
         let split = &mut lines[stream as usize];
         for line in split.push(&text) {
+            emitted += line.len() as u64 + 1;
+            if limit.is_some_and(|limit| emitted > limit) {
+                return over_limit(&mut child, &mut tx).await;
+            }
             if send_line(&mut tx, stream, line).await.is_err() {
                 return;
             }
@@ -132,6 +141,10 @@ async fn stream_lines(
     }
     for stream in [Stream::Stdout, Stream::Stderr] {
         if let Some(line) = lines[stream as usize].finish() {
+            emitted += line.len() as u64 + 1;
+            if limit.is_some_and(|limit| emitted > limit) {
+                return over_limit(&mut child, &mut tx).await;
+            }
             if send_line(&mut tx, stream, line).await.is_err() {
                 return;
             }
@@ -155,6 +168,16 @@ async fn stream_lines(
                 .await;
         }
         None => time_out(&mut child, &mut tx, &timed_out).await,
+    }
+}
+
+/// The output limit passed: kill the group, say so, and end with its exit, as the
+/// reference does.
+async fn over_limit(child: &mut Child, tx: &mut sse::SseSender) {
+    let _ = child.kill().await;
+    let _ = tx.send("error", &json!({"error": "output_limit"})).await;
+    if let Ok(code) = child.wait().await {
+        let _ = tx.send("exit", &json!({"exit_code": code.0})).await;
     }
 }
 

@@ -29,7 +29,7 @@ const VARS_SENTENCE: &str = "vars must be an object of variable names to values"
 pub fn endpoints() -> Vec<Endpoint> {
     vec![
         Endpoint::new(Method::Get, "/system/info", Group::System, handler(info))
-            .id("system_info")
+            .id("system_info").scopes(&["system:read"])
             .summary("OS, architecture, CPUs, memory, disk, Python version and host name.")
             .returns(schema_object(
                 &["os", "arch", "cpu_count", "memory_total_mb", "memory_available_mb", "disk_total_gb", "disk_free_gb", "python_version", "hostname"],
@@ -41,7 +41,7 @@ pub fn endpoints() -> Vec<Endpoint> {
                 }),
             )),
         Endpoint::new(Method::Get, "/system/metrics", Group::System, handler(metrics))
-            .id("system_metrics")
+            .id("system_metrics").scopes(&["system:read"])
             .summary("Load averages, memory and disk use, and the server's uptime.")
             .returns(schema_object(
                 &["cpu_load_1m", "cpu_load_5m", "cpu_load_15m", "memory_used_mb", "memory_total_mb", "memory_percent", "disk_used_gb", "disk_total_gb", "disk_percent", "uptime_seconds"],
@@ -53,14 +53,14 @@ pub fn endpoints() -> Vec<Endpoint> {
                 }),
             )),
         Endpoint::new(Method::Get, "/env", Group::System, handler(env_get))
-            .id("env_get")
+            .id("env_get").scopes(&["system:read"])
             .enforces(&["allow_vars", "deny_vars"])
             .summary("The environment children start with; names that look like secrets are left out.")
             .params(&[Param::query("filter", "string", false)
                 .doc("A comma-separated allow-list of names; without it every variable the policy lets through is listed.")])
             .returns(schema_object(&["variables"], json!({"variables": {"type": "object"}}))),
         Endpoint::new(Method::Post, "/env", Group::System, handler(env_set))
-            .id("env_set")
+            .id("env_set").scopes(&["system:write"])
             .enforces(&["allow_vars", "deny_vars"])
             .changes()
             .summary("Set variables for every child started from now on.")
@@ -71,11 +71,11 @@ pub fn endpoints() -> Vec<Endpoint> {
             .returns(schema_object(&["updated"], json!({"updated": {"type": "array"}})))
             .also_answers(&[400, 403]),
         Endpoint::new(Method::Get, "/ports", Group::System, handler(ports_get))
-            .id("ports")
+            .id("ports").scopes(&["system:read"])
             .summary("Listening TCP ports, with the pid holding each where it can be seen.")
             .returns(schema_object(&["listening"], json!({"listening": {"type": "array"}}))),
         Endpoint::new(Method::Get, "/packages", Group::System, handler(packages))
-            .id("packages")
+            .id("packages").scopes(&["system:read"])
             .enforces(&["paths"])
             .changes()
             .summary("Installed pip or npm packages.")

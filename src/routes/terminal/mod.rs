@@ -38,7 +38,8 @@ pub fn endpoints() -> Vec<Endpoint> {
     };
     vec![
         Endpoint::new(Method::Post, "/pty/sessions", Group::Terminal, handler(create))
-            .id("pty_create")
+            .id("pty_create_session")
+            .formerly("pty_create").scopes(&["terminal:use"])
             .enforces(&["paths"])
             .changes()
             .summary("Start a shell on a new terminal; answers its WebSocket URL.")
@@ -58,17 +59,19 @@ pub fn endpoints() -> Vec<Endpoint> {
             })))
             .also_answers(&[400, 429]),
         Endpoint::new(Method::Get, "/pty/sessions", Group::Terminal, handler(list))
-            .id("pty_list")
+            .id("pty_list_sessions")
+            .formerly("pty_list").scopes(&["terminal:use"])
             .summary("Terminal sessions (idle ones are reaped first).")
             .returns(schema_object(&["sessions"], json!({"sessions": {"type": "array"}}))),
         Endpoint::new(Method::Get, "/pty/sessions/{id}", Group::Terminal, handler(get))
-            .id("pty_get")
+            .id("pty_detail")
+            .formerly("pty_get").scopes(&["terminal:use"])
             .summary("One terminal session.")
             .params(std::slice::from_ref(&id))
             .returns(session_schema())
             .also_answers(&[404]),
         Endpoint::new(Method::Post, "/pty/sessions/{id}/resize", Group::Terminal, handler(resize))
-            .id("pty_resize")
+            .id("pty_resize").scopes(&["terminal:use"])
             .changes()
             .summary("Set a terminal's size (1-1000 columns and rows).")
             .params(&[
@@ -81,7 +84,8 @@ pub fn endpoints() -> Vec<Endpoint> {
             .returns(session_schema())
             .also_answers(&[400, 404]),
         Endpoint::new(Method::Delete, "/pty/sessions/{id}", Group::Terminal, handler(delete))
-            .id("pty_delete")
+            .id("pty_delete_session")
+            .formerly("pty_delete").scopes(&["terminal:use"])
             .changes()
             .summary("End a terminal session and its processes.")
             .params(&[id])
@@ -287,7 +291,7 @@ mod tests {
         assert!(SHELL_NOT_A_STRING.ends_with(&format!("(allowed: {allowed})")));
         let create = endpoints()
             .into_iter()
-            .find(|e| e.spec.id == "pty_create")
+            .find(|e| e.spec.id == "pty_create_session")
             .unwrap();
         let shell = create
             .spec

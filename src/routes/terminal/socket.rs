@@ -41,6 +41,7 @@ pub fn endpoint() -> Endpoint {
         Arc::new(|upgraded, stream, leftover| Box::pin(serve(upgraded, stream, leftover))),
     )
     .id("pty_connect")
+    .scopes(&["terminal:use"])
     .changes()
     .summary("PTY WebSocket on ABX_PTY_PORT (input, resize, signal; output and events).")
     .params(&[

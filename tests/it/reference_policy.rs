@@ -1,0 +1,414 @@
+//! Policy documents written for the published reference server (`agent-sandbox-server`,
+//! its `agent_sandbox.server.policy` schema) against the real binary: the same scopes,
+//! sources, presets, refusal bodies and enforced knobs as there.
+
+use serde_json::{json, Value};
+use sha2::{Digest, Sha256};
+
+use crate::on_both_drivers;
+use crate::support::{Launch, Reply, Server, TempDir};
+
+fn sha256_hex(text: &str) -> String {
+    Sha256::digest(text.as_bytes())
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
+fn call(server: &Server, token: &str, method: &str, path: &str, body: Option<Value>) -> Reply {
+    let auth = format!("Bearer {token}");
+    let body = body.map(|b| b.to_string());
+    server.request(
+        method,
+        path,
+        &[("Authorization", auth.as_str())],
+        body.as_deref().map(str::as_bytes),
+    )
+}
+
+/// A narrow identity given as the reference's own JSON document, inline in
+/// `ABX_SERVER_POLICY`, is as narrow as there on every route.
+fn a_reference_document_governs_every_route(driver: &'static str) {
+    let policy = json!({
+        "version": 1,
+        "description": "written for agent-sandbox-server",
+        "auth": {"tokens": [
+            {"id": "ci", "scopes": ["files:read"], "token_env": "CI_TOKEN"},
+            {"id": "admin", "scopes": ["*"], "token_sha256": sha256_hex("admin-secret")}
+        ]},
+        "endpoints": {
+            "process_signal": {"params": {"allowed_signals": [15]}},
+            "shell_stream": {"limits": {"max_output_bytes": 64}},
+            "files_*": {"paths": {"deny": ["*.pem"]}}
+        }
+    });
+    let server = Launch::new(driver)
+        .env("ABX_SERVER_POLICY", &policy.to_string())
+        .env("CI_TOKEN", "ci-secret")
+        .env("ABX_SERVER_TOKEN", "plain-secret")
+        .start();
+    std::fs::write(server.base_dir().join("notes.txt"), "hi").unwrap();
+
+    let refused = call(
+        &server,
+        "ci-secret",
+        "POST",
+        "/shell",
+        Some(json!({"command": "id"})),
+    );
+    assert_eq!(refused.status, 403);
+    assert_eq!(
+        refused.json(),
+        json!({"error": "Identity 'ci' lacks scope 'process:run' required by endpoint 'shell'",
+               "type": "PolicyDenied", "code": "missing_scope", "endpoint": "shell",
+               "scope": "process:run", "identity": "ci"})
+    );
+    let listed = call(&server, "ci-secret", "GET", "/files/list?path=.", None);
+    assert_eq!(listed.status, 200, "{}", listed.text());
+
+    // Every endpoint the discovery document lists is allowed to `ci` exactly when its
+    // scopes are `files:read` (or the implicit `core:read`), and a real request agrees.
+    let caps = call(&server, "ci-secret", "GET", "/capabilities", None).json();
+    assert_eq!(
+        caps["identity"],
+        json!({"id": "ci", "scopes": ["files:read"]})
+    );
+    assert_eq!(
+        caps["endpoints"]["files_move"]["scopes"],
+        json!(["files:write", "files:delete"])
+    );
+    assert_eq!(caps["endpoints"]["health"]["scopes"], json!([]));
+    assert_eq!(
+        caps["endpoints"]["pty_connect"]["scopes"],
+        json!(["terminal:use"])
+    );
+    let endpoints = caps["endpoints"].as_object().unwrap();
+    let mut narrow = 0;
+    for (id, entry) in endpoints {
+        if entry["enabled"] != json!(true) {
+            continue;
+        }
+        let scopes: Vec<&str> = entry["scopes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|s| s.as_str().unwrap())
+            .collect();
+        let may = scopes
+            .iter()
+            .all(|s| *s == "files:read" || *s == "core:read");
+        assert_eq!(entry["allowed"], json!(may), "{id}: {entry}");
+        if !may {
+            assert_eq!(entry["reason"], json!("missing_scope"), "{id}");
+            narrow += 1;
+            let method = entry["method"].as_str().unwrap();
+            if method == "WS" {
+                continue;
+            }
+            let path = entry["path"]
+                .as_str()
+                .unwrap()
+                .replace("{pid}", "1")
+                .replace("{id}", "x")
+                .replace("{name}", "x");
+            let body = (method != "GET").then(|| json!({}));
+            let reply = call(&server, "ci-secret", method, &path, body);
+            assert_eq!(
+                (
+                    reply.status,
+                    reply.json()["code"].clone(),
+                    reply.json()["identity"].clone()
+                ),
+                (403, json!("missing_scope"), json!("ci")),
+                "{id}: {method} {path}"
+            );
+        }
+    }
+    assert!(
+        narrow >= 25,
+        "only {narrow} endpoints need more than files:read"
+    );
+
+    // A credential comes before any limit: no token and a body over the limit is 401.
+    let oversized = server.request("POST", "/shell", &[("Content-Length", "20000000")], None);
+    assert_eq!(oversized.status, 401, "{}", oversized.text());
+    let oversized = server.request(
+        "POST",
+        "/shell",
+        &[
+            ("Content-Length", "20000000"),
+            ("Authorization", "Bearer admin-secret"),
+        ],
+        None,
+    );
+    assert_eq!(oversized.status, 413);
+    // The policy names its tokens: ABX_SERVER_TOKEN is no way in.
+    assert_eq!(
+        call(&server, "plain-secret", "GET", "/files/list", None).status,
+        401
+    );
+    let warnings = caps["warnings"].to_string();
+    assert!(
+        warnings.contains("ABX_SERVER_TOKEN is not accepted"),
+        "{warnings}"
+    );
+
+    // Knobs the reference enforces.
+    let started = call(
+        &server,
+        "admin-secret",
+        "POST",
+        "/process/start",
+        Some(json!({"command": "sleep 30"})),
+    );
+    assert_eq!(started.status, 200, "{}", started.text());
+    let pid = started.json()["pid"].as_i64().unwrap();
+    let kill = call(
+        &server,
+        "admin-secret",
+        "POST",
+        &format!("/process/{pid}/signal"),
+        Some(json!({"signal": 9})),
+    );
+    assert_eq!(
+        (kill.status, kill.json()["code"].clone()),
+        (403, json!("signal_not_allowed"))
+    );
+    let term = call(
+        &server,
+        "admin-secret",
+        "POST",
+        &format!("/process/{pid}/signal"),
+        Some(json!({"signal": 15})),
+    );
+    assert_eq!(term.status, 200, "{}", term.text());
+    let env = call(
+        &server,
+        "admin-secret",
+        "POST",
+        "/shell",
+        Some(json!({"command": "true", "env": {"ABX_SERVER_BASE_DIR": "/"}})),
+    );
+    assert_eq!(
+        (
+            env.status,
+            env.json()["code"].clone(),
+            env.json()["type"].clone()
+        ),
+        (403, json!("env_var_denied"), json!("PolicyDenied"))
+    );
+    let own = call(
+        &server,
+        "admin-secret",
+        "POST",
+        "/shell",
+        Some(json!({"command": "/proc/self/exe --version"})),
+    );
+    assert_eq!(
+        (own.status, own.json()["code"].clone()),
+        (403, json!("process_denied"))
+    );
+    let link = server.base_dir().join("again");
+    std::os::unix::fs::symlink("/proc/self/exe", &link).unwrap();
+    let own = call(
+        &server,
+        "admin-secret",
+        "POST",
+        "/shell",
+        Some(json!({"command": link.to_str().unwrap()})),
+    );
+    assert_eq!(
+        (own.status, own.json()["code"].clone()),
+        (403, json!("process_denied"))
+    );
+    let stream = call(
+        &server,
+        "admin-secret",
+        "POST",
+        "/shell/stream",
+        Some(json!({"command": "seq 1 1000"})),
+    );
+    let text = stream.text();
+    assert!(
+        text.contains("event: error\ndata: {\"error\":\"output_limit\"}"),
+        "{text}"
+    );
+    assert!(text.contains("event: exit"), "{text}");
+    assert!(!text.contains("\"1000\""), "{text}");
+    let denied = call(
+        &server,
+        "ci-secret",
+        "GET",
+        "/files/stat?path=keys/server.pem",
+        None,
+    );
+    assert_eq!(
+        (denied.status, denied.json()["code"].clone()),
+        (403, json!("path_denied"))
+    );
+}
+
+/// Where a document comes from, and what stops the server.
+fn sources_and_refusals(driver: &'static str) {
+    let dir = TempDir::new("policy-sources");
+    for (doc, says) in [
+        (json!({"frobnicate": 1}), "frobnicate: unknown policy key"),
+        (
+            json!({"endpoints": {"shel": {"enabled": false}}}),
+            "unknown endpoint (did you mean 'shell'?)",
+        ),
+        (
+            json!({"endpoints": {"process_list": {"params": {"allowed_signals": [1]}}}}),
+            "allowed_signals is not applied by endpoint 'process_list'",
+        ),
+        (
+            json!({"endpoints": {"files_list": {"paths": {"allow": ["/elsewhere"]}}}}),
+            "is outside the base directory",
+        ),
+        (json!({"version": 2}), "version: unsupported 2"),
+        (json!({"preset": "lockd"}), "did you mean 'locked'?"),
+    ] {
+        let (code, stderr) = Launch::new(driver)
+            .env("ABX_SERVER_POLICY", &doc.to_string())
+            .fail();
+        assert_eq!(code, 2, "{doc}: {stderr}");
+        assert!(stderr.contains(says), "{doc}: {stderr}");
+        assert_eq!(stderr.trim().lines().count(), 1, "{stderr}");
+    }
+    let file = dir.path().join("transfer.json");
+    std::fs::write(
+        &file,
+        json!({"preset": "transfer-only", "groups": ["process"]}).to_string(),
+    )
+    .unwrap();
+    let server = Launch::new(driver)
+        .env("ABX_SERVER_POLICY_FILE", file.to_str().unwrap())
+        .start();
+    let (status, body) = server.post_json("/shell", json!({"command": "true"}));
+    assert_eq!(
+        (status, body["code"].clone(), body["rule"].clone()),
+        (
+            404,
+            json!("endpoint_disabled"),
+            json!("preset:transfer-only:endpoints.*")
+        )
+    );
+    let (status, _) = server.get_json("/files/download-stream?path=nothing");
+    assert_eq!(status, 404, "enabled: the file is missing");
+    let (_, caps) = server.get_json("/capabilities");
+    assert_eq!(caps["policy"]["preset"], json!("transfer-only"));
+    assert_eq!(
+        caps["endpoints"]["files_upload_stream"]["enabled"],
+        json!(true)
+    );
+    drop(server);
+    // `--policy` beats ABX_SERVER_POLICY, which beats ABX_SERVER_POLICY_FILE.
+    let locked = dir.path().join("locked.json");
+    std::fs::write(&locked, json!({"preset": "locked"}).to_string()).unwrap();
+    let server = Launch::new(driver)
+        .arg("--policy")
+        .arg(locked.to_str().unwrap())
+        .env(
+            "ABX_SERVER_POLICY",
+            &json!({"preset": "hardened"}).to_string(),
+        )
+        .env("ABX_SERVER_POLICY_FILE", file.to_str().unwrap())
+        .start();
+    assert_eq!(
+        server.get_json("/capabilities").1["policy"]["preset"],
+        json!("locked")
+    );
+    drop(server);
+    let server = Launch::new(driver)
+        .env(
+            "ABX_SERVER_POLICY",
+            &json!({"preset": "hardened"}).to_string(),
+        )
+        .env("ABX_SERVER_POLICY_FILE", file.to_str().unwrap())
+        .start();
+    let (_, caps) = server.get_json("/capabilities");
+    assert_eq!(caps["policy"]["preset"], json!("hardened"));
+    std::fs::write(server.base_dir().join(".env"), "SECRET=1").unwrap();
+    let (status, body) = server.get_json("/files/stat?path=.env");
+    assert_eq!(
+        (status, body["code"].clone()),
+        (403, json!("path_denied")),
+        "{body}"
+    );
+    let (status, body) = server.get_json("/process/list");
+    assert_eq!(
+        (status, body["rule"].clone()),
+        (404, json!("preset:hardened:groups.process"))
+    );
+    // The shell's environment does not show how it is governed.
+    drop(server);
+    let server = Launch::new(driver)
+        .env(
+            "ABX_SERVER_POLICY",
+            &json!({"endpoints": {"commands_run": {"enabled": false}}}).to_string(),
+        )
+        .start();
+    let (status, body) = server.post_json("/commands/hello", json!({}));
+    assert_eq!(
+        (status, body["endpoint"].clone()),
+        (404, json!("run_command")),
+        "a former id still names its endpoint"
+    );
+    let (_, caps) = server.get_json("/capabilities");
+    assert!(
+        caps["warnings"].to_string().contains("former id"),
+        "{}",
+        caps["warnings"]
+    );
+    let (status, body) = server.post_json("/shell", json!({"command": "env"}));
+    assert_eq!(status, 200);
+    assert!(
+        !body["stdout"]
+            .as_str()
+            .unwrap()
+            .contains("ABX_SERVER_POLICY"),
+        "{body}"
+    );
+}
+
+/// `ABX_SERVER_TOKEN` alone is the identity `server`; `allow_anonymous` admits a caller
+/// without a credential with `anonymous_scopes`.
+fn plain_token_and_anonymous_identities(driver: &'static str) {
+    let server = Launch::new(driver)
+        .env("ABX_SERVER_TOKEN", "s3cret")
+        .start();
+    let caps = call(&server, "s3cret", "GET", "/capabilities", None).json();
+    assert_eq!(caps["identity"], json!({"id": "server", "scopes": ["*"]}));
+    drop(server);
+    let policy = json!({"auth": {
+        "tokens": [{"id": "ops", "scopes": ["*"], "token_env": "OPS_TOKEN"}],
+        "allow_anonymous": true,
+        "anonymous_scopes": ["files:read"]
+    }});
+    let server = Launch::new(driver)
+        .env("ABX_SERVER_POLICY", &policy.to_string())
+        .env("OPS_TOKEN", "ops")
+        .start();
+    let (status, caps) = server.get_json("/capabilities");
+    assert_eq!(
+        (status, caps["identity"].clone()),
+        (200, json!({"id": "anonymous", "scopes": ["files:read"]}))
+    );
+    assert_eq!(server.get_json("/files/list").0, 200);
+    let (status, body) = server.post_json("/shell", json!({"command": "true"}));
+    assert_eq!(
+        (status, body["identity"].clone()),
+        (403, json!("anonymous"))
+    );
+    // A wrong credential is not anonymous.
+    assert_eq!(
+        call(&server, "wrong", "GET", "/files/list", None).status,
+        401
+    );
+}
+
+on_both_drivers!(
+    a_reference_document_governs_every_route,
+    sources_and_refusals,
+    plain_token_and_anonymous_identities,
+);

@@ -18,6 +18,7 @@ mod mcp;
 mod operations;
 mod policy;
 mod process;
+mod reference;
 mod reference_policy;
 mod system;
 mod terminal;

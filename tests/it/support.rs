@@ -68,6 +68,9 @@ pub struct Tools {
     pub path: String,
     /// The Python of `.tools/venv` (the pinned `openai` SDK).
     pub python: PathBuf,
+    /// The Python of `.tools/reference-venv`: the published `agent-sandbox-server` this
+    /// server replaces and its official `agent-sandbox-client` (tests/it/reference.rs).
+    pub reference_python: PathBuf,
 }
 
 pub fn tools() -> &'static Tools {
@@ -88,6 +91,7 @@ pub fn tools() -> &'static Tools {
         Tools {
             path: format!("{own}:{}", std::env::var("PATH").unwrap_or_default()),
             python: root.join(".tools/venv/bin/python3"),
+            reference_python: root.join(".tools/reference-venv/bin/python3"),
         }
     })
 }

@@ -1,0 +1,222 @@
+//! The published Python server this one replaces (`agent-sandbox-server`) and its official
+//! client (`agent-sandbox-client`), both at the version `src/pins.env` names, from
+//! `.tools/reference-venv`:
+//! - `tests/fixtures/reference_client.py` drives every public method of the client's
+//!   `ServerClient` against the real binary, through the client's own models and typed
+//!   errors (local mode, a plain `ABX_SERVER_TOKEN`, and a `files:read`-only identity);
+//! - `tests/fixtures/reference_diff.py` starts the reference server with the same settings
+//!   as the binary and compares, per identity and for every endpoint id the reference
+//!   lists, the `/capabilities` entry, `POST /capabilities/check` and whether the policy
+//!   refuses the request itself.
+//!
+//! The fixtures print one JSON line per method or difference; a failure shows them all.
+
+use std::path::Path;
+use std::process::Command;
+
+use crate::support::{tools, Launch, Server, TempDir};
+
+/// The policy document of the narrow test: one identity holding only `files:read`.
+const NARROW_POLICY: &str =
+    r#"{"auth": {"tokens": [{"id": "ci", "scopes": ["files:read"], "token_env": "CI_TOKEN"}]}}"#;
+
+/// The identities of the differential tests: every scope, only `files:read`, only
+/// `process:run` (each token in its own variable).
+const IDENTITIES: &str = r#"{"tokens": [
+    {"id": "full", "scopes": ["*"], "token_env": "REF_FULL_TOKEN"},
+    {"id": "reader", "scopes": ["files:read"], "token_env": "REF_READER_TOKEN"},
+    {"id": "runner", "scopes": ["process:run"], "token_env": "REF_RUNNER_TOKEN"}]}"#;
+
+const TOKENS: [(&str, &str, &str); 3] = [
+    ("full", "REF_FULL_TOKEN", "full-secret"),
+    ("reader", "REF_READER_TOKEN", "reader-secret"),
+    ("runner", "REF_RUNNER_TOKEN", "runner-secret"),
+];
+
+fn fixture(name: &str) -> std::path::PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures")
+        .join(name)
+}
+
+/// Runs a fixture with the reference venv's Python; it must exit 0.
+fn run(mut command: Command, what: &str) {
+    let output = command.output().expect("run the reference venv's python");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        output.status.success(),
+        "{what} failed ({}):\n{stdout}\nstderr:\n{}",
+        output.status,
+        String::from_utf8_lossy(&output.stderr)
+    );
+}
+
+/// `reference_client.py` against `server`, with `extra` arguments.
+fn client(server: &Server, extra: &[&str]) {
+    let mut command = Command::new(&tools().reference_python);
+    command
+        .arg(fixture("reference_client.py"))
+        .arg(format!("http://{}", server.addr))
+        .arg("--base")
+        .arg(server.base_dir())
+        .args(extra);
+    if let Some(pty) = server.pty_addr {
+        command.arg("--pty-port").arg(pty.port().to_string());
+    }
+    run(command, "reference_client.py");
+}
+
+/// No token: the anonymous identity may do everything.
+fn client_in_local_mode(driver: &'static str) {
+    let server = Launch::new(driver).start();
+    client(&server, &["--expect-identity", "anonymous"]);
+}
+
+/// `ABX_SERVER_TOKEN`: the one identity `server`, holding `*`.
+fn client_with_a_token(driver: &'static str) {
+    let server = Launch::new(driver)
+        .env("ABX_SERVER_TOKEN", "reference-token")
+        .start();
+    client(
+        &server,
+        &["--token", "reference-token", "--expect-identity", "server"],
+    );
+}
+
+/// The reference's JSON document inline in `ABX_SERVER_POLICY`: an identity holding only
+/// `files:read` reads, and everything else is the client's PolicyDeniedError (403
+/// missing_scope), from the server and from the client's pre-check.
+fn client_with_a_files_read_identity(driver: &'static str) {
+    let server = Launch::new(driver)
+        .env("ABX_SERVER_POLICY", NARROW_POLICY)
+        .env("CI_TOKEN", "ci-secret")
+        .start();
+    client(
+        &server,
+        &[
+            "--token",
+            "ci-secret",
+            "--narrow",
+            "--expect-identity",
+            "ci",
+        ],
+    );
+}
+
+/// `reference_diff.py`: the binary started with `env`, the reference started by the
+/// fixture with the same `env`, compared for `identities` (`id=token`).
+fn differential(driver: &'static str, env: &[(&str, &str)], identities: &[String]) {
+    let mut launch = Launch::new(driver);
+    for (name, value) in env {
+        launch = launch.env(name, value);
+    }
+    let server = launch.start();
+    let reference_base = TempDir::new("reference-base");
+    let mut command = Command::new(&tools().reference_python);
+    command
+        .arg(fixture("reference_diff.py"))
+        .arg("--ours")
+        .arg(format!("http://{}", server.addr))
+        .arg("--start-reference")
+        .arg("--reference-base")
+        .arg(reference_base.path());
+    if let Some(pty) = server.pty_addr {
+        command.arg("--ours-pty-port").arg(pty.port().to_string());
+    }
+    for (name, value) in env {
+        command.arg("--env").arg(format!("{name}={value}"));
+    }
+    for identity in identities {
+        command.arg("--identity").arg(identity);
+    }
+    run(command, "reference_diff.py");
+}
+
+fn identity_args() -> Vec<String> {
+    let mut out: Vec<String> = TOKENS
+        .iter()
+        .map(|(id, _, token)| format!("{id}={token}"))
+        .collect();
+    // No credentials, and a token no identity holds: 401 everywhere but /health.
+    out.push("anonymous=".to_string());
+    out.push("stranger=not-a-token".to_string());
+    out
+}
+
+fn identities_env(document: &str) -> Vec<(&'static str, String)> {
+    let mut env = vec![("ABX_SERVER_POLICY", document.to_string())];
+    for (_, var, token) in TOKENS {
+        env.push((var, token.to_string()));
+    }
+    env
+}
+
+fn borrowed(env: &[(&'static str, String)]) -> Vec<(&'static str, &str)> {
+    env.iter().map(|(k, v)| (*k, v.as_str())).collect()
+}
+
+/// Three identities (`*`, `files:read`, `process:run`) under the default groups.
+fn differential_identities(driver: &'static str) {
+    let env = identities_env(&format!(r#"{{"auth": {IDENTITIES}}}"#));
+    differential(driver, &borrowed(&env), &identity_args());
+}
+
+/// The same identities under a document that disables the process group and enables the
+/// opt-in dev_tools group.
+fn differential_groups(driver: &'static str) {
+    let env = identities_env(&format!(
+        r#"{{"groups": {{"process": false, "dev_tools": true}}, "auth": {IDENTITIES}}}"#
+    ));
+    differential(driver, &borrowed(&env), &identity_args());
+}
+
+/// No settings at all (anonymous holds `*`; a token matching nothing is anonymous too),
+/// and a plain `ABX_SERVER_TOKEN` (the identity `server`).
+fn differential_local_and_plain_token(driver: &'static str) {
+    differential(
+        driver,
+        &[],
+        &["anonymous=".to_string(), "stranger=not-a-token".to_string()],
+    );
+    differential(
+        driver,
+        &[("ABX_SERVER_TOKEN", "plain-token")],
+        &[
+            "server=plain-token".to_string(),
+            "anonymous=".to_string(),
+            "stranger=not-a-token".to_string(),
+        ],
+    );
+}
+
+// One driver: each test also starts the Python reference, and the policy decisions do not
+// depend on the I/O driver.
+#[test]
+fn reference_client_local_mode() {
+    client_in_local_mode("uring")
+}
+
+#[test]
+fn reference_client_with_a_token() {
+    client_with_a_token("uring")
+}
+
+#[test]
+fn reference_client_with_a_files_read_identity() {
+    client_with_a_files_read_identity("uring")
+}
+
+#[test]
+fn reference_diff_identities() {
+    differential_identities("uring")
+}
+
+#[test]
+fn reference_diff_groups() {
+    differential_groups("uring")
+}
+
+#[test]
+fn reference_diff_local_and_plain_token() {
+    differential_local_and_plain_token("uring")
+}

@@ -225,7 +225,7 @@ class Handler(BaseHTTPRequestHandler):
 
     def not_allowed(self, raw):
         return ApiError(403, f"Path '{raw}' is outside the allowed directories "
-                        f"({self.base_dir}); use a path beneath it", "PermissionError",
+                        f"({self.base_dir}); use a path beneath it", "PolicyDenied",
                         code="path_not_allowed", endpoint=self.endpoint)
 
     # --- core and commands ------------------------------------------------------------

@@ -219,7 +219,7 @@ class ReferenceServerTest(unittest.TestCase):
         self.expect("not_found", 404, {"error": "Not found: /no/such/route", "type": "ValueError"})
         for name in ("outside_upload", "outside_download"):
             body = self.expect(name, 403)
-            self.assertEqual((body["type"], body["code"]), ("PermissionError", "path_not_allowed"))
+            self.assertEqual((body["type"], body["code"]), ("PolicyDenied", "path_not_allowed"))
         self.assertFalse(os.path.exists("/etc/abx-conformance.txt"))
         self.assertEqual(self.expect("duplicate_param", 400)["code"], "duplicate_parameter")
         self.assertEqual(self.expect("invalid_json", 400)["type"], "ValueError")

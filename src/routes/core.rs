@@ -126,7 +126,8 @@ async fn capabilities(call: Call) -> Result<Response, ApiError> {
         "server_version": env!("CARGO_PKG_VERSION"),
         "groups": groups,
         "group_summary": group_summary,
-        "identity": {"id": identity.id, "scopes": identity.scopes},
+        // Sorted, as the reference shows them.
+        "identity": {"id": identity.id, "scopes": sorted(&identity.scopes)},
         "policy": {
             "preset": catalog.policy.preset,
             "revision": catalog.policy.revision,
@@ -219,4 +220,11 @@ async fn capabilities_check(call: Call) -> Result<Response, ApiError> {
     Ok(Response::ok(
         &json!({"endpoint": endpoint, "allowed": true, "code": null, "reason": null}),
     ))
+}
+
+/// `scopes` in sorted order.
+fn sorted(scopes: &[String]) -> Vec<&str> {
+    let mut out: Vec<&str> = scopes.iter().map(String::as_str).collect();
+    out.sort_unstable();
+    out
 }

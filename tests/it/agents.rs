@@ -149,7 +149,7 @@ fn runtimes_models_and_refusals() {
         json!({"enabled": 67, "total": 67})
     );
     assert_eq!(
-        caps["endpoints"]["responses_create"]["scopes"],
+        caps["endpoints"]["agents_responses_create"]["scopes"],
         json!(["agents:use"])
     );
     let off = Server::start("uring");

@@ -96,9 +96,9 @@ fn check_contract_examples(server: &Server) {
     let reply = server.post("/commands/hello", "[1, 2]");
     assert_eq!(reply.status, 400);
     let caps = server.get("/capabilities").json();
-    assert_eq!(caps["endpoints"]["commands_list"]["enabled"], true);
+    assert_eq!(caps["endpoints"]["list_commands"]["enabled"], true);
     assert_eq!(
-        caps["endpoints"]["commands_run"]["path"],
+        caps["endpoints"]["run_command"]["path"],
         "/commands/{name}"
     );
 }
@@ -346,7 +346,7 @@ fn python_routes_are_endpoints(driver: &'static str) {
     let reply = server.request("POST", "/echo", &auth, Some(br#"{"a": [1, 2]}"#));
     assert_eq!(
         reply.json(),
-        json!({"body": {"a": [1, 2]}, "method": "POST", "identity": "token"})
+        json!({"body": {"a": [1, 2]}, "method": "POST", "identity": "server"})
     );
     let reply = server.request("POST", "/echo", &auth, Some(br#"{"fail": true}"#));
     assert_eq!(
@@ -489,8 +489,8 @@ fn scopes_hide_and_refuse_commands_per_identity(driver: &'static str) {
         &policy,
         json!({
             "identities": [
-                {"id": "reader", "scopes": ["files:read"], "token_sha256": reader_digest},
-                {"id": "admin", "scopes": ["example:admin"], "token_env": "TEST_ADMIN_TOKEN"},
+                {"id": "reader", "scopes": ["files:read", "commands:list", "commands:run", "terminal:use"], "token_sha256": reader_digest},
+                {"id": "admin", "scopes": ["example:admin", "commands:*"], "token_env": "TEST_ADMIN_TOKEN"},
             ],
             "endpoints": {"shell": {"scopes": ["shell:run"]}},
         })
@@ -526,7 +526,10 @@ fn scopes_hide_and_refuse_commands_per_identity(driver: &'static str) {
             "{body}"
         );
         assert_eq!(shell, 403, "the policy's endpoint scope");
-        assert_eq!(identity, json!({"id": "reader", "scopes": ["files:read"]}));
+        assert_eq!(
+            identity,
+            json!({"id": "reader", "scopes": ["commands:list", "commands:run", "files:read", "terminal:use"]})
+        );
         let (listed, status, body, shell, identity) = check_as(&server, "a-token");
         assert!(listed.contains(&"admin_only".to_string()), "{listed:?}");
         assert_eq!((status, body), (200, json!({"result": "secret"})));

@@ -44,16 +44,17 @@ fn check_policy_prints_every_preset_and_refuses_bad_documents() {
         ),
         (
             "locked-down",
-            vec!["download", "files_list", "commands_run", "health"],
-            vec!["upload", "shell", "pty_create", "env_set"],
+            vec!["download", "files_list", "list_commands", "run_command", "health"],
+            vec!["upload", "shell", "pty_create_session", "env_set"],
         ),
         (
             "read-only",
-            vec!["download", "files_search", "process_list", "env_get"],
+            vec!["download", "files_search", "env_get", "list_commands"],
             vec![
                 "upload",
                 "shell",
-                "commands_run",
+                "process_list",
+                "run_command",
                 "git_status",
                 "pty_connect",
             ],
@@ -98,7 +99,8 @@ fn check_policy_prints_every_preset_and_refuses_bad_documents() {
     let (code, _, stderr) = check_policy(&bad);
     assert_eq!(code, 2);
     assert!(
-        stderr.contains("preset must be one of default, locked-down, read-only"),
+        stderr.contains("preset: unknown \"paranoid\"")
+            && stderr.contains("allowed: default, transfer-only, read-only, hardened, locked, locked-down"),
         "{stderr}"
     );
 }
@@ -108,7 +110,7 @@ fn yaml_policies_and_template_yaml_are_applied(driver: &'static str) {
     let policy = dir.path().join("policy.yml");
     std::fs::write(
         &policy,
-        "# YAML, with comments\npreset: read-only\ngroups:\n  dev_tools: true\nendpoints:\n  code_run: {enabled: false}\n  upload: {url_allow: [\"https://x\"]}\n",
+        "# YAML, with comments\npreset: read-only\ngroups:\n  dev_tools: true\nendpoints:\n  code_run: {enabled: false}\n",
     )
     .unwrap();
     let server = Launch::new(driver)
@@ -125,15 +127,20 @@ fn yaml_policies_and_template_yaml_are_applied(driver: &'static str) {
         caps["endpoints"]["code_run"]["rule"],
         "policy:endpoints.code_run"
     );
-    let warnings = caps["warnings"].to_string();
-    assert!(
-        warnings.contains("endpoints.upload.url_allow is accepted but not applied"),
-        "{warnings}"
-    );
     let reply = server.post("/upload", r#"{"path": "x.txt", "content_base64": ""}"#);
     assert_eq!(
         (reply.status, reply.json()["code"].clone()),
         (404, json!("endpoint_disabled"))
+    );
+    // A knob the endpoint it names does not apply is never accepted and ignored.
+    std::fs::write(&policy, "endpoints:\n  upload: {url_allow: [\"https://x\"]}\n").unwrap();
+    let (code, stderr) = Launch::new(driver)
+        .env("ABX_SERVER_POLICY", policy.to_str().unwrap())
+        .fail();
+    assert_eq!(code, 2, "{stderr}");
+    assert!(
+        stderr.contains("endpoints.upload: url_allow is not applied by endpoint 'upload'"),
+        "{stderr}"
     );
 
     // A template directory: its template.yaml's server: section is the policy of a
@@ -509,18 +516,20 @@ fn paths_rules_confine_endpoints_further(driver: &'static str) {
         200,
         "absolute paths are matched beneath the base"
     );
-    for path in ["public/secret.txt", "other.txt"] {
+    // Outside `allow` is path_not_allowed; matched by `deny`, path_denied (as the
+    // reference words them).
+    for (path, code) in [("public/secret.txt", "path_denied"), ("other.txt", "path_not_allowed")] {
         let reply = server.get(&format!("/download?path={path}"));
         assert_eq!(
-            (reply.status, reply.json()["code"].clone()),
-            (403, json!("path_not_allowed")),
+            (reply.status, reply.json()["code"].clone(), reply.json()["type"].clone()),
+            (403, json!(code), json!("PolicyDenied")),
             "{path}"
         );
     }
     let reply = server.post("/shell", r#"{"command": "true", "cwd": "private"}"#);
     assert_eq!(
         (reply.status, reply.json()["code"].clone()),
-        (403, json!("path_not_allowed"))
+        (403, json!("path_denied"))
     );
     assert_eq!(
         server
@@ -548,7 +557,7 @@ fn paths_rules_confine_endpoints_further(driver: &'static str) {
     );
     assert_eq!(
         (reply.status, reply.json()["code"].clone()),
-        (403, json!("path_not_allowed")),
+        (403, json!("path_denied")),
         "{}",
         reply.text()
     );

@@ -127,12 +127,15 @@ fn shell_runs_commands_as_the_contract_says(driver: &'static str) {
     // env merges over the server's environment; cwd is a directory beneath the base.
     let (_, body) = shell(
         &server,
-        json!({"command": "sh -c 'echo $ABX_T1 $PATH; pwd'", "env": {"ABX_T1": "one"}, "cwd": "sub"}),
+        json!({"command": "sh -c 'echo $T1 $PATH; pwd'", "env": {"T1": "one"}, "cwd": "sub"}),
     );
     let out = body["stdout"].as_str().unwrap();
     assert!(out.starts_with("one /"), "{out}");
     let base = std::fs::canonicalize(server.base_dir()).unwrap();
     assert!(out.ends_with(&format!("{}/sub\n", base.display())), "{out}");
+    // The server's own settings are not a request's to change (as on the reference).
+    let (status, body) = shell(&server, json!({"command": "true", "env": {"abx_t1": "one"}}));
+    assert_eq!((status, body["code"].as_str()), (403, Some("env_var_denied")), "{body}");
     // The default cwd is the base directory; arguments with spaces survive.
     let (_, body) = shell(&server, json!({"command": "ls 'a file'"}));
     assert_eq!(body["stdout"], "a file\n");

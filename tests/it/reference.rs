@@ -151,7 +151,7 @@ fn identities_env(document: &str) -> Vec<(&'static str, String)> {
     env
 }
 
-fn borrowed(env: &[(&'static str, String)]) -> Vec<(&'static str, &str)> {
+fn borrowed<'a>(env: &'a [(&'static str, String)]) -> Vec<(&'static str, &'a str)> {
     env.iter().map(|(k, v)| (*k, v.as_str())).collect()
 }
 

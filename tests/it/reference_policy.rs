@@ -144,7 +144,7 @@ fn a_reference_document_governs_every_route(driver: &'static str) {
     assert_eq!(oversized.status, 413);
     // The policy names its tokens: ABX_SERVER_TOKEN is no way in.
     assert_eq!(
-        call(&server, "plain-secret", "GET", "/files/list", None).status,
+        call(&server, "plain-secret", "GET", "/files/list?path=.", None).status,
         401
     );
     let warnings = caps["warnings"].to_string();
@@ -394,7 +394,7 @@ fn plain_token_and_anonymous_identities(driver: &'static str) {
         (status, caps["identity"].clone()),
         (200, json!({"id": "anonymous", "scopes": ["files:read"]}))
     );
-    assert_eq!(server.get_json("/files/list").0, 200);
+    assert_eq!(server.get_json("/files/list?path=.").0, 200);
     let (status, body) = server.post_json("/shell", json!({"command": "true"}));
     assert_eq!(
         (status, body["identity"].clone()),
@@ -402,7 +402,7 @@ fn plain_token_and_anonymous_identities(driver: &'static str) {
     );
     // A wrong credential is not anonymous.
     assert_eq!(
-        call(&server, "wrong", "GET", "/files/list", None).status,
+        call(&server, "wrong", "GET", "/files/list?path=.", None).status,
         401
     );
 }

@@ -130,7 +130,21 @@ pub fn endpoints() -> Vec<Endpoint> {
         ))
         .endpoints(),
     );
+    // What writes or lists workspace files applies the policy's `paths` (rule_of).
     endpoints
+        .into_iter()
+        .map(|endpoint| {
+            let applies_paths = matches!(
+                endpoint.spec.id.as_str(),
+                "environments_create" | "environment_files_create" | "environment_files_list"
+            );
+            if applies_paths {
+                endpoint.enforces(&["paths"])
+            } else {
+                endpoint
+            }
+        })
+        .collect()
 }
 
 /// What a request's environment work touches; `rule` is the endpoint's policy

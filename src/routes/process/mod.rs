@@ -293,8 +293,9 @@ async fn check_command(call: &Call, argv: &[String]) -> Result<(), ApiError> {
 }
 
 /// Whether `program` (looked up on `PATH` when it has no `/`) is, or resolves to, a
-/// file under `/proc`, `/sys` or `/dev`, as the reference's process guard refuses:
-/// `/proc/self/exe` would start another server with the caller's arguments.
+/// file under `/proc`, `/sys` or `/dev` (as the reference's process guard refuses) or
+/// this server's own binary: `/proc/self/exe`, or a link to it, would start another
+/// server with the caller's arguments and the server's environment.
 fn under_system_tree(program: &str) -> bool {
     use std::path::{Component, Path, PathBuf};
     let looked_up: PathBuf = if program.contains('/') {
@@ -327,7 +328,12 @@ fn under_system_tree(program: &str) -> bool {
         true => looked_up.clone(),
         false => std::env::current_dir().unwrap_or_default().join(&looked_up),
     };
-    under(&absolute) || std::fs::canonicalize(&absolute).is_ok_and(|real| under(&real))
+    // A link to /proc/self/exe resolves (as the reference resolves it) to this
+    // server's binary: that is refused too, whatever path leads to it.
+    let own = std::env::current_exe().ok();
+    under(&absolute)
+        || std::fs::canonicalize(&absolute)
+            .is_ok_and(|real| under(&real) || own.as_deref() == Some(real.as_path()))
 }
 
 /// The seconds a run may take: the caller's (or the default), no more than the

@@ -419,8 +419,9 @@ impl Service for ApiService {
         let handler = match &endpoint.serve {
             Serve::Handler(handler) => handler.clone(),
             Serve::Unavailable(_) | Serve::Upgrade(_) | Serve::Sinks { .. } => {
-                // The router indexes no unavailable endpoint, WebSockets are not on the
-                // API port, and bodies that stream never reach here.
+                // An unavailable endpoint is always disabled (refused before its body
+                // is read), WebSockets are not on the API port, and bodies that stream
+                // never reach here.
                 return render(
                     ApiError::not_found_path(&accepted.path),
                     endpoint.spec.errors,

@@ -109,6 +109,17 @@ impl<C, U> Endpoint<C, U> {
         }
     }
 
+    /// An endpoint the table declares (its id, method, path and group are known to
+    /// policies, `/capabilities` and `/capabilities/check`) that this build does not
+    /// serve: always off with rule `build:unavailable`, and a request for it is 404
+    /// `endpoint_disabled` saying `reason`.
+    pub fn not_served(method: Method, path: &str, group: Group, reason: &'static str) -> Self {
+        Self {
+            spec: EndpointSpec::new(method, path, group),
+            serve: Serve::Unavailable(reason),
+        }
+    }
+
     /// A WebSocket endpoint on the PTY port.
     pub fn websocket(path: &str, group: Group, handler: UpgradeHandler<U>) -> Self {
         let mut spec = EndpointSpec::new(Method::Get, path, group);

@@ -3,7 +3,7 @@
 
 use std::collections::HashMap;
 
-use super::endpoint::{Endpoint, Serve};
+use super::endpoint::Endpoint;
 use super::request::percent_decode;
 use crate::api::{Listener, Method};
 
@@ -34,7 +34,10 @@ impl Router {
         let mut seen: HashMap<(Method, String), usize> = HashMap::new();
         for (index, ep) in endpoints.iter().enumerate() {
             let spec = &ep.spec;
-            if spec.listener != listener || matches!(ep.serve, Serve::Unavailable(_)) {
+            // A declared endpoint that is not served is routed too: the dispatcher
+            // answers it 404 `endpoint_disabled` (rule `build:unavailable`), as a
+            // disabled endpoint, rather than "Not found".
+            if spec.listener != listener {
                 continue;
             }
             let path = normalise(&spec.path);

@@ -97,10 +97,7 @@ fn check_contract_examples(server: &Server) {
     assert_eq!(reply.status, 400);
     let caps = server.get("/capabilities").json();
     assert_eq!(caps["endpoints"]["list_commands"]["enabled"], true);
-    assert_eq!(
-        caps["endpoints"]["run_command"]["path"],
-        "/commands/{name}"
-    );
+    assert_eq!(caps["endpoints"]["run_command"]["path"], "/commands/{name}");
 }
 
 fn rust_commands_follow_the_contract(driver: &'static str) {

@@ -817,7 +817,11 @@ fn path_attacks_are_refused(driver: &'static str) {
     let denied = |reply: crate::support::Reply, what: &str| {
         assert_eq!(reply.status, 403, "{what}: {}", reply.text());
         // The base directory itself is the reference's `path_denied`.
-        let code = if what == "delete the base" { "path_denied" } else { "path_not_allowed" };
+        let code = if what == "delete the base" {
+            "path_denied"
+        } else {
+            "path_not_allowed"
+        };
         assert_eq!(reply.json()["code"], code, "{what}");
     };
     for path in [
@@ -1321,13 +1325,15 @@ fn archive_limits(driver: &'static str) {
 fn expect_event(reader: &mut impl BufRead, name: &str, entry: &str) -> Value {
     for _ in 0..20 {
         let (got, data) = read_event(reader);
-        if got == name && data["name"] == entry {
+        // The reference's shape: `change` with `{type, path, is_dir}` (and our `name`).
+        assert_eq!(
+            got, "change",
+            "unexpected event while waiting for {name} of {entry}: {data}"
+        );
+        assert!(data["is_dir"].is_boolean(), "{data}");
+        if data["type"] == name && data["name"] == entry {
             return data;
         }
-        assert!(
-            ["created", "modified", "deleted"].contains(&got.as_str()),
-            "unexpected event {got:?} while waiting for {name} of {entry}: {data}"
-        );
     }
     panic!("no {name} event for {entry}");
 }
@@ -1350,7 +1356,7 @@ fn watch_reports_create_modify_delete(driver: &'static str) {
     let started = Instant::now();
     std::fs::write(b.join("w/new.txt"), b"1").unwrap();
     let data = expect_event(&mut reader, "created", "new.txt");
-    assert_eq!(data["type"], "file");
+    assert_eq!(data["is_dir"], false);
     assert_eq!(data["path"], format!("{}/w/new.txt", b.display()));
     // With a 5 s polling interval, a prompt event shows inotify woke the watch.
     assert!(
@@ -1358,18 +1364,21 @@ fn watch_reports_create_modify_delete(driver: &'static str) {
         "no inotify wake-up"
     );
     std::fs::write(b.join("w/new.txt"), b"12345").unwrap();
-    assert_eq!(expect_event(&mut reader, "modified", "new.txt")["size"], 5);
-    std::fs::create_dir(b.join("w/sub")).unwrap();
     assert_eq!(
-        expect_event(&mut reader, "created", "sub")["type"],
-        "directory"
+        expect_event(&mut reader, "modified", "new.txt")["is_dir"],
+        false
     );
+    std::fs::create_dir(b.join("w/sub")).unwrap();
+    assert_eq!(expect_event(&mut reader, "created", "sub")["is_dir"], true);
     std::fs::write(b.join("w/sub/inner.txt"), b"").unwrap();
     expect_event(&mut reader, "created", "sub/inner.txt");
     std::fs::remove_file(b.join("w/new.txt")).unwrap();
+    let deleted = expect_event(&mut reader, "deleted", "new.txt");
+    assert_eq!(deleted["is_dir"], false);
     assert_eq!(
-        expect_event(&mut reader, "deleted", "new.txt")["type"],
-        "file"
+        deleted["path"],
+        format!("{}/w/new.txt", base(&server)),
+        "the absolute path, as the reference gives it"
     );
 }
 
@@ -1449,7 +1458,10 @@ fn watch_times_out_and_validates(driver: &'static str) {
     assert_eq!(reply.header("content-type"), Some("text/event-stream"));
     let text = reply.text();
     assert!(text.starts_with("event: ready\n"), "{text}");
-    assert!(text.contains("event: timeout\n"), "{text}");
+    assert!(
+        text.contains("event: end\ndata: {\"reason\":\"timeout\""),
+        "{text}"
+    );
     assert_eq!(server.get("/files/watch?path=.&interval=fast").status, 400);
     assert_eq!(server.get("/files/watch?path=.&timeout=-1").status, 400);
     assert_eq!(server.get("/files/watch?path=nope").status, 404);
@@ -1749,14 +1761,22 @@ fn watch_past_its_cap_reports_no_false_deletions(driver: &'static str) {
     let mut events = Vec::new();
     loop {
         let (name, data) = read_event(&mut reader);
-        if name == "timeout" {
+        if name == "end" {
+            assert_eq!(data["reason"], "timeout");
             break;
         }
         events.push((name, data));
     }
     let names: Vec<String> = events
         .iter()
-        .map(|(n, d)| format!("{n} {}", d["name"].as_str().unwrap_or("")))
+        .map(|(n, d)| {
+            let kind = if n == "change" {
+                d["type"].as_str().unwrap_or("")
+            } else {
+                n.as_str()
+            };
+            format!("{kind} {}", d["name"].as_str().unwrap_or(""))
+        })
         .collect();
     assert_eq!(
         events.first().map(|e| e.0.as_str()),

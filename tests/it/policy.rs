@@ -44,7 +44,13 @@ fn check_policy_prints_every_preset_and_refuses_bad_documents() {
         ),
         (
             "locked-down",
-            vec!["download", "files_list", "list_commands", "run_command", "health"],
+            vec![
+                "download",
+                "files_list",
+                "list_commands",
+                "run_command",
+                "health",
+            ],
             vec!["upload", "shell", "pty_create_session", "env_set"],
         ),
         (
@@ -100,7 +106,9 @@ fn check_policy_prints_every_preset_and_refuses_bad_documents() {
     assert_eq!(code, 2);
     assert!(
         stderr.contains("preset: unknown \"paranoid\"")
-            && stderr.contains("allowed: default, transfer-only, read-only, hardened, locked, locked-down"),
+            && stderr.contains(
+                "allowed: default, transfer-only, read-only, hardened, locked, locked-down"
+            ),
         "{stderr}"
     );
 }
@@ -133,7 +141,11 @@ fn yaml_policies_and_template_yaml_are_applied(driver: &'static str) {
         (404, json!("endpoint_disabled"))
     );
     // A knob the endpoint it names does not apply is never accepted and ignored.
-    std::fs::write(&policy, "endpoints:\n  upload: {url_allow: [\"https://x\"]}\n").unwrap();
+    std::fs::write(
+        &policy,
+        "endpoints:\n  upload: {url_allow: [\"https://x\"]}\n",
+    )
+    .unwrap();
     let (code, stderr) = Launch::new(driver)
         .env("ABX_SERVER_POLICY", policy.to_str().unwrap())
         .fail();
@@ -518,10 +530,17 @@ fn paths_rules_confine_endpoints_further(driver: &'static str) {
     );
     // Outside `allow` is path_not_allowed; matched by `deny`, path_denied (as the
     // reference words them).
-    for (path, code) in [("public/secret.txt", "path_denied"), ("other.txt", "path_not_allowed")] {
+    for (path, code) in [
+        ("public/secret.txt", "path_denied"),
+        ("other.txt", "path_not_allowed"),
+    ] {
         let reply = server.get(&format!("/download?path={path}"));
         assert_eq!(
-            (reply.status, reply.json()["code"].clone(), reply.json()["type"].clone()),
+            (
+                reply.status,
+                reply.json()["code"].clone(),
+                reply.json()["type"].clone()
+            ),
             (403, json!(code), json!("PolicyDenied")),
             "{path}"
         );

@@ -71,7 +71,10 @@ fn all_events(reader: &mut BufReader<TcpStream>) -> Vec<(String, Value)> {
     let mut events = Vec::new();
     loop {
         let (name, data) = read_event(reader);
-        let last = name == "exit" || name == "error";
+        // A timeout or the output limit is said, then the exit follows; a program
+        // that could not start ends the stream with its error.
+        let last = name == "exit"
+            || (name == "error" && data["error"] != "timeout" && data["error"] != "output_limit");
         events.push((name, data));
         if last {
             return events;
@@ -134,8 +137,15 @@ fn shell_runs_commands_as_the_contract_says(driver: &'static str) {
     let base = std::fs::canonicalize(server.base_dir()).unwrap();
     assert!(out.ends_with(&format!("{}/sub\n", base.display())), "{out}");
     // The server's own settings are not a request's to change (as on the reference).
-    let (status, body) = shell(&server, json!({"command": "true", "env": {"abx_t1": "one"}}));
-    assert_eq!((status, body["code"].as_str()), (403, Some("env_var_denied")), "{body}");
+    let (status, body) = shell(
+        &server,
+        json!({"command": "true", "env": {"abx_t1": "one"}}),
+    );
+    assert_eq!(
+        (status, body["code"].as_str()),
+        (403, Some("env_var_denied")),
+        "{body}"
+    );
     // The default cwd is the base directory; arguments with spaces survive.
     let (_, body) = shell(&server, json!({"command": "ls 'a file'"}));
     assert_eq!(body["stdout"], "a file\n");
@@ -291,14 +301,8 @@ fn stream_sends_each_line_as_it_is_written(driver: &'static str) {
     assert_eq!(
         before_sleep,
         vec![
-            (
-                "stderr".to_string(),
-                json!({"stream": "stderr", "line": "err"})
-            ),
-            (
-                "stdout".to_string(),
-                json!({"stream": "stdout", "line": "one"})
-            ),
+            ("stderr".to_string(), json!({"data": "err"})),
+            ("stdout".to_string(), json!({"data": "one"})),
         ]
     );
     let rest = all_events(&mut reader);
@@ -311,14 +315,8 @@ fn stream_sends_each_line_as_it_is_written(driver: &'static str) {
     assert_eq!(
         rest,
         vec![
-            (
-                "stdout".to_string(),
-                json!({"stream": "stdout", "line": "two"})
-            ),
-            (
-                "stdout".to_string(),
-                json!({"stream": "stdout", "line": "three"})
-            ),
+            ("stdout".to_string(), json!({"data": "two"})),
+            ("stdout".to_string(), json!({"data": "three"})),
             ("exit".to_string(), json!({"exit_code": 3})),
         ]
     );
@@ -329,20 +327,34 @@ fn stream_sends_each_line_as_it_is_written(driver: &'static str) {
         json!({"command": "sh -c 'echo $$; exec sleep 300'", "timeout": 0.5}),
     );
     let (_, first) = read_event(&mut reader);
-    let pid: i64 = first["line"].as_str().unwrap().parse().unwrap();
+    let pid: i64 = first["data"].as_str().unwrap().parse().unwrap();
     let (name, data) = read_event(&mut reader);
     assert_eq!(
         (name.as_str(), data),
         (
             "error",
-            json!({"error": "Command timed out after 0.5s", "type": "TimeoutError"})
+            json!({"error": "timeout", "message": "Command timed out after 0.5s", "type": "TimeoutError"})
         )
+    );
+    // Then the exit of the killed group, as the reference ends a timed-out stream.
+    let (name, data) = read_event(&mut reader);
+    assert_eq!(
+        (name.as_str(), data["exit_code"].as_i64()),
+        ("exit", Some(-9))
     );
     assert!(wait_until_dead(pid, Duration::from_secs(10)));
 
     // A shlex failure is 400 here, not 500.
     let reply = server.post_value("/shell/stream", json!({"command": "echo \"open"}));
     assert_eq!(reply.status, 400);
+    // A program that cannot start is the stream's error event, as on the reference.
+    let missing = server.post_value("/shell/stream", json!({"command": "no-such-program-here"}));
+    assert_eq!(missing.status, 200);
+    let text = missing.text();
+    assert!(
+        text.starts_with("event: error\ndata: {\"error\":\"[Errno 2] No such file or directory: 'no-such-program-here'\""),
+        "{text}"
+    );
     assert_eq!(reply.json()["error"], "No closing quotation");
     let reply = server.post_value("/shell/stream", json!({"command": "pwd", "cwd": "/"}));
     assert_eq!(reply.json()["code"], "path_not_allowed");
@@ -357,7 +369,7 @@ fn stream_keeps_each_streams_order(driver: &'static str) {
         let lines: Vec<String> = events
             .iter()
             .filter(|(name, _)| name == stream)
-            .map(|(_, d)| d["line"].as_str().unwrap().to_string())
+            .map(|(_, d)| d["data"].as_str().unwrap().to_string())
             .collect();
         let prefix = &stream[3..4];
         let expected: Vec<String> = (0..300).map(|i| format!("{prefix}{i}")).collect();
@@ -375,7 +387,7 @@ fn a_vanished_stream_client_leaves_no_process(driver: &'static str) {
         json!({"command": "sh -c 'echo $$; exec sleep 300'"}),
     );
     let (_, first) = read_event(&mut reader);
-    let pid: i64 = first["line"].as_str().unwrap().parse().unwrap();
+    let pid: i64 = first["data"].as_str().unwrap().parse().unwrap();
     assert!(proc_state(pid).is_some_and(|s| s != 'Z'));
     drop(reader);
     // The child is silent, so only the connection's hang-up can tell the server.
@@ -402,7 +414,7 @@ fn open_streams_cost_no_threads(driver: &'static str) {
                 json!({"command": "sh -c 'echo up; exec sleep 60'"}),
             );
             let (_, first) = read_event(&mut reader);
-            assert_eq!(first["line"], "up");
+            assert_eq!(first["data"], "up");
             reader
         })
         .collect();
@@ -620,7 +632,7 @@ fn groups_are_ended_after_their_leader_exited(driver: &'static str) {
         json!({"command": "sh -c 'sleep 300 & echo $!; exit 0'"}),
     );
     let (_, first) = read_event(&mut stream);
-    let member: i64 = first["line"].as_str().unwrap().parse().unwrap();
+    let member: i64 = first["data"].as_str().unwrap().parse().unwrap();
     std::thread::sleep(Duration::from_millis(300));
     drop(stream);
     assert_all_end(&[member], "stream client gone");
@@ -646,7 +658,7 @@ fn children_do_not_outlive_a_killed_server(driver: &'static str) {
         json!({"command": "sh -c 'echo $$; exec sleep 300'"}),
     );
     let (_, first) = read_event(&mut stream);
-    let streamed: i64 = first["line"].as_str().unwrap().parse().unwrap();
+    let streamed: i64 = first["data"].as_str().unwrap().parse().unwrap();
     server.child.kill().unwrap();
     server.child.wait().unwrap();
     let mut all = orphaned.clone();

@@ -63,9 +63,70 @@ pub fn endpoints() -> Vec<Endpoint> {
         route(Method::Post, "/v1/agents/executors", "agents_executors_register", "Refused: no remote executors attach to a local server.", handler(|_| async { Err(cannot("agents_cannot_register_executors", "Executor registration is not available: this server runs agents itself, in this sandbox.")) })),
         route(Method::Get, "/v1/agents/executors/{executor_id}/channel", "agents_executors_channel", "Refused: no executor channel on a local server.", handler(|_| async { Err(cannot("agents_cannot_open_executor_channels", "Executor channels are not available: this server runs agents itself, in this sandbox.")) }))
             .params(&[Param::path("executor_id")]),
+        // The same refusals where the reference serves them.
+        route(Method::Post, "/v1/agents/environments/{environment_id}/register", "agents_cannot_executor_registration", "Refused: executor registration.", handler(|_| async { Err(cannot("agents_cannot_register_executors", "Executor registration is not available: this server runs agents itself, in this sandbox.")) }))
+            .params(&[Param::path("environment_id")]),
+        route(Method::Get, "/v1/agents/environments/{environment_id}/connect", "agents_cannot_executor_channel", "Refused: executor channel.", handler(|_| async { Err(cannot("agents_cannot_open_executor_channels", "Executor channels are not available: this server runs agents itself, in this sandbox.")) }))
+            .params(&[Param::path("environment_id")]),
     ]);
+    endpoints.extend(NOT_SERVED.iter().map(|(method, path, id)| {
+        Endpoint::not_served(*method, path, Group::Agents, NOT_SERVED_REASON)
+            .id(id)
+            .scopes(&[SCOPE])
+    }));
     reference_ids::adopt(endpoints)
 }
+
+/// Routes the reference's agents table has and this build does not serve yet: declared,
+/// so a policy may name them and discovery lists them, and always off.
+const NOT_SERVED: [(Method, &str, &str); 11] = [
+    (Method::Get, "/v1/responses", "agents_responses_connect"),
+    (
+        Method::Post,
+        "/v1/responses/compact",
+        "agents_responses_compact",
+    ),
+    (Method::Post, "/v1/files", "agents_files_create"),
+    (
+        Method::Post,
+        "/v1/webhook_endpoints",
+        "agents_webhooks_create",
+    ),
+    (Method::Get, "/v1/webhook_endpoints", "agents_webhooks_list"),
+    (
+        Method::Get,
+        "/v1/webhook_endpoints/{webhook_endpoint_id}",
+        "agents_webhooks_get",
+    ),
+    (
+        Method::Post,
+        "/v1/webhook_endpoints/{webhook_endpoint_id}",
+        "agents_webhooks_update",
+    ),
+    (
+        Method::Delete,
+        "/v1/webhook_endpoints/{webhook_endpoint_id}",
+        "agents_webhooks_delete",
+    ),
+    (
+        Method::Post,
+        "/v1/webhook_endpoints/{webhook_endpoint_id}/rotate_secret",
+        "agents_webhooks_rotate_secret",
+    ),
+    (
+        Method::Post,
+        "/v1/webhook_endpoints/{webhook_endpoint_id}/test",
+        "agents_webhooks_test",
+    ),
+    (
+        Method::Get,
+        "/v1/webhook_event_types",
+        "agents_webhook_event_types",
+    ),
+];
+
+const NOT_SERVED_REASON: &str =
+    "this build does not serve it yet (docs/api.md lists the differences from the reference server)";
 
 /// A path parameter's value.
 pub fn path_value(call: &Call, name: &str) -> String {

@@ -106,6 +106,23 @@ fn location_schema() -> Value {
 }
 
 pub fn endpoints() -> Vec<Endpoint> {
+    let mut endpoints = served();
+    // The reference's two routes this build does not serve yet: declared, so policies
+    // and discovery know them, and always off.
+    for (method, path, id) in [
+        (Method::Post, "/browser/pdf", "browser_pdf"),
+        (Method::Get, "/browser/console", "browser_console"),
+    ] {
+        endpoints.push(
+            Endpoint::not_served(method, path, Group::Browser, "this build does not serve it yet (docs/api.md lists the differences from the reference server)")
+                .id(id)
+                .scopes(&["browser:use"]),
+        );
+    }
+    endpoints
+}
+
+fn served() -> Vec<Endpoint> {
     vec![
         post("/browser/navigate", "browser_navigate", "Open a URL in the shared page (policy: url_allow, url_deny, block_private_networks).", |c| boxed(navigate(c)))
             .params(&[

@@ -11,11 +11,10 @@ use super::take_string;
 use crate::api::{ApiError, Args};
 use crate::app::Call;
 use crate::fs::resolve::Kind;
-use crate::fs::watch::{Change, EntryState, WatchEnd, Watcher, MAX_TRACKED};
+use crate::fs::watch::{Change, WatchEnd, Watcher, MAX_TRACKED};
 use crate::fs::FsError;
 use crate::http::{sse, Response};
 use crate::routes::shared::{confine, fs_error};
-use crate::timefmt::iso8601_utc;
 
 /// A comment line is sent after this much silence, so a vanished client is noticed.
 const HEARTBEAT: Duration = Duration::from_secs(15);
@@ -25,32 +24,29 @@ fn seconds(args: &Args, name: &str, min: f64, max: f64) -> Duration {
     Duration::from_secs_f64(args.number(name).unwrap_or(min).clamp(min, max))
 }
 
-fn kind_name(kind: Kind) -> &'static str {
-    match kind {
-        Kind::Directory => "directory",
-        Kind::Symlink => "symlink",
-        _ => "file",
-    }
-}
-
-fn describe(shown: &Path, name: &str, entry: &EntryState) -> Value {
-    json!({
-        "path": shown.join(name).to_string_lossy(),
-        "name": name,
-        "type": kind_name(entry.kind),
-        "size": entry.size,
-        "modified": iso8601_utc(entry.mtime.0, entry.mtime.1),
-    })
+/// A change as the reference sends it: `change` with `{type, path, is_dir}`, and the
+/// entry's `name` beneath the watched directory besides.
+fn changed(kind: &str, shown: &Path, name: &str, is_dir: bool) -> (&'static str, Value) {
+    let path = if name.is_empty() {
+        shown.to_path_buf()
+    } else {
+        shown.join(name)
+    };
+    (
+        "change",
+        json!({"type": kind, "path": path.to_string_lossy(), "is_dir": is_dir, "name": name}),
+    )
 }
 
 fn event(shown: &Path, change: Change) -> (&'static str, Value) {
     match change {
-        Change::Created(name, entry) => ("created", describe(shown, &name, &entry)),
-        Change::Modified(name, entry) => ("modified", describe(shown, &name, &entry)),
-        Change::Deleted(name, kind) => (
-            "deleted",
-            json!({"path": shown.join(&name).to_string_lossy(), "name": name, "type": kind_name(kind)}),
-        ),
+        Change::Created(name, entry) => {
+            changed("created", shown, &name, entry.kind == Kind::Directory)
+        }
+        Change::Modified(name, entry) => {
+            changed("modified", shown, &name, entry.kind == Kind::Directory)
+        }
+        Change::Deleted(name, kind) => changed("deleted", shown, &name, kind == Kind::Directory),
         Change::Overflow => (
             "overflow",
             json!({"path": shown.to_string_lossy(), "tracked": MAX_TRACKED}),
@@ -130,12 +126,9 @@ async fn stream_changes(
                 last_sent = Instant::now();
             }
             Err(WatchEnd::RootGone) => {
-                let _ = tx
-                    .send(
-                        "deleted",
-                        &json!({"path": shown.to_string_lossy(), "name": "", "type": "directory"}),
-                    )
-                    .await;
+                let (name, data) = changed("deleted", &shown, "", true);
+                let _ = tx.send(name, &data).await;
+                let _ = tx.send("end", &json!({"reason": "deleted"})).await;
                 return;
             }
             Err(WatchEnd::Failed(error)) => {
@@ -157,8 +150,8 @@ async fn stream_changes(
     }
     let _ = tx
         .send(
-            "timeout",
-            &json!({"path": shown.to_string_lossy(), "elapsed": started.elapsed().as_secs_f64()}),
+            "end",
+            &json!({"reason": "timeout", "path": shown.to_string_lossy(), "elapsed": started.elapsed().as_secs_f64()}),
         )
         .await;
 }

@@ -71,9 +71,27 @@ pub async fn shell_stream(call: Call) -> Result<Response, ApiError> {
     let request = request.with_timeout(seconds);
     let argv = split(&request.command, 400)?;
     check_command(&call, &argv).await?;
-    let mut child = spawn(&call, argv, &request, false, true).await?;
+    let (mut tx, rx) = sse::channel(64);
+    // A program that cannot start is said on the stream, as the reference says it (the
+    // client reads the stream's `error` event, not a JSON answer).
+    let mut child = match spawn(&call, argv, &request, false, true).await {
+        Ok(child) => child,
+        // A refused cwd or command is the caller's error, answered as JSON; a program
+        // that fails to start (a 500 from the spawn) is the stream's.
+        Err(error) if error.status < 500 => return Err(error),
+        Err(error) => {
+            monoio::spawn(async move {
+                let _ = tx
+                    .send(
+                        "error",
+                        &json!({"error": error.message, "type": error.kind}),
+                    )
+                    .await;
+            });
+            return Ok(sse::response(rx));
+        }
+    };
     let outputs = Outputs::of(&mut child).map_err(|e| crate::api::errno::os_error(&e, None))?;
-    let (tx, rx) = sse::channel(64);
     let deadline = Instant::now() + timeout_duration(request.timeout_secs());
     let timed_out = request.timed_out();
     let limit = call.decision().knob_u64("max_output_bytes");
@@ -181,15 +199,20 @@ async fn over_limit(child: &mut Child, tx: &mut sse::SseSender) {
     }
 }
 
-/// The timeout passed: kill the group, then say so as the stream's last event.
+/// The timeout passed: kill the group, say so (`timeout`, which the official client
+/// turns into its `CommandTimeoutError`, with the contract's message beside it), and
+/// end with the exit, as the reference does.
 async fn time_out(child: &mut Child, tx: &mut sse::SseSender, timed_out: &ApiError) {
     let _ = child.kill().await;
     let _ = tx
         .send(
             "error",
-            &json!({"error": timed_out.message, "type": timed_out.kind}),
+            &json!({"error": "timeout", "message": timed_out.message, "type": timed_out.kind}),
         )
         .await;
+    if let Ok(code) = child.wait().await {
+        let _ = tx.send("exit", &json!({"exit_code": code.0})).await;
+    }
 }
 
 enum Next {
@@ -203,11 +226,8 @@ async fn send_line(
     stream: Stream,
     line: String,
 ) -> Result<(), sse::StreamClosed> {
-    tx.send(
-        stream.name(),
-        &json!({"stream": stream.name(), "line": line}),
-    )
-    .await
+    // `{"data": line}`, the reference's shape, which its client reads.
+    tx.send(stream.name(), &json!({"data": line})).await
 }
 
 /// A `/shell` answer written from the captured outputs: `{"stdout":"…","stderr":"…",

@@ -431,7 +431,7 @@ fn capabilities_document_shape(driver: &'static str) {
     assert_eq!(doc["identity"], json!({"id": "anonymous", "scopes": ["*"]}));
     assert_eq!(
         doc["policy"],
-        json!({"preset": "default", "revision": "44136fa355b3678a", "configured": false})
+        json!({"preset": "default", "revision": "2430f1a2ad2982d0", "configured": false})
     );
     assert_eq!(
         doc["endpoints"]["health"],

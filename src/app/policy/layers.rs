@@ -168,6 +168,9 @@ const UNION: [&str; 6] = [
     "paths.deny",
 ];
 
+/// The `enabled` votes of one (selector kind, rank): each with the origin of its rule.
+type Bucket<'a> = ((u8, u8), Vec<(bool, &'a str)>);
+
 /// Merges the layers (in application order) that select `endpoint`. `apply` turns a
 /// layer's rule into knobs for this endpoint (translating the reference's names).
 pub fn merge(
@@ -175,7 +178,7 @@ pub fn merge(
     ordered: &[&Layer],
     apply: impl Fn(&EndpointRule, &EndpointSpec) -> Map<String, Value>,
 ) -> Merged {
-    let mut buckets: Vec<((u8, u8), Vec<(bool, &str)>)> = Vec::new();
+    let mut buckets: Vec<Bucket<'_>> = Vec::new();
     let mut scopes = None;
     let mut knobs = Map::new();
     let mut audit = "deny".to_string();

@@ -1004,11 +1004,72 @@ fn parse_groups(value: &Value, key: &str, out: &mut Vec<Layer>) -> Result<(), St
     Ok(())
 }
 
-/// Revision of a policy document: 16 hex chars of SHA-256 over its canonical text.
+/// Revision of a policy document: 16 hex chars of SHA-256 over the document as the
+/// reference server normalises and writes it (`ServerPolicy.revision`: `version`
+/// filled in, a `groups` list as a mapping, sizes in bytes, digests in lower case,
+/// compact separators), so both servers report one revision for one document.
 pub fn revision_of(doc: &Value) -> String {
-    let text = pydumps::dumps_sorted(doc);
+    let text = pydumps::dumps_compact_sorted(&normalised(doc));
     let digest = Sha256::digest(text.as_bytes());
     digest.iter().take(8).map(|b| format!("{b:02x}")).collect()
+}
+
+/// The reference's `_normalise_config` of `doc` (keys it does not know, this server's
+/// own, are kept as written).
+fn normalised(doc: &Value) -> Value {
+    let Value::Object(map) = doc else {
+        return doc.clone();
+    };
+    let mut out = map.clone();
+    out.entry("version").or_insert(Value::from(1));
+    if let Some(Value::Array(names)) = map.get("groups") {
+        let groups: Map<String, Value> = names
+            .iter()
+            .filter_map(|n| Some((n.as_str()?.to_string(), Value::Bool(true))))
+            .collect();
+        out.insert("groups".into(), Value::Object(groups));
+    }
+    if let Some(rule) = map.get("defaults") {
+        out.insert("defaults".into(), normalised_rule(rule));
+    }
+    if let Some(Value::Object(endpoints)) = map.get("endpoints") {
+        let rules = endpoints
+            .iter()
+            .map(|(sel, rule)| (sel.clone(), normalised_rule(rule)))
+            .collect();
+        out.insert("endpoints".into(), Value::Object(rules));
+    }
+    if let Some(Value::Array(tokens)) = map.get("auth").and_then(|a| a.get("tokens")) {
+        let tokens: Vec<Value> = tokens
+            .iter()
+            .map(|token| {
+                let mut token = token.clone();
+                if let Some(Value::String(hex)) = token.get_mut("token_sha256") {
+                    *hex = hex.to_ascii_lowercase();
+                }
+                token
+            })
+            .collect();
+        if let Some(Value::Object(auth)) = out.get_mut("auth") {
+            auth.insert("tokens".into(), Value::Array(tokens));
+        }
+    }
+    Value::Object(out)
+}
+
+fn normalised_rule(rule: &Value) -> Value {
+    let mut rule = rule.clone();
+    if let Some(Value::Object(limits)) = rule.get_mut("limits") {
+        for (key, value) in limits.iter_mut() {
+            let size = knobs::LIMITS
+                .iter()
+                .any(|(name, kind)| name == key && matches!(kind, knobs::Kind::Size));
+            if let (true, Ok(bytes)) = (size, knobs::parse_size(value)) {
+                *value = Value::from(bytes);
+            }
+        }
+    }
+    rule
 }
 
 #[cfg(test)]
@@ -1345,8 +1406,25 @@ mod tests {
         let p = Policy::empty();
         assert!(!p.configured);
         assert_eq!(p.preset, "default");
-        // sha256("{}") = 44136fa355b3678a1146ad16f7e8649e94fb4fc21fe77e8310c060f61caaff8a
-        assert_eq!(p.revision, "44136fa355b3678a");
+        // As the reference: sha256('{"version":1}').
+        assert_eq!(p.revision, "2430f1a2ad2982d0");
+        // The reference's revisions of the same documents (agent-sandbox-server 0.4.0a6).
+        for (doc, revision) in [
+            (
+                json!({"preset": "hardened", "groups": ["dev_tools"]}),
+                "00520b90f48ac765",
+            ),
+            (
+                json!({"endpoints": {"shell": {"limits": {"max_output_bytes": "1MiB"}}}}),
+                "a3179921debc60e8",
+            ),
+            (
+                json!({"version": 1, "endpoints": {"shell": {"limits": {"max_output_bytes": 1048576}}}}),
+                "a3179921debc60e8",
+            ),
+        ] {
+            assert_eq!(revision_of(&doc), revision, "{doc}");
+        }
     }
 
     #[test]

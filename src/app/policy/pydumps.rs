@@ -8,11 +8,19 @@ use std::fmt::Write;
 /// Serialises `value` with sorted keys, `", "` and `": "` separators and ASCII escapes.
 pub fn dumps_sorted(value: &Value) -> String {
     let mut out = String::new();
-    write_value(&mut out, value);
+    write_value(&mut out, value, (", ", ": "));
     out
 }
 
-fn write_value(out: &mut String, value: &Value) {
+/// `json.dumps(value, sort_keys=True, separators=(",", ":"))`: how the reference server
+/// writes a policy to hash it.
+pub fn dumps_compact_sorted(value: &Value) -> String {
+    let mut out = String::new();
+    write_value(&mut out, value, (",", ":"));
+    out
+}
+
+fn write_value(out: &mut String, value: &Value, separators: (&str, &str)) {
     match value {
         Value::Null => out.push_str("null"),
         Value::Bool(b) => out.push_str(if *b { "true" } else { "false" }),
@@ -28,9 +36,9 @@ fn write_value(out: &mut String, value: &Value) {
             out.push('[');
             for (i, item) in items.iter().enumerate() {
                 if i > 0 {
-                    out.push_str(", ");
+                    out.push_str(separators.0);
                 }
-                write_value(out, item);
+                write_value(out, item, separators);
             }
             out.push(']');
         }
@@ -40,11 +48,11 @@ fn write_value(out: &mut String, value: &Value) {
             out.push('{');
             for (i, key) in keys.into_iter().enumerate() {
                 if i > 0 {
-                    out.push_str(", ");
+                    out.push_str(separators.0);
                 }
                 write_string(out, key);
-                out.push_str(": ");
-                write_value(out, &map[key]);
+                out.push_str(separators.1);
+                write_value(out, &map[key], separators);
             }
             out.push('}');
         }

@@ -445,6 +445,51 @@ pub fn check(
     })
 }
 
+/// The check every navigation passes unless the policy opens private networks
+/// (`allow_private_networks: true`), as the reference server's always-on URL guard:
+/// only `http` and `https` URLs with a host (and the empty page), and never a host
+/// that is this machine by name (`localhost`, `*.localhost`) or a loopback, private,
+/// link-local or otherwise non-public address written as a literal. Names are not
+/// resolved here (`block_private_networks` does that).
+pub fn check_default(url: &str) -> Result<(), Refusal> {
+    if url.trim().eq_ignore_ascii_case("about:blank") {
+        return Ok(());
+    }
+    let invalid = || {
+        Refusal::Invalid(format!(
+            "URL {url} cannot be opened: only http and https URLs with a host are (policy allow_private_networks: true opens others)"
+        ))
+    };
+    let target = parse_target(url).map_err(|_| invalid())?;
+    let Some(host) = target.host else {
+        return Err(invalid());
+    };
+    if !matches!(target.scheme.as_str(), "http" | "https") {
+        return Err(invalid());
+    }
+    let private = |what: String| {
+        Refusal::Denied(format!(
+            "URL {url}: {what}; loopback, link-local and private addresses are not allowed (policy allow_private_networks: true allows them)"
+        ))
+    };
+    if host == "localhost" || host.ends_with(".localhost") {
+        return Err(private(format!("{host} is this machine")));
+    }
+    let literal = if host.contains(':') {
+        host.parse::<Ipv6Addr>().ok().map(IpAddr::V6)
+    } else {
+        match parse_ipv4_host(&host) {
+            Some(Ok(v4)) => Some(IpAddr::V4(v4)),
+            Some(Err(())) => return Err(invalid()),
+            None => None,
+        }
+    };
+    match literal {
+        Some(ip) if is_private(ip) => Err(private(format!("{ip} is not a public address"))),
+        _ => Ok(()),
+    }
+}
+
 /// The answer for a host once resolved: refused if any address is private or belongs
 /// to this machine (Chromium may pick any of them).
 pub fn check_resolved(
@@ -493,6 +538,45 @@ mod tests {
 
     fn v4(s: &str) -> IpAddr {
         IpAddr::V4(s.parse().unwrap())
+    }
+
+    #[test]
+    fn the_default_check_is_the_references() {
+        for url in [
+            "http://127.0.0.1:8080/",
+            "http://[::1]/",
+            "http://localhost/",
+            "http://app.localhost/",
+            "http://169.254.169.254/latest/meta-data",
+            "http://10.0.0.1/",
+            "http://[::ffff:192.168.1.1]/",
+            "http://2130706433/",
+        ] {
+            assert!(
+                matches!(check_default(url), Err(Refusal::Denied(_))),
+                "{url}"
+            );
+        }
+        for url in [
+            "file:///etc/passwd",
+            "data:text/html,x",
+            "javascript:alert(1)",
+            "not a url",
+            "ftp://example.com/",
+        ] {
+            assert!(
+                matches!(check_default(url), Err(Refusal::Invalid(_))),
+                "{url}"
+            );
+        }
+        for url in [
+            "https://example.com/",
+            "http://8.8.8.8/",
+            "about:blank",
+            "https://docs.rs/serde",
+        ] {
+            assert_eq!(check_default(url), Ok(()), "{url}");
+        }
     }
 
     #[test]

@@ -66,6 +66,7 @@ pub fn build(
     inputs: &[String],
     format: Format,
     limits: Limits,
+    hidden: Option<walk::Hidden>,
 ) -> Result<Vec<u8>, FsError> {
     let beneath = base.open()?;
     let mut members = Vec::new();
@@ -111,7 +112,13 @@ pub fn build(
                 max_depth: walk::MAX_TREE_DEPTH,
                 order: Order::Interleaved,
             };
-            let walked = walk::walk(dir.as_fd(), rules, &mut collector);
+            let walked = walk::walk_visible(
+                dir.as_fd(),
+                &caller.rel,
+                hidden.as_ref(),
+                rules,
+                &mut collector,
+            );
             if let Some(failure) = collector.failure.take() {
                 return Err(failure);
             }

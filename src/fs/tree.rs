@@ -26,6 +26,58 @@ fn pool_error(error: io::Error, caller: &CallerPath) -> FsError {
     FsError::io(error, caller.display())
 }
 
+/// Whether the directory `caller` holds an entry `hidden` hides (or more entries than
+/// can be checked, 100,000), so that deleting or moving it would reach what the caller
+/// may not touch. `false` for anything that is not a directory.
+pub async fn holds_hidden(
+    base: &BaseDir,
+    caller: &CallerPath,
+    hidden: walk::Hidden,
+) -> Result<bool, FsError> {
+    let base = base.clone();
+    let caller = caller.clone();
+    let shown = caller.display();
+    blocking(move || -> Result<bool, FsError> {
+        let beneath = base.open()?;
+        let Ok(dir) = beneath.open_dir(&caller, OFlags::RDONLY) else {
+            return Ok(false);
+        };
+        struct Seek<'h> {
+            root: &'h std::path::Path,
+            hidden: &'h walk::Hidden,
+            seen: usize,
+            found: bool,
+        }
+        impl Visitor for Seek<'_> {
+            fn visit(&mut self, entry: &Entry<'_>) -> io::Result<Visit> {
+                self.seen += 1;
+                if self.seen > 100_000 || (self.hidden)(&self.root.join(entry.rel_path())) {
+                    self.found = true;
+                    return Ok(Visit::Stop);
+                }
+                Ok(Visit::Continue)
+            }
+            fn unreadable(&mut self, _rel: &str, _error: io::Error) -> io::Result<()> {
+                Ok(())
+            }
+        }
+        let mut seek = Seek {
+            root: &caller.rel,
+            hidden: &hidden,
+            seen: 0,
+            found: false,
+        };
+        let rules = Rules {
+            max_depth: walk::MAX_TREE_DEPTH,
+            order: Order::Interleaved,
+        };
+        walk::walk(dir.as_fd(), rules, &mut seek).map_err(|e| FsError::io(e, caller.display()))?;
+        Ok(seek.found)
+    })
+    .await
+    .map_err(|e| FsError::io(e, shown))?
+}
+
 /// `/files/list`: the JSON text of `{"entries": [...]}`, written directly (a fraction of
 /// the cost of building a tree of values), `levels` deep (1: the directory's own
 /// entries).
@@ -33,6 +85,7 @@ pub async fn list_json(
     base: &BaseDir,
     caller: CallerPath,
     levels: usize,
+    hidden: Option<walk::Hidden>,
 ) -> Result<Vec<u8>, FsError> {
     let base = base.clone();
     let shown = caller.display();
@@ -48,8 +101,14 @@ pub async fn list_json(
             max_depth: levels.saturating_sub(1),
             order: Order::Interleaved,
         };
-        walk::walk(dir.as_fd(), rules, &mut listing)
-            .map_err(|e| FsError::io(e, caller.display()))?;
+        walk::walk_visible(
+            dir.as_fd(),
+            &caller.rel,
+            hidden.as_ref(),
+            rules,
+            &mut listing,
+        )
+        .map_err(|e| FsError::io(e, caller.display()))?;
         listing.out.extend_from_slice(b"]}");
         Ok(listing.out)
     })
@@ -327,6 +386,7 @@ pub async fn search(
     max_depth: usize,
     max_results: usize,
     time_limit: Duration,
+    hidden: Option<walk::Hidden>,
 ) -> Result<Search, FsError> {
     let base = base.clone();
     let shown = root.display();
@@ -345,7 +405,8 @@ pub async fn search(
                 max_depth: max_depth.min(walk::MAX_TREE_DEPTH),
                 order: Order::FilesFirst,
             };
-            walk::walk(dir.as_fd(), rules, &mut finder).map_err(|e| pool_error(e, &root))?;
+            walk::walk_visible(dir.as_fd(), &root.rel, hidden.as_ref(), rules, &mut finder)
+                .map_err(|e| pool_error(e, &root))?;
         }
         Ok(finder.found)
     })

@@ -137,6 +137,62 @@ pub trait Visitor {
     }
 }
 
+/// Which paths (beneath the base directory) a caller may not see: a walk leaves them
+/// and everything below them out (a policy's `paths` rule on a listing, search or
+/// archive, as the reference filters them).
+pub type Hidden = std::sync::Arc<dyn Fn(&std::path::Path) -> bool + Send + Sync>;
+
+/// A visitor that passes on only the entries [`Hidden`] does not hide; `root` is the
+/// walk's root beneath the base directory.
+pub struct Hiding<'v> {
+    pub inner: &'v mut dyn Visitor,
+    pub root: &'v std::path::Path,
+    pub hidden: &'v Hidden,
+}
+
+impl Visitor for Hiding<'_> {
+    fn visit(&mut self, entry: &Entry<'_>) -> io::Result<Visit> {
+        if (self.hidden)(&self.root.join(entry.rel_path())) {
+            return Ok(Visit::Skip);
+        }
+        self.inner.visit(entry)
+    }
+
+    fn entered(&mut self, rel: &str, dir: BorrowedFd<'_>) {
+        self.inner.entered(rel, dir)
+    }
+
+    fn leave(&mut self, entry: &Entry<'_>) -> io::Result<Visit> {
+        self.inner.leave(entry)
+    }
+
+    fn unreadable(&mut self, rel: &str, error: io::Error) -> io::Result<()> {
+        self.inner.unreadable(rel, error)
+    }
+}
+
+/// [`walk`], leaving out what `hidden` hides (when given).
+pub fn walk_visible(
+    root: BorrowedFd<'_>,
+    root_rel: &std::path::Path,
+    hidden: Option<&Hidden>,
+    rules: Rules,
+    visitor: &mut dyn Visitor,
+) -> io::Result<bool> {
+    match hidden {
+        Some(hidden) => walk(
+            root,
+            rules,
+            &mut Hiding {
+                inner: visitor,
+                root: root_rel,
+                hidden,
+            },
+        ),
+        None => walk(root, rules, visitor),
+    }
+}
+
 /// Walks the tree below the open directory `root`. Returns false when a visitor
 /// stopped the walk.
 pub fn walk(root: BorrowedFd<'_>, rules: Rules, visitor: &mut dyn Visitor) -> io::Result<bool> {

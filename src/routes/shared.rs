@@ -71,6 +71,27 @@ pub(crate) fn confine(call: &Call, input: &str) -> Result<crate::fs::CallerPath,
     }
 }
 
+/// What the endpoint's `paths` rule keeps a caller from seeing in a listing, search or
+/// archive: every entry it would refuse if named on its own (the reference leaves such
+/// entries out, `.env` under the `hardened` preset). `None` without a `paths` rule.
+pub(crate) fn hidden_by_policy(call: &Call) -> Option<crate::fs::walk::Hidden> {
+    let decision = call.decision();
+    if decision.knob_list("paths.allow").is_none() && decision.knob_list("paths.deny").is_none() {
+        return None;
+    }
+    let decision = decision.clone();
+    let id = call.spec().id.clone();
+    let base = call.services().base.path().to_path_buf();
+    Some(std::sync::Arc::new(move |rel: &std::path::Path| {
+        let caller = crate::fs::CallerPath {
+            shown: base.join(rel),
+            rel: rel.to_path_buf(),
+            input: rel.to_string_lossy().into_owned(),
+        };
+        paths_refusal(&decision, &id, &caller).is_some()
+    }))
+}
+
 /// The `paths.allow` entries that are directories (absolute, no glob character): the
 /// reference's allowed roots, each with everything beneath it.
 fn allow_roots(decision: &crate::app::policy::Decision) -> Vec<&str> {

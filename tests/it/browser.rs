@@ -93,11 +93,17 @@ fn serve_pages() -> Pages {
     )
 }
 
+/// A server whose browser may open this machine's test pages (by default, as on the
+/// reference, loopback and private addresses are refused).
 fn browser_server(driver: &'static str) -> Server {
     Launch::new(driver)
         .env("ABX_SERVER_ENABLED_GROUPS", "browser")
+        .env("ABX_SERVER_POLICY", OPEN_TO_THIS_MACHINE)
         .start()
 }
+
+const OPEN_TO_THIS_MACHINE: &str =
+    r#"{"endpoints": {"browser_navigate": {"allow_private_networks": true}}}"#;
 
 fn eval(server: &Server, expression: &str) -> Value {
     let (status, body) = server.post_json("/browser/evaluate", json!({"expression": expression}));
@@ -450,6 +456,27 @@ fn without_chromium_the_routes_answer_503_with_the_hint() {
         .env("ABX_SERVER_ENABLED_GROUPS", "browser")
         .env("ABX_BROWSER_PATH", "/nonexistent/chromium")
         .start();
+    // The reference's URL guard runs before Chromium is needed: this machine, private
+    // and link-local addresses are refused, and only http(s) URLs open.
+    for (url, status, code) in [
+        ("http://127.0.0.1:9/", 403, "url_denied"),
+        ("http://localhost/", 403, "url_denied"),
+        (
+            "http://169.254.169.254/latest/meta-data/",
+            403,
+            "url_denied",
+        ),
+        ("http://[::ffff:10.0.0.1]/", 403, "url_denied"),
+        ("file:///etc/passwd", 400, "url_invalid"),
+        ("data:text/html,<b>x</b>", 400, "url_invalid"),
+    ] {
+        let (got, body) = server.post_json("/browser/navigate", json!({"url": url}));
+        assert_eq!(
+            (got, body["code"].as_str()),
+            (status, Some(code)),
+            "{url}: {body}"
+        );
+    }
     let (status, body) = server.post_json("/browser/navigate", json!({"url": "about:blank"}));
     assert_eq!(status, 503, "{body}");
     assert_eq!(body["type"], "RuntimeError");
@@ -478,13 +505,25 @@ fn the_group_is_opt_in() {
     let (_, caps) = server.get_json("/capabilities");
     assert_eq!(caps["groups"]["browser"], false);
     assert_eq!(
-        caps["group_summary"]["browser"]["total"], 16,
+        // 16 served, and the reference's pdf and console, declared and not served.
+        caps["group_summary"]["browser"]["total"],
+        18,
         "{}",
         caps["group_summary"]
     );
     let on = browser_server("uring");
     let (_, caps) = on.get_json("/capabilities");
     assert_eq!(caps["group_summary"]["browser"]["enabled"], 16);
+    assert_eq!(
+        caps["endpoints"]["browser_pdf"]["rule"],
+        "build:unavailable"
+    );
+    let (status, body) = on.post_json("/browser/pdf", json!({}));
+    assert_eq!(
+        (status, body["code"].as_str()),
+        (404, Some("endpoint_disabled")),
+        "{body}"
+    );
 }
 
 /// Evaluations that each record when they ran, in page time.
@@ -704,7 +743,7 @@ fn url_allow_lists_what_may_be_opened(driver: &'static str) {
     std::fs::write(
         &policy,
         format!(
-            "groups: {{browser: true}}\nendpoints:\n  browser_navigate:\n    url_allow: [\"http://{}/one\"]\n",
+            "groups: {{browser: true}}\nendpoints:\n  browser_navigate:\n    allow_private_networks: true\n    url_allow: [\"http://{}/one\"]\n",
             pages.addr
         ),
     )
@@ -732,7 +771,7 @@ fn url_deny_sees_ipv4_in_ipv6_and_localhost(driver: &'static str) {
     let policy = dir.path().join("policy.yaml");
     std::fs::write(
         &policy,
-        "groups: {browser: true}\nendpoints:\n  browser_navigate:\n    url_deny: [\"127.0.0.1\"]\n",
+        "groups: {browser: true}\nendpoints:\n  browser_navigate:\n    allow_private_networks: true\n    url_deny: [\"127.0.0.1\"]\n",
     )
     .unwrap();
     let server = Launch::new(driver)

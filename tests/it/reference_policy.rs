@@ -335,6 +335,52 @@ fn sources_and_refusals(driver: &'static str) {
         (403, json!("path_denied")),
         "{body}"
     );
+    // What a caller may not name, a listing, search or archive does not show, and a
+    // directory that holds it cannot be deleted or moved as a whole.
+    std::fs::create_dir_all(server.base_dir().join("proj/.ssh")).unwrap();
+    std::fs::write(server.base_dir().join("proj/.env"), "TOKEN=1").unwrap();
+    std::fs::write(server.base_dir().join("proj/a.txt"), "a").unwrap();
+    let listing = server.get("/files/list?path=.&recursive=true").text();
+    assert!(
+        listing.contains("a.txt") && !listing.contains(".env") && !listing.contains(".ssh"),
+        "{listing}"
+    );
+    let (_, found) = server.post_json("/files/search", json!({"path": ".", "pattern": "*"}));
+    let found = found.to_string();
+    assert!(
+        found.contains("a.txt") && !found.contains(".env"),
+        "{found}"
+    );
+    let (status, archive) = server.post_json(
+        "/files/archive",
+        json!({"paths": ["proj"], "format": "zip"}),
+    );
+    assert_eq!(status, 200, "{archive}");
+    let zip = base64_simd::STANDARD
+        .decode_to_vec(archive["content_base64"].as_str().unwrap())
+        .unwrap();
+    let names = String::from_utf8_lossy(&zip);
+    assert!(
+        names.contains("proj/a.txt") && !names.contains(".env"),
+        "the archive holds a denied file"
+    );
+    let reply = server.request("DELETE", "/files?path=proj", &[], None);
+    assert_eq!(
+        (reply.status, reply.json()["code"].clone()),
+        (403, json!("path_denied")),
+        "{}",
+        reply.text()
+    );
+    assert!(server.base_dir().join("proj/.env").exists());
+    let (status, body) = server.post_json(
+        "/files/move",
+        json!({"source": "proj", "destination": "elsewhere"}),
+    );
+    assert_eq!(
+        (status, body["code"].clone()),
+        (403, json!("path_denied")),
+        "{body}"
+    );
     let (status, body) = server.get_json("/process/list");
     assert_eq!(
         (status, body["rule"].clone()),

@@ -32,7 +32,7 @@ pub enum Kind {
 }
 
 /// This server's flat knobs (`endpoints.<id>.<knob>`).
-pub const OWN: [(&str, Kind); 19] = [
+pub const OWN: [(&str, Kind); 20] = [
     ("paths", Kind::Paths),
     ("rate_limit", Kind::Rate),
     ("timeout_seconds", Kind::Seconds),
@@ -44,6 +44,7 @@ pub const OWN: [(&str, Kind); 19] = [
     ("max_bytes", Kind::Count),
     ("overwrite", Kind::Switch),
     ("block_private_networks", Kind::Switch),
+    ("allow_private_networks", Kind::Switch),
     ("allow_extensions", Kind::Strings),
     ("deny_extensions", Kind::Strings),
     ("languages", Kind::Strings),

@@ -136,7 +136,7 @@ fn served() -> Vec<Endpoint> {
                 "url": {"type": "string"}, "title": {"type": "string"}, "status": {"type": ["integer", "null"]},
             })))
             .also_answers(&[403])
-            .enforces(&["url_allow", "url_deny", "block_private_networks"]),
+            .enforces(&["url_allow", "url_deny", "block_private_networks", "allow_private_networks"]),
         post("/browser/screenshot", "browser_screenshot", "PNG of the viewport, the full page, or one element.", |c| boxed(screenshot(c)))
             .params(&[
                 selector_param(false, "CSS selector of the element to capture; without it the viewport or the full page."),
@@ -306,7 +306,7 @@ async fn run(call: &Call, op: Op, timeout: Duration) -> Result<Response, ApiErro
 }
 
 fn url_refused(message: String) -> ApiError {
-    ApiError::new(403, "PermissionError", message)
+    ApiError::new(403, "PolicyDenied", message)
         .with_code("url_not_allowed")
         .with_field("endpoint", "browser_navigate")
 }
@@ -330,6 +330,22 @@ async fn navigate(call: Call) -> Result<Response, ApiError> {
     let block_private = decision
         .knob_bool("block_private_networks")
         .unwrap_or(false);
+    let allow_private = decision
+        .knob_bool("allow_private_networks")
+        .unwrap_or(false);
+    if !block_private && !allow_private {
+        match guard::check_default(&url) {
+            Err(Refusal::Invalid(message)) => {
+                return Err(ApiError::bad_request(message).with_code("url_invalid"))
+            }
+            Err(Refusal::Denied(message)) => {
+                return Err(ApiError::new(403, "PolicyDenied", message)
+                    .with_code("url_denied")
+                    .with_field("endpoint", "browser_navigate"))
+            }
+            Ok(()) => {}
+        }
+    }
     match guard::check(&url, allow.as_deref(), deny.as_deref(), block_private) {
         Err(Refusal::Invalid(message)) => return Err(ApiError::bad_request(message)),
         Err(Refusal::Denied(message)) => return Err(url_refused(message)),

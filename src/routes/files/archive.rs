@@ -30,10 +30,13 @@ pub async fn archive(call: Call) -> Result<Response, ApiError> {
             .collect::<Result<_, _>>()?,
         _ => return Err(not_a_list()),
     };
-    // Each member root passes the same checks as any file route's path.
-    for input in &inputs {
-        crate::routes::shared::confine(&call, input)?;
-    }
+    // Each member root passes the same checks as any file route's path, and is named
+    // as that check resolved it (relative to the policy's allowed directory, if any).
+    let inputs: Vec<String> = inputs
+        .iter()
+        .map(|input| crate::routes::shared::confine(&call, input).map(|c| c.display()))
+        .collect::<Result<_, _>>()?;
+    let hidden = crate::routes::shared::hidden_by_policy(&call);
     let args = call.args_of(&call.params_named(&["format"]))?;
     let name = args.str("format").unwrap_or_default();
     let format = Format::parse(name).ok_or_else(|| {
@@ -51,7 +54,7 @@ pub async fn archive(call: Call) -> Result<Response, ApiError> {
             .map_or(MAX_BYTES, |cap| cap.min(MAX_BYTES)),
     };
     let body = blocking(move || -> Result<Vec<u8>, ApiError> {
-        let data = archive::build(&base, &inputs, format, limits).map_err(fs_error)?;
+        let data = archive::build(&base, &inputs, format, limits, hidden).map_err(fs_error)?;
         let encoded_len = base64_simd::STANDARD.encoded_length(data.len());
         let mut out = Vec::with_capacity(encoded_len + 64);
         out.extend_from_slice(b"{\"content_base64\":\"");

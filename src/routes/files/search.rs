@@ -49,6 +49,7 @@ pub async fn search(call: Call) -> Result<Response, ApiError> {
         (max_depth.max(0) as usize).min(depth_cap),
         max_results.clamp(0, results_cap) as usize,
         time_limit,
+        crate::routes::shared::hidden_by_policy(&call),
     )
     .await
     .map_err(fs_error)?;

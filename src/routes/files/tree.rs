@@ -28,7 +28,8 @@ pub async fn list(call: Call) -> Result<Response, ApiError> {
     } else {
         1
     };
-    let body = tree::list_json(&call.services().base, caller, levels)
+    let hidden = crate::routes::shared::hidden_by_policy(&call);
+    let body = tree::list_json(&call.services().base, caller, levels, hidden)
         .await
         .map_err(fs_error)?;
     Ok(Response::raw(200, JSON_CONTENT_TYPE, body))
@@ -86,10 +87,36 @@ pub async fn mkdir(call: Call) -> Result<Response, ApiError> {
     Ok(Response::ok(&json!({"path": shown, "created": true})))
 }
 
+/// A directory that holds an entry the policy's `paths` rule refuses cannot be
+/// deleted or moved as a whole (403 `path_denied`), as on the reference: that would
+/// reach what the caller may not touch.
+async fn refuse_hidden_inside(call: &Call, caller: &crate::fs::CallerPath) -> Result<(), ApiError> {
+    let Some(hidden) = crate::routes::shared::hidden_by_policy(call) else {
+        return Ok(());
+    };
+    if tree::holds_hidden(&call.services().base, caller, hidden)
+        .await
+        .map_err(fs_error)?
+    {
+        return Err(ApiError::new(
+            403,
+            "PolicyDenied",
+            format!(
+                "Directory '{}' contains entries denied by policy (endpoints.{}.paths)",
+                caller.input,
+                call.spec().id
+            ),
+        )
+        .with_code("path_denied"));
+    }
+    Ok(())
+}
+
 /// `DELETE /files`.
 pub async fn delete(call: Call) -> Result<Response, ApiError> {
     let input = take_string(&mut call.args()?, "path");
     let caller = confine(&call, &input)?;
+    refuse_hidden_inside(&call, &caller).await?;
     let shown = caller.display();
     tree::delete(&call.services().base, caller)
         .await
@@ -117,6 +144,7 @@ pub async fn move_path(call: Call) -> Result<Response, ApiError> {
             tree::refuse_base(base, &caller)
                 .map_err(fs_error)
                 .map_err(prefix)?;
+            refuse_hidden_inside(&call, &caller).await.map_err(prefix)?;
         }
         callers.push(caller);
     }

@@ -105,6 +105,19 @@ async fn capabilities(call: Call) -> Result<Response, ApiError> {
         if access.allowed {
             entry.insert("limits".into(), Value::Object(decision.limits.clone()));
             entry.insert("params".into(), ep.params_json());
+            // What confines the endpoint's paths, as the reference discloses it (the
+            // deny patterns themselves stay undisclosed: only their count).
+            if ep.enforces.contains(&"paths") {
+                entry.insert(
+                    "paths".into(),
+                    json!({
+                        "allow": decision.knob_list("paths.allow").unwrap_or_default(),
+                        "read_only": decision.knob_bool("paths.read_only").unwrap_or(false),
+                        "deny_count": decision.knob_list("paths.deny").map_or(0, |d| d.len()),
+                        "symlinks": decision.knob_str("paths.symlinks").unwrap_or("within"),
+                    }),
+                );
+            }
         }
         endpoints.insert(ep.id.clone(), Value::Object(entry));
     }

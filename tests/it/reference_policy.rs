@@ -82,6 +82,11 @@ fn a_reference_document_governs_every_route(driver: &'static str) {
         caps["endpoints"]["pty_connect"]["scopes"],
         json!(["terminal:use"])
     );
+    // A path endpoint discloses how its paths are confined (the deny list by count).
+    assert_eq!(
+        caps["endpoints"]["files_stat"]["paths"],
+        json!({"allow": [], "read_only": false, "deny_count": 1, "symlinks": "within"})
+    );
     let endpoints = caps["endpoints"].as_object().unwrap();
     let mut narrow = 0;
     for (id, entry) in endpoints {

@@ -9,7 +9,6 @@
 
 use std::collections::HashMap;
 use std::sync::Mutex;
-use std::time::Instant;
 
 use serde_json::{json, Map, Value};
 
@@ -98,10 +97,20 @@ pub fn classify(message: &Value) -> Message {
 struct Session {
     owner: String,
     version: &'static str,
-    last_used: Instant,
+    /// When it was last used, as a count of uses (strictly increasing, unlike a clock
+    /// read twice in one tick): the least recently used has the lowest.
+    last_used: u64,
 }
 
-/// Sessions kept at most; the least recently used goes first.
+/// The next use's number.
+fn tick() -> u64 {
+    static USES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    USES.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+}
+
+/// Sessions one identity keeps at most unless the policy says otherwise
+/// (`endpoints.mcp.limits.max_sessions`); past it, that identity's least recently used
+/// session goes. One identity's sessions never push out another's.
 pub const MAX_SESSIONS: usize = 1024;
 
 fn sessions() -> &'static Mutex<HashMap<String, Session>> {
@@ -110,19 +119,22 @@ fn sessions() -> &'static Mutex<HashMap<String, Session>> {
     SESSIONS.get_or_init(Mutex::default)
 }
 
-/// Opens a session for `owner` and returns its id (128 random bits, hex).
-pub fn open_session(owner: &str, version: &'static str) -> String {
+/// Opens a session for `owner` and returns its id (128 random bits, hex). When `owner`
+/// already holds `limit` sessions, its own least recently used one is ended first.
+pub fn open_session(owner: &str, version: &'static str, limit: usize) -> String {
     let mut bytes = [0u8; 16];
     let _ = rustix::rand::getrandom(&mut bytes, rustix::rand::GetRandomFlags::empty());
     let id: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
     let mut table = sessions().lock().unwrap_or_else(|e| e.into_inner());
-    if table.len() >= MAX_SESSIONS {
-        if let Some(oldest) = table
-            .iter()
-            .min_by_key(|(_, s)| s.last_used)
-            .map(|(k, _)| k.clone())
-        {
-            table.remove(&oldest);
+    let mut own: Vec<(u64, String)> = table
+        .iter()
+        .filter(|(_, s)| s.owner == owner)
+        .map(|(k, s)| (s.last_used, k.clone()))
+        .collect();
+    if own.len() >= limit.max(1) {
+        own.sort_unstable();
+        for (_, oldest) in own.iter().take(own.len() + 1 - limit.max(1)) {
+            table.remove(oldest);
         }
     }
     table.insert(
@@ -130,7 +142,7 @@ pub fn open_session(owner: &str, version: &'static str) -> String {
         Session {
             owner: owner.to_string(),
             version,
-            last_used: Instant::now(),
+            last_used: tick(),
         },
     );
     id
@@ -141,7 +153,7 @@ pub fn open_session(owner: &str, version: &'static str) -> String {
 pub fn session(id: &str, owner: &str) -> Option<&'static str> {
     let mut table = sessions().lock().unwrap_or_else(|e| e.into_inner());
     let session = table.get_mut(id).filter(|s| s.owner == owner)?;
-    session.last_used = Instant::now();
+    session.last_used = tick();
     Some(session.version)
 }
 
@@ -223,12 +235,37 @@ mod tests {
 
     #[test]
     fn sessions_belong_to_their_owner() {
-        let id = open_session("alice", "2025-06-18");
+        let id = open_session("alice", "2025-06-18", MAX_SESSIONS);
         assert_eq!(session(&id, "alice"), Some("2025-06-18"));
         assert_eq!(session(&id, "bob"), None);
         assert!(!close_session(&id, "bob"));
         assert!(close_session(&id, "alice"));
         assert_eq!(session(&id, "alice"), None);
+    }
+
+    /// Another identity churning sessions never ends yours: each identity's bound
+    /// takes only its own least recently used.
+    #[test]
+    fn each_identity_has_its_own_bound() {
+        let mine = open_session("carol", "2025-06-18", 3);
+        let theirs: Vec<String> = (0..50)
+            .map(|_| open_session("dave", "2025-06-18", 3))
+            .collect();
+        assert_eq!(session(&mine, "carol"), Some("2025-06-18"));
+        let kept: Vec<&String> = theirs
+            .iter()
+            .filter(|id| session(id, "dave").is_some())
+            .collect();
+        assert_eq!(kept, theirs[47..].iter().collect::<Vec<_>>());
+        // Carol's own bound ends her least recently used, not the one she just used.
+        let second = open_session("carol", "2025-06-18", 3);
+        let third = open_session("carol", "2025-06-18", 3);
+        assert_eq!(session(&mine, "carol"), Some("2025-06-18"));
+        let fourth = open_session("carol", "2025-06-18", 3);
+        assert_eq!(session(&second, "carol"), None);
+        for id in [&mine, &third, &fourth] {
+            assert!(session(id, "carol").is_some());
+        }
     }
 
     #[test]

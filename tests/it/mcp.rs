@@ -310,7 +310,64 @@ fn a_reload_changes_the_tools_and_says_so(driver: &'static str) {
     );
 }
 
+/// One identity opening session after session ends only its own oldest: another
+/// identity's session lives on (the bound is per identity, `limits.max_sessions`).
+fn sessions_are_bounded_per_identity(driver: &'static str) {
+    let policy = json!({
+        "auth": {"tokens": [
+            {"id": "alice", "scopes": ["*"], "token_env": "ALICE_MCP"},
+            {"id": "bob", "scopes": ["*"], "token_env": "BOB_MCP"}
+        ]},
+        "endpoints": {"mcp": {"limits": {"max_sessions": 5}}}
+    });
+    let server = Launch::new(driver)
+        .env("ABX_SERVER_POLICY", &policy.to_string())
+        .env("ALICE_MCP", "alice-token")
+        .env("BOB_MCP", "bob-token")
+        .start();
+    let caps = server
+        .request(
+            "GET",
+            "/capabilities",
+            &[("Authorization", "Bearer alice-token")],
+            None,
+        )
+        .json();
+    assert_eq!(
+        caps["endpoints"]["mcp"]["limits"]["max_sessions"], 5,
+        "{}",
+        caps["endpoints"]["mcp"]
+    );
+    let list = |token: &str, session: &str| {
+        let auth = format!("Bearer {token}");
+        mcp_post(
+            &server,
+            &[
+                ("Authorization", &auth),
+                ("Mcp-Session-Id", session),
+                ("MCP-Protocol-Version", "2025-06-18"),
+            ],
+            json!({"jsonrpc": "2.0", "id": 2, "method": "tools/list"}),
+        )
+        .status
+    };
+    let alice = initialize(&server, "alice-token");
+    let bobs: Vec<String> = (0..40).map(|_| initialize(&server, "bob-token")).collect();
+    assert_eq!(
+        list("alice-token", &alice),
+        200,
+        "bob's sessions pushed alice's out"
+    );
+    let live: Vec<bool> = bobs.iter().map(|s| list("bob-token", s) == 200).collect();
+    assert_eq!(live.iter().filter(|l| **l).count(), 5, "{live:?}");
+    assert!(
+        live[35..].iter().all(|l| *l),
+        "bob keeps his newest: {live:?}"
+    );
+}
+
 on_both_drivers!(
+    sessions_are_bounded_per_identity,
     tools_are_the_routes_and_calls_take_their_path,
     policy_scopes_and_sessions,
     a_reload_changes_the_tools_and_says_so,

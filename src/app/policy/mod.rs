@@ -663,7 +663,19 @@ impl Policy {
 
 /// The knobs `rule` sets on `endpoint`, in this server's names.
 fn applied_knobs(rule: &EndpointRule, endpoint: &EndpointSpec) -> Map<String, Value> {
-    let mut out = rule.knobs.clone();
+    // This server's flat names mean what the reference's do on the same endpoint
+    // (`timeout_seconds` on a search is its time limit).
+    let mut out: Map<String, Value> = rule
+        .knobs
+        .iter()
+        .map(|(key, value)| {
+            let name = match knobs::canonical(&endpoint.id, "limits", key) {
+                (renamed, None) if renamed != "unknown" => renamed.to_string(),
+                _ => key.clone(),
+            };
+            (name, value.clone())
+        })
+        .collect();
     for (section, entries) in [("limits", &rule.limits), ("params", &rule.params)] {
         for (key, value) in entries {
             match knobs::canonical(&endpoint.id, section, key) {

@@ -60,14 +60,38 @@ pub fn endpoints() -> Vec<Endpoint> {
     endpoints.extend(vaults::endpoints());
     endpoints.extend(sessions::endpoints());
     endpoints.extend([
-        route(Method::Post, "/v1/agents/executors", "agents_executors_register", "Refused: no remote executors attach to a local server.", handler(|_| async { Err(cannot("agents_cannot_register_executors", "Executor registration is not available: this server runs agents itself, in this sandbox.")) })),
-        route(Method::Get, "/v1/agents/executors/{executor_id}/channel", "agents_executors_channel", "Refused: no executor channel on a local server.", handler(|_| async { Err(cannot("agents_cannot_open_executor_channels", "Executor channels are not available: this server runs agents itself, in this sandbox.")) }))
-            .params(&[Param::path("executor_id")]),
+        route(
+            Method::Post,
+            "/v1/agents/executors",
+            "agents_executors_register",
+            "Refused: no remote executors attach to a local server.",
+            handler(|_| async { Err(executor_registration_refused()) }),
+        ),
+        route(
+            Method::Get,
+            "/v1/agents/executors/{executor_id}/channel",
+            "agents_executors_channel",
+            "Refused: no executor channel on a local server.",
+            handler(|_| async { Err(executor_channel_refused()) }),
+        )
+        .params(&[Param::path("executor_id")]),
         // The same refusals where the reference serves them.
-        route(Method::Post, "/v1/agents/environments/{environment_id}/register", "agents_cannot_executor_registration", "Refused: executor registration.", handler(|_| async { Err(cannot("agents_cannot_register_executors", "Executor registration is not available: this server runs agents itself, in this sandbox.")) }))
-            .params(&[Param::path("environment_id")]),
-        route(Method::Get, "/v1/agents/environments/{environment_id}/connect", "agents_cannot_executor_channel", "Refused: executor channel.", handler(|_| async { Err(cannot("agents_cannot_open_executor_channels", "Executor channels are not available: this server runs agents itself, in this sandbox.")) }))
-            .params(&[Param::path("environment_id")]),
+        route(
+            Method::Post,
+            "/v1/agents/environments/{environment_id}/register",
+            "agents_cannot_executor_registration",
+            "Refused: executor registration.",
+            handler(|_| async { Err(executor_registration_refused()) }),
+        )
+        .params(&[Param::path("environment_id")]),
+        route(
+            Method::Get,
+            "/v1/agents/environments/{environment_id}/connect",
+            "agents_cannot_executor_channel",
+            "Refused: executor channel.",
+            handler(|_| async { Err(executor_channel_refused()) }),
+        )
+        .params(&[Param::path("environment_id")]),
     ]);
     endpoints.extend(NOT_SERVED.iter().map(|(method, path, id)| {
         Endpoint::not_served(*method, path, Group::Agents, NOT_SERVED_REASON)
@@ -75,6 +99,23 @@ pub fn endpoints() -> Vec<Endpoint> {
             .scopes(&[SCOPE])
     }));
     reference_ids::adopt(endpoints)
+}
+
+/// No remote executor registers with a local server (ours at `/v1/agents/executors`,
+/// the reference's at `.../environments/{id}/register`).
+fn executor_registration_refused() -> ApiError {
+    cannot(
+        "agents_cannot_register_executors",
+        "Executor registration is not available: this server runs agents itself, in this sandbox.",
+    )
+}
+
+/// No executor channel opens on a local server.
+fn executor_channel_refused() -> ApiError {
+    cannot(
+        "agents_cannot_open_executor_channels",
+        "Executor channels are not available: this server runs agents itself, in this sandbox.",
+    )
 }
 
 /// Routes the reference's agents table has and this build does not serve yet: declared,

@@ -28,6 +28,9 @@ pub fn endpoints() -> Vec<Endpoint> {
         Endpoint::new(Method::Post, "/mcp", Group::Mcp, handler(post))
             .json_rpc()
             .id("mcp").scopes(&["core:read"])
+            // Sessions per identity (`limits.max_sessions`, docs/mcp.md).
+            .enforces(&["max_sessions"])
+            .limit("max_sessions", mcp::MAX_SESSIONS as u64)
             .summary("Model Context Protocol over Streamable HTTP: this caller's routes and commands as tools (JSON-RPC: initialize, tools/list, tools/call, ping).")
             .returns(json!({"type": ["object", "array"]}))
             .also_answers(&[202, 400, 404])
@@ -176,7 +179,11 @@ async fn one(call: &Call, message: Value) -> Result<Response, ApiError> {
     if method == "initialize" {
         let requested = params.get("protocolVersion").and_then(Value::as_str);
         let version = mcp::negotiate(requested);
-        let session = mcp::open_session(&call.identity.id, version);
+        let limit = call
+            .decision()
+            .knob_u64("max_sessions")
+            .map_or(mcp::MAX_SESSIONS, |n| n as usize);
+        let session = mcp::open_session(&call.identity.id, version, limit);
         let answer = mcp::result(
             &id,
             json!({

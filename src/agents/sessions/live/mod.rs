@@ -100,7 +100,12 @@ impl Hub {
         let running = self.actors().get(&session.id).cloned();
         if let Some(actor) = running {
             match actor.unbounded_send(command) {
-                Ok(()) => return answer.await.unwrap_or_else(|_| Err(gone())),
+                Ok(()) => {
+                    return match answer.await {
+                        Ok(outcome) => outcome,
+                        Err(_) => Err(stopped(agents, owner, &session.id).await),
+                    }
+                }
                 // It stopped meanwhile: start another.
                 Err(e) => command = e.into_inner(),
             }
@@ -126,7 +131,10 @@ impl Hub {
             children: HashMap::new(),
         };
         monoio::spawn(actor.run(rx, launch));
-        answer.await.unwrap_or_else(|_| Err(gone()))
+        match answer.await {
+            Ok(outcome) => outcome,
+            Err(_) => Err(stopped(agents, owner, &session.id).await),
+        }
     }
 
     /// Stops `session`'s actor and ends its streams (the session was deleted).
@@ -146,6 +154,22 @@ impl Hub {
 
     fn finished(&self, session: &str) {
         self.actors().remove(session);
+    }
+}
+
+/// Why an actor stopped before it answered an input: its session was deleted meanwhile
+/// (404, as for any unknown session: the input raced a DELETE), or it failed (say so,
+/// and that the input may be sent again).
+async fn stopped(agents: &Arc<Agents>, owner: &str, session: &str) -> AgentError {
+    let (owner, id) = (owner.to_string(), session.to_string());
+    let exists = agents
+        .transact(move |t| t.get::<Session>(Scope::owner(&owner), &id))
+        .await;
+    match exists {
+        Err(error @ StoreError::NotFound) => {
+            AgentError::store("session", session, "session_id")(error)
+        }
+        _ => gone(),
     }
 }
 

@@ -200,7 +200,10 @@ pub enum Op {
         selector: String,
         state: ElementState,
     },
-    Content,
+    /// The page's HTML, or with `text` the body's visible text.
+    Content {
+        text: bool,
+    },
     Text {
         selector: Option<String>,
     },

@@ -924,13 +924,16 @@ impl Chromium {
                     }
                 }
             }
-            Op::Content => {
+            Op::Content { text } => {
                 let (url, title) = self.location(deadline)?;
-                let html = self.evaluate(
-                    "(document.doctype ? new XMLSerializer().serializeToString(document.doctype) + '\\n' : '') + document.documentElement.outerHTML",
-                    deadline,
-                )?;
-                Ok(json!({"url": url, "title": title, "html": html}))
+                let script = if text {
+                    "document.body ? document.body.innerText : ''"
+                } else {
+                    "(document.doctype ? new XMLSerializer().serializeToString(document.doctype) + '\\n' : '') + document.documentElement.outerHTML"
+                };
+                let content = self.evaluate(script, deadline)?;
+                // `content`, as the reference answers it (and its client reads it).
+                Ok(json!({"url": url, "title": title, "content": content}))
             }
             Op::Text { selector } => {
                 let text = match &selector {
@@ -976,7 +979,9 @@ impl Chromium {
         // The document's response arrives before the commit the reply waits for.
         let status = loader.as_deref().and_then(|l| self.state.status_of(l));
         let (url, title) = self.location(deadline)?;
-        Ok(json!({"url": url, "title": title, "status": status}))
+        // 0 when the navigation had no HTTP response (about:blank, a fragment), as the
+        // reference answers (its client reads an integer).
+        Ok(json!({"url": url, "title": title, "status": status.unwrap_or(0)}))
     }
 
     fn screenshot(
@@ -1009,7 +1014,7 @@ impl Chromium {
         let padding = data.bytes().rev().take_while(|b| *b == b'=').count();
         let bytes = data.len() / 4 * 3 - padding;
         Ok(
-            json!({"content_base64": data, "format": "png", "width": width, "height": height, "bytes": bytes}),
+            json!({"image_base64": data, "format": "png", "width": width, "height": height, "bytes": bytes}),
         )
     }
 

@@ -211,11 +211,28 @@ fn navigation_content_and_history(driver: &'static str) {
     let (status, content) = server.get_json("/browser/content");
     assert_eq!(status, 200);
     assert_eq!(content["title"], "Home");
-    let html = content["html"].as_str().unwrap();
+    // `content`, as the reference answers (its client reads that field).
+    let html = content["content"].as_str().unwrap();
     assert!(
         html.starts_with("<!DOCTYPE html>") && html.contains("id=\"para\""),
         "{html}"
     );
+    let (_, visible) = server.get_json("/browser/content?type=text");
+    let visible = visible["content"].as_str().unwrap();
+    assert!(
+        visible.contains("Hello pages") && !visible.contains("<"),
+        "{visible}"
+    );
+    assert_eq!(server.get_json("/browser/content?type=pdf").0, 400);
+    // The reference's name for the expression, which its client sends.
+    let (status, body) = server.post_json("/browser/evaluate", json!({"script": "document.title"}));
+    assert_eq!(
+        (status, body["result"].clone()),
+        (200, json!("Home")),
+        "{body}"
+    );
+    let (status, _) = server.post_json("/browser/evaluate", json!({}));
+    assert_eq!(status, 400);
     let (_, text) = server.get_json("/browser/text?selector=%23para");
     assert_eq!(text["text"], "Hello pages");
     let (_, all) = server.get_json("/browser/text");
@@ -425,7 +442,7 @@ fn waits_and_screenshots(driver: &'static str) {
 
     let (status, shot) = server.post_json("/browser/screenshot", json!({}));
     assert_eq!(status, 200);
-    let data = shot["content_base64"].as_str().unwrap();
+    let data = shot["image_base64"].as_str().unwrap();
     assert_eq!(png_size(data), (1280, 720));
     assert_eq!(
         (
@@ -439,13 +456,13 @@ fn waits_and_screenshots(driver: &'static str) {
 
     navigate(&server, &pages.url("/tall"));
     let (_, full) = server.post_json("/browser/screenshot", json!({"full_page": true}));
-    let (width, height) = png_size(full["content_base64"].as_str().unwrap());
+    let (width, height) = png_size(full["image_base64"].as_str().unwrap());
     assert_eq!((width, height), (1280, 3000), "{}", full["height"]);
 
     navigate(&server, &pages.url("/shapes"));
     let (_, element) = server.post_json("/browser/screenshot", json!({"selector": "#shape"}));
     assert_eq!(
-        png_size(element["content_base64"].as_str().unwrap()),
+        png_size(element["image_base64"].as_str().unwrap()),
         (200, 100)
     );
 }

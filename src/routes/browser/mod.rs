@@ -133,7 +133,7 @@ fn served() -> Vec<Endpoint> {
                 timeout_param(Param::body),
             ])
             .returns(schema_object(&["url", "title", "status"], json!({
-                "url": {"type": "string"}, "title": {"type": "string"}, "status": {"type": ["integer", "null"]},
+                "url": {"type": "string"}, "title": {"type": "string"}, "status": {"type": "integer"},
             })))
             .also_answers(&[403])
             .enforces(&["url_allow", "url_deny", "block_private_networks", "allow_private_networks"]),
@@ -146,8 +146,8 @@ fn served() -> Vec<Endpoint> {
                     .doc("Capture the whole page at its layout size instead of the viewport."),
                 timeout_param(Param::body),
             ])
-            .returns(schema_object(&["content_base64", "format", "width", "height", "bytes"], json!({
-                "content_base64": {"type": "string"}, "format": {"type": "string"},
+            .returns(schema_object(&["image_base64", "format", "width", "height", "bytes"], json!({
+                "image_base64": {"type": "string"}, "format": {"type": "string"},
                 "width": {"type": "integer"}, "height": {"type": "integer"}, "bytes": {"type": "integer"},
             })))
             .also_answers(&[404]),
@@ -207,7 +207,8 @@ fn served() -> Vec<Endpoint> {
             .also_answers(&[404]),
         post("/browser/evaluate", "browser_evaluate", "Evaluate JavaScript in the page; a function is called with arg; promises are awaited.", |c| boxed(evaluate(c)))
             .params(&[
-                Param::body("expression", "string", true).doc("JavaScript evaluated in the page; a function is called with arg."),
+                Param::body("expression", "string", false).doc("JavaScript evaluated in the page; a function is called with arg."),
+                Param::body("script", "string", false).doc("The reference server's name for expression (its client sends it); one of the two is required."),
                 Param::body("arg", "any", false).doc("The argument a function expression is called with (any JSON value)."),
                 timeout_param(Param::body),
             ])
@@ -221,10 +222,15 @@ fn served() -> Vec<Endpoint> {
                 timeout_param(Param::body),
             ])
             .returns(ok_schema()),
-        get("/browser/content", "browser_content", "The page's URL, title and HTML.", |c| boxed(content(c)))
-            .params(&[timeout_param(Param::query)])
-            .returns(schema_object(&["url", "title", "html"], json!({
-                "url": {"type": "string"}, "title": {"type": "string"}, "html": {"type": "string"},
+        get("/browser/content", "browser_content", "The page's URL, title and HTML (or, with type=text, its visible text).", |c| boxed(content(c)))
+            .params(&[
+                Param::query("type", "string", false)
+                    .default("\"html\"")
+                    .doc("html (the page's markup) or text (the body's visible text)."),
+                timeout_param(Param::query),
+            ])
+            .returns(schema_object(&["url", "title", "content"], json!({
+                "url": {"type": "string"}, "title": {"type": "string"}, "content": {"type": "string"},
             }))),
         get("/browser/text", "browser_text", "The visible text of the page or of one element.", |c| boxed(text(c)))
             .params(&[
@@ -462,9 +468,14 @@ async fn scroll(call: Call) -> Result<Response, ApiError> {
 
 async fn evaluate(call: Call) -> Result<Response, ApiError> {
     let mut args = call.args()?;
-    let expression = args.string("expression");
+    let expression = match args.str("expression") {
+        Some(expression) => expression.to_string(),
+        None => args.string("script"),
+    };
     if expression.trim().is_empty() {
-        return Err(ApiError::bad_request("expression must not be empty"));
+        return Err(ApiError::bad_request(
+            "expression (or script, as the reference names it) is required and must not be empty",
+        ));
     }
     let timeout = timeout(&args);
     let op = Op::Evaluate {
@@ -491,7 +502,16 @@ async fn wait(call: Call) -> Result<Response, ApiError> {
 
 async fn content(call: Call) -> Result<Response, ApiError> {
     let args = call.args()?;
-    run(&call, Op::Content, timeout(&args)).await
+    let text = match args.str("type").unwrap_or("html") {
+        "html" => false,
+        "text" => true,
+        other => {
+            return Err(ApiError::bad_request(format!(
+                "type must be html or text, not {other:?}"
+            )))
+        }
+    };
+    run(&call, Op::Content { text }, timeout(&args)).await
 }
 
 async fn text(call: Call) -> Result<Response, ApiError> {

@@ -72,6 +72,26 @@ fn client_in_local_mode(driver: &'static str) {
     client(&server, &["--expect-identity", "anonymous"]);
 }
 
+/// The opt-in groups on: the client's dev tools and browser methods (Debian's Chromium,
+/// as the browser tests use). The reference's pdf and console routes are declared and
+/// not served by this build: they must answer 404 `build:unavailable`.
+fn client_with_the_opt_in_groups(driver: &'static str) {
+    let server = Launch::new(driver)
+        .env("ABX_SERVER_ENABLED_GROUPS", "dev_tools,browser")
+        .start();
+    client(
+        &server,
+        &[
+            "--expect-identity",
+            "anonymous",
+            "--groups",
+            "dev_tools,browser",
+            "--not-served",
+            "browser_pdf,browser_console",
+        ],
+    );
+}
+
 /// `ABX_SERVER_TOKEN`: the one identity `server`, holding `*`.
 fn client_with_a_token(driver: &'static str) {
     let server = Launch::new(driver)
@@ -194,6 +214,11 @@ fn differential_local_and_plain_token(driver: &'static str) {
 #[test]
 fn reference_client_local_mode() {
     client_in_local_mode("uring")
+}
+
+#[test]
+fn reference_client_with_the_opt_in_groups() {
+    client_with_the_opt_in_groups("uring");
 }
 
 #[test]

@@ -398,6 +398,7 @@ fn sources_and_refusals(driver: &'static str) {
             "ABX_SERVER_POLICY",
             &json!({"endpoints": {"commands_run": {"enabled": false}}}).to_string(),
         )
+        .env("ABX_SERVER_HOST", "127.0.0.1")
         .start();
     let (status, body) = server.post_json("/commands/hello", json!({}));
     assert_eq!(
@@ -419,6 +420,24 @@ fn sources_and_refusals(driver: &'static str) {
             .unwrap()
             .contains("ABX_SERVER_POLICY"),
         "{body}"
+    );
+    // GET /env does not show the server's own settings (ABX_SERVER_*), as the reference.
+    let (status, env) = server.get_json("/env");
+    assert_eq!(status, 200);
+    let names: Vec<&String> = env["variables"].as_object().unwrap().keys().collect();
+    assert!(
+        names.iter().any(|n| n.as_str() == "ABX_STATE_DIR"),
+        "{names:?}"
+    );
+    assert!(
+        !names.iter().any(|n| n.as_str() == "ABX_SERVER_HOST"),
+        "{names:?}"
+    );
+    assert!(
+        !names
+            .iter()
+            .any(|n| n.to_uppercase().starts_with("ABX_SERVER_")),
+        "{names:?}"
     );
 }
 

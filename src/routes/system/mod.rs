@@ -195,9 +195,12 @@ fn var_allowed(call: &Call, name: &str) -> bool {
     allowed && !denied
 }
 
+/// A name `GET /env` never shows: one that reads like a secret, or the server's own
+/// settings (`ABX_SERVER_*`: how it is configured and governed, as the reference hides
+/// them).
 fn looks_secret(name: &str) -> bool {
     let upper = name.to_uppercase();
-    SECRET_WORDS.iter().any(|word| upper.contains(word))
+    upper.starts_with("ABX_SERVER_") || SECRET_WORDS.iter().any(|word| upper.contains(word))
 }
 
 /// `GET /env`.

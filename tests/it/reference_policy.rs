@@ -39,7 +39,8 @@ fn a_reference_document_governs_every_route(driver: &'static str) {
         "endpoints": {
             "process_signal": {"params": {"allowed_signals": [15]}},
             "shell_stream": {"limits": {"max_output_bytes": 64}},
-            "files_*": {"paths": {"deny": ["*.pem"]}}
+            "files_*": {"paths": {"deny": ["*.pem"]}},
+            "files_list": {"limits": {"max_entries": 3}}
         }
     });
     let server = Launch::new(driver)
@@ -65,6 +66,31 @@ fn a_reference_document_governs_every_route(driver: &'static str) {
     );
     let listed = call(&server, "ci-secret", "GET", "/files/list?path=.", None);
     assert_eq!(listed.status, 200, "{}", listed.text());
+    // max_entries: the caller's, capped by the policy's (3); one that is not a number
+    // is the default, capped likewise.
+    for name in ["b.txt", "c.txt", "d.txt", "e.txt"] {
+        std::fs::write(server.base_dir().join(name), "x").unwrap();
+    }
+    for (query, count) in [
+        ("", 3),
+        ("&max_entries=100", 3),
+        ("&max_entries=2", 2),
+        ("&max_entries=x", 3),
+    ] {
+        let listed = call(
+            &server,
+            "ci-secret",
+            "GET",
+            &format!("/files/list?path=.{query}"),
+            None,
+        );
+        assert_eq!(
+            listed.json()["entries"].as_array().map(Vec::len),
+            Some(count),
+            "{query}: {}",
+            listed.text()
+        );
+    }
 
     // Every endpoint the discovery document lists is allowed to `ci` exactly when its
     // scopes are `files:read` (or the implicit `core:read`), and a real request agrees.

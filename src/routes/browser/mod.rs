@@ -655,10 +655,6 @@ mod tests {
             "dx must be a number"
         );
         assert_eq!(
-            refusal("browser_evaluate", &[], json!({"arg": 1})),
-            "expression is required"
-        );
-        assert_eq!(
             refusal(
                 "browser_wait",
                 &[],

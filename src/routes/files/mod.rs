@@ -82,7 +82,7 @@ pub fn endpoints() -> Vec<Endpoint> {
             handler(tree::list),
         )
         .id("files_list").scopes(&["files:read"])
-        .enforces(&["paths", "max_depth"])
+        .enforces(&["paths", "max_depth", "max_entries"])
         .kept_locked_down()
         .returns(schema::list())
         .also_answers(&[503])
@@ -92,8 +92,13 @@ pub fn endpoints() -> Vec<Endpoint> {
             recursive
                 .clone()
                 .doc("List subdirectories too, 3 levels deep (the policy's max_depth when lower)."),
+            Param::query("max_entries", "integer", false)
+                .lenient()
+                .default("1000")
+                .doc("The most entries listed (walk order); one that is not a positive whole number is 1000. The policy's max_entries caps it."),
         ])
-        .limit("max_depth", crate::fs::tree::LIST_MAX_DEPTH),
+        .limit("max_depth", crate::fs::tree::LIST_MAX_DEPTH)
+        .limit("max_entries", crate::fs::tree::LIST_MAX_ENTRIES as u64),
         Endpoint::new(
             Method::Get,
             "/files/stat",

@@ -29,7 +29,17 @@ pub async fn list(call: Call) -> Result<Response, ApiError> {
         1
     };
     let hidden = crate::routes::shared::hidden_by_policy(&call);
-    let body = tree::list_json(&call.services().base, caller, levels, hidden)
+    // The caller's `max_entries` (a value that is not a positive whole number is the
+    // default, as on the reference), never more than the policy's.
+    let asked = args
+        .uint("max_entries")
+        .filter(|n| *n > 0)
+        .map_or(tree::LIST_MAX_ENTRIES, |n| n as usize);
+    let max_entries = call
+        .decision()
+        .knob_u64("max_entries")
+        .map_or(asked, |cap| asked.min(cap as usize));
+    let body = tree::list_json(&call.services().base, caller, levels, hidden, max_entries)
         .await
         .map_err(fs_error)?;
     Ok(Response::raw(200, JSON_CONTENT_TYPE, body))

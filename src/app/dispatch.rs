@@ -467,25 +467,30 @@ impl Service for ApiService {
     }
 }
 
-/// A token bucket per (endpoint, identity) for the policy's `rate_limit`. Each worker
-/// keeps its own buckets, so the hot path takes no lock; the limit is therefore per
-/// worker (with W workers, a caller spread over all of them gets up to W times it).
+/// A token bucket per (endpoint, identity) for the policy's rate limit, shared by every
+/// worker, so a caller gets exactly the limit however its connections spread (as on
+/// the reference). The lock is taken only by requests to an endpoint that has a limit.
 struct Bucket {
     tokens: f64,
     refilled: std::time::Instant,
 }
 
-thread_local! {
-    static BUCKETS: std::cell::RefCell<std::collections::HashMap<(usize, String), Bucket>> =
-        std::cell::RefCell::new(std::collections::HashMap::new());
+type Buckets = std::collections::HashMap<(usize, String), Bucket>;
+
+fn buckets() -> std::sync::MutexGuard<'static, Buckets> {
+    static BUCKETS: std::sync::OnceLock<std::sync::Mutex<Buckets>> = std::sync::OnceLock::new();
+    BUCKETS
+        .get_or_init(Default::default)
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
 }
 
 /// Takes one token of endpoint `index`'s bucket for `identity`, or says how many
 /// seconds until one is there.
 fn take_token(index: usize, identity: &str, requests: f64, per_seconds: f64) -> Result<(), f64> {
     let rate = requests / per_seconds;
-    BUCKETS.with(|buckets| {
-        let mut buckets = buckets.borrow_mut();
+    {
+        let mut buckets = buckets();
         let now = std::time::Instant::now();
         let bucket = buckets
             .entry((index, identity.to_string()))
@@ -502,7 +507,7 @@ fn take_token(index: usize, identity: &str, requests: f64, per_seconds: f64) -> 
         } else {
             Err((1.0 - bucket.tokens) / rate)
         }
-    })
+    }
 }
 
 /// Renders `error` in `style`: the only place an [`ApiError`] becomes a response.

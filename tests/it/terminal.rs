@@ -660,11 +660,14 @@ fn the_socket_needs_the_terminal_scope(driver: &'static str) {
         .env("CI_TOKEN", "ci-secret")
         .base_dir(dir.path())
         .start();
+    // HOME in the base directory, as `new_session` does: no rc file of this machine
+    // (a pyenv hook) slows the shell down.
+    let body = json!({"shell": "/bin/bash", "env": {"PS1": "$ ", "HOME": dir.path()}});
     let reply = server.request(
         "POST",
         "/pty/sessions",
         &[("Authorization", "Bearer ops-secret")],
-        Some(b"{\"shell\": \"/bin/bash\"}"),
+        Some(body.to_string().as_bytes()),
     );
     assert_eq!(reply.status, 200, "{}", reply.text());
     let id = reply.json()["session_id"].as_str().unwrap().to_string();

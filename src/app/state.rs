@@ -377,9 +377,8 @@ fn read_token_file(path: &std::path::Path) -> Option<String> {
 /// rather than accepted and never applied.
 fn refuse_roots_outside(catalog: &Catalog, base: &std::path::Path) -> Result<(), String> {
     for (endpoint, decision) in catalog.endpoints.iter().zip(&catalog.decisions) {
-        for root in decision.knob_list("paths.allow").unwrap_or_default() {
-            let directory = root.starts_with('/') && !root.contains(['*', '?', '[']);
-            if directory && !std::path::Path::new(root).starts_with(base) {
+        for root in decision.allowed_directories() {
+            if !std::path::Path::new(root).starts_with(base) {
                 return Err(format!(
                     "policy endpoints.{}.paths.allow: '{root}' is outside the base directory {}; every path is confined beneath it (set base_dir to a directory that holds '{root}')",
                     endpoint.spec.id,

@@ -59,7 +59,7 @@ fn is_out_of_descriptors(error: &std::io::Error) -> bool {
 /// directory when it names one (as the reference resolves it), else against the base.
 pub(crate) fn confine(call: &Call, input: &str) -> Result<crate::fs::CallerPath, ApiError> {
     let base = &call.services().base;
-    let rooted = match allow_roots(call.decision()).first() {
+    let rooted = match call.decision().allowed_directories().first() {
         Some(root) if !input.starts_with('/') => format!("{}/{input}", root.trim_end_matches('/')),
         _ => input.to_string(),
     };
@@ -90,21 +90,6 @@ pub(crate) fn hidden_by_policy(call: &Call) -> Option<crate::fs::walk::Hidden> {
         };
         paths_refusal(&decision, &id, &caller).is_some()
     }))
-}
-
-/// The `paths.allow` entries that are directories (absolute, no glob character): the
-/// reference's allowed roots, each with everything beneath it.
-fn allow_roots(decision: &crate::app::policy::Decision) -> Vec<&str> {
-    decision
-        .knob_list("paths.allow")
-        .unwrap_or_default()
-        .into_iter()
-        .filter(|entry| is_directory_entry(entry))
-        .collect()
-}
-
-fn is_directory_entry(entry: &str) -> bool {
-    entry.starts_with('/') && !entry.contains(['*', '?', '['])
 }
 
 /// Whether `path` (absolute) is `root` or beneath it.
@@ -189,7 +174,7 @@ pub(crate) fn paths_refusal(
     };
     if let Some(allow) = allow {
         let allowed = allow.iter().any(|entry| {
-            if is_directory_entry(entry) {
+            if crate::app::policy::is_directory_entry(entry) {
                 within(&shown, entry)
             } else {
                 glob_matches(entry)

@@ -117,6 +117,17 @@ impl Decision {
             .collect()
     }
 
+    /// The `paths.allow` entries that are directories (absolute, no glob character):
+    /// the reference's allowed roots, each admitting everything beneath it. The other
+    /// entries are globs.
+    pub fn allowed_directories(&self) -> Vec<&str> {
+        self.knob_list("paths.allow")
+            .unwrap_or_default()
+            .into_iter()
+            .filter(|entry| is_directory_entry(entry))
+            .collect()
+    }
+
     /// A switch, if the policy set it (`paths.read_only` reaches inside an object).
     pub fn knob_bool(&self, name: &str) -> Option<bool> {
         self.knob(name).and_then(Value::as_bool)
@@ -148,6 +159,12 @@ impl Decision {
             rate.get("per_seconds")?.as_f64()?,
         ))
     }
+}
+
+/// Whether a `paths.allow` entry is a directory (the reference's root) rather than a
+/// glob.
+pub fn is_directory_entry(entry: &str) -> bool {
+    entry.starts_with('/') && !entry.contains(['*', '?', '['])
 }
 
 /// Whether `name` is an endpoint-level knob a policy document may set.

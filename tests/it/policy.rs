@@ -113,6 +113,17 @@ fn check_policy_prints_every_preset_and_refuses_bad_documents() {
     );
 }
 
+/// Writes `text` to `policy` and starts a server on it, which must refuse to start
+/// (exit 2): its stderr.
+fn refused(driver: &'static str, policy: &std::path::Path, text: &str) -> String {
+    std::fs::write(policy, text).unwrap();
+    let (code, stderr) = Launch::new(driver)
+        .env("ABX_SERVER_POLICY", policy.to_str().unwrap())
+        .fail();
+    assert_eq!(code, 2, "{stderr}");
+    stderr
+}
+
 fn yaml_policies_and_template_yaml_are_applied(driver: &'static str) {
     let dir = TempDir::new("yamlpolicy");
     let policy = dir.path().join("policy.yml");
@@ -141,15 +152,11 @@ fn yaml_policies_and_template_yaml_are_applied(driver: &'static str) {
         (404, json!("endpoint_disabled"))
     );
     // A knob the endpoint it names does not apply is never accepted and ignored.
-    std::fs::write(
+    let stderr = refused(
+        driver,
         &policy,
         "endpoints:\n  upload: {url_allow: [\"https://x\"]}\n",
-    )
-    .unwrap();
-    let (code, stderr) = Launch::new(driver)
-        .env("ABX_SERVER_POLICY", policy.to_str().unwrap())
-        .fail();
-    assert_eq!(code, 2, "{stderr}");
+    );
     assert!(
         stderr.contains("endpoints.upload: url_allow is not applied by endpoint 'upload'"),
         "{stderr}"
@@ -646,15 +653,11 @@ fn knob_values_are_checked() {
 fn a_repeated_key_stops_the_server(driver: &'static str) {
     let dir = TempDir::new("dupkey");
     let policy = dir.path().join("policy.yaml");
-    std::fs::write(
+    let stderr = refused(
+        driver,
         &policy,
         "endpoints:\n  shell:\n    enabled: false\n  files_list:\n    enabled: false\n  shell:\n    enabled: true\n",
-    )
-    .unwrap();
-    let (code, stderr) = Launch::new(driver)
-        .env("ABX_SERVER_POLICY", policy.to_str().unwrap())
-        .fail();
-    assert_eq!(code, 2, "{stderr}");
+    );
     assert!(
         stderr.contains("duplicate key 'shell'") && stderr.contains("line 6"),
         "{stderr}"

@@ -43,10 +43,16 @@ fn fixture(name: &str) -> std::path::PathBuf {
 fn run(mut command: Command, what: &str) {
     let output = command.output().expect("run the reference venv's python");
     let stdout = String::from_utf8_lossy(&output.stdout);
+    // The failing lines first: a CI log keeps only the head and tail of a long message.
+    let failing: Vec<&str> = stdout
+        .lines()
+        .filter(|line| line.contains("\"ok\": false"))
+        .collect();
     assert!(
         output.status.success(),
-        "{what} failed ({}):\n{stdout}\nstderr:\n{}",
+        "{what} failed ({}):\nfailing:\n{}\nall:\n{stdout}\nstderr:\n{}",
         output.status,
+        failing.join("\n"),
         String::from_utf8_lossy(&output.stderr)
     );
 }

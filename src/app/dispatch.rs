@@ -519,15 +519,30 @@ pub fn render(error: ApiError, style: ErrorStyle) -> Response {
     response
 }
 
-/// Policy refusals name the endpoint that refused (the contract's common rules).
+/// Policy refusals name the endpoint that refused (the contract's common rules), as
+/// every `PolicyDenied` of the reference does, whatever its status.
 fn with_endpoint(error: ApiError, id: &str) -> ApiError {
-    const POLICY_CODES: [&str; 6] = [
+    const POLICY_CODES: [&str; 20] = [
         "path_not_allowed",
         "command_not_allowed",
         "extension_not_allowed",
         "rate_limited",
         "missing_scope",
         "endpoint_disabled",
+        "path_denied",
+        "invalid_path",
+        "read_only",
+        "symlink_denied",
+        "shell_not_allowed",
+        "signal_not_allowed",
+        "language_not_allowed",
+        "process_denied",
+        "env_invalid",
+        "env_var_denied",
+        "env_var_not_allowed",
+        "url_invalid",
+        "url_not_allowed",
+        "url_denied",
     ];
     let is_policy = error.code.is_some_and(|c| POLICY_CODES.contains(&c));
     if is_policy && !error.has_field("endpoint") {

@@ -115,7 +115,10 @@ pub fn build(
             let walked = walk::walk_visible(
                 dir.as_fd(),
                 &caller.rel,
-                hidden.as_ref(),
+                walk::Unseen {
+                    hidden: hidden.as_ref(),
+                    links_out: None,
+                },
                 rules,
                 &mut collector,
             );
@@ -128,10 +131,28 @@ pub fn build(
         }
         check_count(&members, limits)?;
     }
+    drop_implied_directories(&mut members);
     match format {
         Format::TarGz => write_tar_gz(&beneath, members, limits),
         Format::Zip => write_zip(&beneath, members, limits),
     }
+}
+
+/// Keeps a directory member only when it is empty (as far as the caller may see): the
+/// reference's archives hold files and links alone, which implies every directory that
+/// holds one; an empty directory, which the reference loses, stays as its own entry.
+/// Members are in walk order, so a directory's first member, if any, follows it.
+fn drop_implied_directories(members: &mut Vec<Member>) {
+    let implied: Vec<bool> = members
+        .iter()
+        .zip(members.iter().skip(1).map(Some).chain([None]))
+        .map(|(member, next)| {
+            matches!(member.content, Content::Dir)
+                && next.is_some_and(|next| next.name.starts_with(&member.name))
+        })
+        .collect();
+    let mut implied = implied.into_iter();
+    members.retain(|_| !implied.next().unwrap_or(false));
 }
 
 fn check_count(members: &[Member], limits: Limits) -> Result<(), FsError> {
@@ -176,24 +197,8 @@ fn member_for(
                 Err(e) if e.is_missing() => return Ok(None),
                 Err(e) => return Err(failed(e)),
             };
-            let resolved = beneath
-                .base()
-                .path()
-                .join(rel)
-                .parent()
-                .unwrap_or(beneath.base().path())
-                .join(OsStr::from_bytes(&target));
-            let lexically_inside = beneath.base().confine(&resolved.to_string_lossy()).is_ok();
-            // Beyond the lexical check, the kernel must agree that following the link
-            // stays beneath the base (a relative target may pass through other links).
-            let kernel_agrees = match beneath.open(rel, OFlags::PATH, Mode::empty()) {
-                Ok(_) => true,
-                Err(OpenError::Escape) => false,
-                // Dangling inside the base: kept as a link.
-                Err(e) if e.is_not_found() => true,
-                Err(e) => return Err(failed(e)),
-            };
-            Ok((lexically_inside && kernel_agrees).then_some(Member {
+            let leads_out = beneath.link_leads_out(rel, &target).map_err(failed)?;
+            Ok((!leads_out).then_some(Member {
                 name,
                 content: Content::Symlink(target),
                 mode: 0o777,

@@ -9,7 +9,8 @@
 //! (or recreated) after the server started is picked up.
 
 use std::ffi::OsStr;
-use std::os::fd::{AsFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
+use std::os::unix::ffi::OsStrExt;
 use std::path::{Component, Path, PathBuf};
 
 use rustix::fs::{Mode, OFlags};
@@ -225,6 +226,48 @@ impl Beneath<'_> {
     /// The target of the symlink `rel`, read through a descriptor of the link itself.
     pub fn readlink(&self, rel: &Path) -> Result<Vec<u8>, OpenError> {
         resolve::readlink_beneath(self.fd.as_fd(), &self.base.path, rel)
+    }
+
+    /// Whether the symlink at `rel`, whose target `target` was read once, leads outside
+    /// the base: lexically, or as the kernel resolves it (a relative target may pass
+    /// through further links). A dangling link whose target would be inside stays in.
+    pub fn link_leads_out(&self, rel: &Path, target: &[u8]) -> Result<bool, OpenError> {
+        let resolved = self
+            .base
+            .path
+            .join(rel)
+            .parent()
+            .unwrap_or(&self.base.path)
+            .join(OsStr::from_bytes(target));
+        if self.base.confine(&resolved.to_string_lossy()).is_err() {
+            return Ok(true);
+        }
+        match self.open(rel, OFlags::PATH, Mode::empty()) {
+            Ok(_) => Ok(false),
+            Err(OpenError::Escape) => Ok(true),
+            Err(e) if e.is_not_found() => Ok(false),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// [`Self::link_leads_out`], reading the link first; a link gone since stays in.
+    pub fn link_at_leads_out(&self, rel: &Path) -> Result<bool, OpenError> {
+        match self.readlink(rel) {
+            Ok(target) => self.link_leads_out(rel, &target),
+            Err(e) if e.is_missing() => Ok(false),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// The path beneath the base that `fd` (opened beneath it) names now, as the
+    /// kernel reports it: where a followed symlink led. `None` if the kernel names a
+    /// place outside the base (the base was moved meanwhile).
+    pub fn rel_of(&self, fd: BorrowedFd<'_>) -> Option<PathBuf> {
+        let named = |fd: BorrowedFd<'_>| {
+            std::fs::read_link(format!("/proc/self/fd/{}", fd.as_raw_fd())).ok()
+        };
+        let base = named(self.fd.as_fd())?;
+        named(fd)?.strip_prefix(&base).ok().map(Path::to_path_buf)
     }
 }
 

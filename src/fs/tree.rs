@@ -7,7 +7,7 @@ use std::ffi::OsStr;
 use std::io;
 use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use rustix::fs::{AtFlags, Mode, OFlags};
@@ -107,14 +107,13 @@ pub async fn list_json(
             max_depth: levels.saturating_sub(1),
             order: Order::Interleaved,
         };
-        walk::walk_visible(
-            dir.as_fd(),
-            &caller.rel,
-            hidden.as_ref(),
-            rules,
-            &mut listing,
-        )
-        .map_err(|e| FsError::io(e, caller.display()))?;
+        let links_out = |rel: &Path| beneath.link_at_leads_out(rel).unwrap_or(true);
+        let unseen = walk::Unseen {
+            hidden: hidden.as_ref(),
+            links_out: Some(&links_out),
+        };
+        walk::walk_visible(dir.as_fd(), &caller.rel, unseen, rules, &mut listing)
+            .map_err(|e| FsError::io(e, caller.display()))?;
         listing.out.extend_from_slice(b"]}");
         Ok(listing.out)
     })
@@ -144,7 +143,10 @@ impl Visitor for Listing {
         }
         self.first = false;
         out.extend_from_slice(b"{\"name\":");
-        serde_json::to_writer(&mut *out, &entry.rel()).map_err(io::Error::other)?;
+        // The base name, as the reference's `os.scandir` walk names every entry, even
+        // in a recursive listing.
+        serde_json::to_writer(&mut *out, &String::from_utf8_lossy(entry.name))
+            .map_err(io::Error::other)?;
         out.extend_from_slice(if entry.kind == Kind::Directory {
             b",\"type\":\"directory\",\"size\":"
         } else {
@@ -202,6 +204,73 @@ pub async fn stat(
             Ok(found) => Ok(found),
             // A parent that is missing or not a directory: nothing is there.
             Err(e) if e.is_missing() => Ok(None),
+            Err(e) => Err(base.open_error(e, &caller)),
+        }
+    })
+    .await
+    .map_err(|e| FsError::io(e, shown))?
+}
+
+/// What `/files/stat` reports on: the caller's path, or where its symlink leads.
+pub struct Followed {
+    /// The path reported: the caller's, or the link's target beneath the base.
+    pub path: CallerPath,
+    /// `None` when nothing is there (a dangling link: its target's path, missing).
+    pub stat: Option<rustix::fs::Stat>,
+}
+
+/// `stat` of the caller's path, following a symlink as the reference's `realpath`
+/// does: the answer names the target. A link leading outside the base is refused like
+/// any outside path (403 `path_not_allowed`).
+pub async fn stat_followed(base: &BaseDir, caller: CallerPath) -> Result<Followed, FsError> {
+    let found = stat(base, &caller).await?;
+    if found.as_ref().map(resolve::kind_of) != Some(Kind::Symlink) {
+        return Ok(Followed {
+            path: caller,
+            stat: found,
+        });
+    }
+    let base = base.clone();
+    let shown = caller.display();
+    blocking(move || {
+        let beneath = base.open()?;
+        let outside = || base.not_allowed(&caller.input);
+        match beneath.open(&caller.rel, OFlags::PATH, Mode::empty()) {
+            Ok(fd) => {
+                let stat =
+                    rustix::fs::fstat(&fd).map_err(|e| FsError::io(e.into(), caller.display()))?;
+                let rel = beneath.rel_of(fd.as_fd()).ok_or_else(outside)?;
+                let path = CallerPath {
+                    shown: base.path().join(&rel),
+                    rel,
+                    input: caller.input.clone(),
+                };
+                Ok(Followed {
+                    path,
+                    stat: Some(stat),
+                })
+            }
+            Err(resolve::OpenError::Escape) => Err(outside()),
+            // Dangling: the target's own path, if it is inside the base.
+            Err(e) if e.is_missing() => {
+                let target = match beneath.readlink(&caller.rel) {
+                    Ok(target) => target,
+                    // Replaced meanwhile by something that is not a link.
+                    Err(e) => return Err(base.open_error(e, &caller)),
+                };
+                let lexical = base
+                    .path()
+                    .join(caller.parent_rel())
+                    .join(OsStr::from_bytes(&target));
+                if beneath.link_leads_out(&caller.rel, &target).unwrap_or(true) {
+                    return Err(outside());
+                }
+                let mut path = base
+                    .confine(&lexical.to_string_lossy())
+                    .map_err(|_| outside())?;
+                path.input = caller.input.clone();
+                Ok(Followed { path, stat: None })
+            }
             Err(e) => Err(base.open_error(e, &caller)),
         }
     })
@@ -412,12 +481,19 @@ pub async fn search(
             deadline: Instant::now() + time_limit,
             found: Search::default(),
         };
-        if max_results > 0 {
+        // `max_depth` counts levels as the reference's `os.walk` does: 1 is the root's
+        // own files, 0 is nothing at all.
+        if max_results > 0 && max_depth > 0 {
             let rules = Rules {
-                max_depth: max_depth.min(walk::MAX_TREE_DEPTH),
+                max_depth: (max_depth - 1).min(walk::MAX_TREE_DEPTH),
                 order: Order::FilesFirst,
             };
-            walk::walk_visible(dir.as_fd(), &root.rel, hidden.as_ref(), rules, &mut finder)
+            let links_out = |rel: &Path| beneath.link_at_leads_out(rel).unwrap_or(true);
+            let unseen = walk::Unseen {
+                hidden: hidden.as_ref(),
+                links_out: Some(&links_out),
+            };
+            walk::walk_visible(dir.as_fd(), &root.rel, unseen, rules, &mut finder)
                 .map_err(|e| pool_error(e, &root))?;
         }
         Ok(finder.found)

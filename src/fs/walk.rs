@@ -142,18 +142,39 @@ pub trait Visitor {
 /// archive, as the reference filters them).
 pub type Hidden = std::sync::Arc<dyn Fn(&std::path::Path) -> bool + Send + Sync>;
 
-/// A visitor that passes on only the entries [`Hidden`] does not hide; `root` is the
+/// Whether the symlink at this path (beneath the base directory) leads outside it.
+pub type LeadsOut<'a> = &'a dyn Fn(&std::path::Path) -> bool;
+
+/// What a walk leaves out besides what the caller asked for.
+#[derive(Clone, Copy, Default)]
+pub struct Unseen<'a> {
+    /// The policy's hidden paths, and everything below them.
+    pub hidden: Option<&'a Hidden>,
+    /// Symlinks whose target is outside the base directory: the reference's path guard
+    /// judges an entry by where it leads, so a listing or search never names them.
+    pub links_out: Option<LeadsOut<'a>>,
+}
+
+/// A visitor that passes on only the entries [`Unseen`] lets through; `root` is the
 /// walk's root beneath the base directory.
 pub struct Hiding<'v> {
     pub inner: &'v mut dyn Visitor,
     pub root: &'v std::path::Path,
-    pub hidden: &'v Hidden,
+    pub unseen: Unseen<'v>,
 }
 
 impl Visitor for Hiding<'_> {
     fn visit(&mut self, entry: &Entry<'_>) -> io::Result<Visit> {
-        if (self.hidden)(&self.root.join(entry.rel_path())) {
-            return Ok(Visit::Skip);
+        let hidden = self.unseen.hidden;
+        let links_out = self
+            .unseen
+            .links_out
+            .filter(|_| entry.kind == Kind::Symlink);
+        if hidden.is_some() || links_out.is_some() {
+            let rel = self.root.join(entry.rel_path());
+            if hidden.is_some_and(|h| h(&rel)) || links_out.is_some_and(|out| out(&rel)) {
+                return Ok(Visit::Skip);
+            }
         }
         self.inner.visit(entry)
     }
@@ -171,26 +192,26 @@ impl Visitor for Hiding<'_> {
     }
 }
 
-/// [`walk`], leaving out what `hidden` hides (when given).
+/// [`walk`], leaving out what `unseen` names.
 pub fn walk_visible(
     root: BorrowedFd<'_>,
     root_rel: &std::path::Path,
-    hidden: Option<&Hidden>,
+    unseen: Unseen<'_>,
     rules: Rules,
     visitor: &mut dyn Visitor,
 ) -> io::Result<bool> {
-    match hidden {
-        Some(hidden) => walk(
-            root,
-            rules,
-            &mut Hiding {
-                inner: visitor,
-                root: root_rel,
-                hidden,
-            },
-        ),
-        None => walk(root, rules, visitor),
+    if unseen.hidden.is_none() && unseen.links_out.is_none() {
+        return walk(root, rules, visitor);
     }
+    walk(
+        root,
+        rules,
+        &mut Hiding {
+            inner: visitor,
+            root: root_rel,
+            unseen,
+        },
+    )
 }
 
 /// Walks the tree below the open directory `root`. Returns false when a visitor

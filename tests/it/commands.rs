@@ -445,7 +445,7 @@ fn python_commands_see_post_env(driver: &'static str) {
         run(&server, "getenv", json!({"name": "BRIDGE_SET_LATER"})).1["result"],
         json!({"os_environ": null, "child": null})
     );
-    let reply = server.post("/env", r#"{"vars": {"BRIDGE_SET_LATER": 42}}"#);
+    let reply = server.post("/env", r#"{"vars": {"BRIDGE_SET_LATER": "42"}}"#);
     assert_eq!(reply.status, 200, "{}", reply.text());
     // Whichever server worker takes the call, its link passes the change on first.
     for _ in 0..4 {

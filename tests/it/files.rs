@@ -466,6 +466,14 @@ fn json_uploads_stream_to_disk(driver: &'static str) {
             assert!(body.len() <= CAP);
             for route in ["/upload", "/files/upload-stream"] {
                 let reply = post_in_pieces(&server, route, &body);
+                if len == 0 && route == "/files/upload-stream" {
+                    // Empty content is refused there, as on the reference.
+                    assert_eq!(
+                        (reply.status, reply.json()["error"].clone()),
+                        (400, json!("Missing or invalid 'content_base64'"))
+                    );
+                    continue;
+                }
                 assert_eq!(reply.status, 200, "{route} {len} {}", reply.text());
                 assert_eq!(
                     reply.json(),
@@ -866,7 +874,7 @@ fn path_attacks_are_refused(driver: &'static str) {
         "move in",
     );
     denied(
-        server.post("/files/search", r#"{"path": "out-dir"}"#),
+        server.post("/files/search", r#"{"path": "out-dir", "pattern": "*"}"#),
         "search through symlink",
     );
     denied(
@@ -882,6 +890,29 @@ fn path_attacks_are_refused(driver: &'static str) {
         ),
         "delete the base",
     );
+    denied(
+        server.get("/files/stat?path=out-file"),
+        "stat of a link leading out",
+    );
+    // Listings and searches leave out links leading outside, as the reference's guard
+    // does; links that stay inside are listed.
+    let listed: Vec<String> = server.get("/files/list?path=.").json()["entries"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["name"].as_str().unwrap().to_string())
+        .collect();
+    assert_eq!(listed, ["in", "in-abs-link", "in-link"]);
+    let found = server
+        .post("/files/search", r#"{"path": ".", "pattern": "*"}"#)
+        .json();
+    let found: Vec<&str> = found["results"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(found, ["in-abs-link", "in-link", "ok.txt"]);
     assert_eq!(
         std::fs::read_dir(outside.path()).unwrap().count(),
         1,
@@ -896,10 +927,11 @@ fn path_attacks_are_refused(driver: &'static str) {
         unb64(&server.get("/download?path=in-abs-link").json()["content_base64"]),
         b"ok"
     );
-    // stat reports a link itself; deleting a link removes only the link.
+    // stat reports where an inside link leads; deleting a link removes only the link.
+    let inside = server.get("/files/stat?path=in-abs-link").json();
     assert_eq!(
-        server.get("/files/stat?path=out-file").json()["type"],
-        "symlink"
+        (inside["name"].clone(), inside["type"].clone()),
+        (json!("ok.txt"), json!("file"))
     );
     assert_eq!(
         server
@@ -991,10 +1023,11 @@ fn list_and_stat(driver: &'static str) {
         .iter()
         .map(|e| e["name"].as_str().unwrap())
         .collect();
-    assert!(names.contains(&"d1/d2/d3"), "{names:?}");
-    assert!(
-        !names.iter().any(|n| n.starts_with("d1/d2/d3/")),
-        "depth is capped at 3: {names:?}"
+    // Base names, as the reference's scandir walk gives them, three levels deep.
+    assert_eq!(
+        names,
+        ["d1", "d2", "d3", "link", "top.txt"],
+        "depth is capped at 3"
     );
     assert_eq!(server.get("/files/list?path=top.txt").status, 404);
     assert_eq!(server.get("/files/list?path=nope").status, 404);
@@ -1015,9 +1048,36 @@ fn list_and_stat(driver: &'static str) {
         server.get("/files/stat?path=d1").json()["type"],
         "directory"
     );
+    // A symlink is reported as where it leads (the reference's realpath), inside the
+    // base; a dangling one as its missing target.
+    let link = server.get("/files/stat?path=link").json();
     assert_eq!(
-        server.get("/files/stat?path=link").json()["type"],
-        "symlink"
+        (
+            link["name"].clone(),
+            link["path"].clone(),
+            link["type"].clone(),
+            link["size"].clone()
+        ),
+        (
+            json!("top.txt"),
+            json!(format!("{}/top.txt", base(&server))),
+            json!("file"),
+            json!(5)
+        )
+    );
+    symlink("gone/x.txt", b.join("dangling")).unwrap();
+    let dangling = server.get("/files/stat?path=dangling").json();
+    assert_eq!(
+        (
+            dangling["name"].clone(),
+            dangling["path"].clone(),
+            dangling["exists"].clone()
+        ),
+        (
+            json!("x.txt"),
+            json!(format!("{}/gone/x.txt", base(&server))),
+            json!(false)
+        )
     );
     let missing = server.get("/files/stat?path=no/such/thing");
     assert_eq!(missing.status, 200);
@@ -1119,8 +1179,10 @@ fn search_walks_like_os_walk(driver: &'static str) {
         std::fs::create_dir_all(b.join(p).parent().unwrap()).unwrap();
         std::fs::write(b.join(p), b"").unwrap();
     }
+    // Every search names its directory: `path` and `pattern` are required.
     let names = |body: &str| -> Vec<String> {
-        let r = server.post("/files/search", body).json();
+        let body = body.replacen('{', r#"{"path": ".", "#, 1);
+        let r = server.post("/files/search", &body).json();
         assert_eq!(r["timed_out"], false);
         r["results"]
             .as_array()
@@ -1133,10 +1195,13 @@ fn search_walks_like_os_walk(driver: &'static str) {
         names(r#"{"pattern": "*.py"}"#),
         ["a.py", "c.py", "d.py", "e.py"]
     );
+    // Levels as os.walk counts them: 1 is the directory's own files, 0 is nothing.
+    assert_eq!(names(r#"{"pattern": "*.py", "max_depth": 1}"#), ["a.py"]);
     assert_eq!(
-        names(r#"{"pattern": "*.py", "max_depth": 1}"#),
+        names(r#"{"pattern": "*.py", "max_depth": 2}"#),
         ["a.py", "c.py"]
     );
+    assert!(names(r#"{"pattern": "*.py", "max_depth": 0}"#).is_empty());
     assert_eq!(
         names(r#"{"pattern": "*.py", "max_results": 2}"#),
         ["a.py", "c.py"]
@@ -1154,24 +1219,47 @@ fn search_walks_like_os_walk(driver: &'static str) {
     );
     assert_eq!(
         server
-            .post("/files/search", r#"{"max_depth": "deep"}"#)
+            .post(
+                "/files/search",
+                r#"{"path": ".", "pattern": "*", "max_depth": "deep"}"#
+            )
             .status,
         400
     );
     assert_eq!(
         server
-            .post("/files/search", r#"{"max_results": [1]}"#)
+            .post(
+                "/files/search",
+                r#"{"path": ".", "pattern": "*", "max_results": [1]}"#
+            )
             .status,
         400
     );
     assert_eq!(
-        server.post("/files/search", r#"{"path": "a.py"}"#).status,
+        server
+            .post("/files/search", r#"{"path": "a.py", "pattern": "*"}"#)
+            .status,
         404
     );
     assert_eq!(
-        server.post("/files/search", r#"{"path": "zzz"}"#).status,
+        server
+            .post("/files/search", r#"{"path": "zzz", "pattern": "*"}"#)
+            .status,
         404
     );
+    for (body, missing) in [
+        (r#"{"path": "."}"#, "pattern"),
+        (r#"{"path": ".", "pattern": ""}"#, "pattern"),
+        (r#"{"pattern": "*"}"#, "path"),
+        (r#"{"path": 3, "pattern": "*"}"#, "path"),
+    ] {
+        let reply = server.post("/files/search", body);
+        assert_eq!(
+            (reply.status, reply.json()["error"].clone()),
+            (400, json!(format!("Missing or invalid '{missing}'"))),
+            "{body}"
+        );
+    }
 }
 
 /// Unpacks an archive with Python's tarfile/zipfile and returns {name: content}, plus
@@ -1234,6 +1322,7 @@ fn archives_unpack_to_the_same_files(driver: &'static str) {
     std::fs::write(b.join("proj/README.md"), b"readme").unwrap();
     std::fs::write(b.join("proj/src/main.rs"), noise(50_000, 5)).unwrap();
     std::fs::write(b.join("single.txt"), b"single").unwrap();
+    std::fs::create_dir_all(b.join("proj/empty")).unwrap();
     symlink(outside.path().join("secret"), b.join("proj/leak")).unwrap();
     symlink("README.md", b.join("proj/readme-link")).unwrap();
     std::fs::set_permissions(
@@ -1260,8 +1349,10 @@ fn archives_unpack_to_the_same_files(driver: &'static str) {
         assert_eq!(files["single.txt"], b"single");
         // Permission bits travel, and only they (no file-type bits in the mode).
         assert_eq!(files["mode:proj/src/main.rs"], b"750", "{format}");
-        assert_eq!(files["mode:proj/src"], b"710", "{format}");
-        assert_eq!(files["mode:proj"], b"755", "{format}");
+        // Directories are implied by their members, as in the reference's archives;
+        // an empty one (which the reference loses) is an entry of its own.
+        assert!(!files.contains_key("mode:proj/src") && !files.contains_key("mode:proj"));
+        assert_eq!(files["mode:proj/empty"], b"755", "{format}");
         assert!(
             !files.keys().any(|k| k.contains("leak")),
             "{format}: outside symlink kept: {:?}",

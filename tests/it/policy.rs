@@ -195,7 +195,7 @@ fn per_endpoint_knobs_are_enforced(driver: &'static str) {
                 "upload": {"deny_extensions": [".EXE"], "max_upload_bytes": 4, "overwrite": false},
                 "files_upload_stream": {"allow_extensions": ["txt"], "overwrite": false},
                 "files_archive": {"max_files": 2},
-                "files_search": {"max_depth": 0, "max_files": 1},
+                "files_search": {"max_depth": 1, "max_files": 1},
             }
         })
         .to_string(),
@@ -251,8 +251,8 @@ fn per_endpoint_knobs_are_enforced(driver: &'static str) {
     for name in ["OTHER", "SECRET_A"] {
         let (status, body) = post("/env", json!({"vars": {name: "1"}}));
         assert_eq!(
-            (status, body["code"].as_str()),
-            (403, Some("variable_not_allowed")),
+            (status, body["code"].as_str(), body["endpoint"].as_str()),
+            (403, Some("env_var_not_allowed"), Some("env_set")),
             "{name}: {body}"
         );
     }
@@ -369,7 +369,7 @@ fn per_endpoint_knobs_are_enforced(driver: &'static str) {
     assert_eq!(results.len(), 1, "max_files caps the results: {body}");
     assert!(
         !results[0].to_string().contains("deep"),
-        "max_depth 0: {body}"
+        "max_depth 1, the directory's own files: {body}"
     );
 
     // /capabilities/check answers from the same rules.

@@ -38,9 +38,9 @@ pub fn endpoints() -> Vec<Endpoint> {
                     .doc("python (python3 -c), node (node -e) or bash (bash -c); a policy's languages list may allow fewer."),
                 Param::body("timeout", "number", false)
                     .above(0.0)
+                    .lenient()
                     .default("30")
-                    .invalid("timeout must be a number of seconds above 0 (at most 300 are used)")
-                    .doc("Seconds above 0; more than 300 (or the policy's timeout_seconds) is cut to it."),
+                    .doc("Seconds; more than 300 (or the policy's timeout_seconds) is cut to it, and a non-positive or non-numeric value is replaced with 30, as on the reference."),
             ])
             .limit("timeout_seconds", CODE_MAX_TIMEOUT as u64)
             .returns(schema_object(
@@ -382,10 +382,8 @@ mod tests {
             "language must be a string"
         );
         for timeout in [json!("soon"), json!(-1), json!(0)] {
-            assert_eq!(
-                read(json!({"code": "1", "timeout": timeout})).unwrap_err(),
-                "timeout must be a number of seconds above 0 (at most 300 are used)"
-            );
+            let args = read(json!({"code": "1", "timeout": timeout})).unwrap();
+            assert_eq!(args.number("timeout"), Some(CODE_DEFAULT_TIMEOUT));
         }
         let args = read(json!({"code": "1"})).unwrap();
         assert_eq!(args.str("language"), Some("python"));

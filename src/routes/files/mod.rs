@@ -179,10 +179,15 @@ pub fn endpoints() -> Vec<Endpoint> {
         .also_answers(&[503])
         .summary("Find files whose name matches an fnmatch pattern.")
         .params(&[
-            Param::body("path", "string", false)
-                .doc("The directory to search (default: the base directory)."),
-            Param::body("pattern", "string", false)
-                .default("\"*\"")
+            Param::body("path", "string", true)
+                .blank_is_absent()
+                .missing("Missing or invalid 'path'")
+                .invalid("Missing or invalid 'path'")
+                .doc("The directory to search."),
+            Param::body("pattern", "string", true)
+                .blank_is_absent()
+                .missing("Missing or invalid 'pattern'")
+                .invalid("Missing or invalid 'pattern'")
                 .doc("fnmatch pattern matched against file names."),
             Param::body("max_depth", "integer", false)
                 .python_int()

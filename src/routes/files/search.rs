@@ -21,10 +21,7 @@ pub const MAX_RESULTS: i64 = 10_000;
 pub async fn search(call: Call) -> Result<Response, ApiError> {
     let mut args = call.args()?;
     let base = &call.services().base;
-    let input = match args.present("path") {
-        true => named_path(&mut args, "path")?,
-        false => base.path().to_string_lossy().into_owned(),
-    };
+    let input = named_path(&mut args, "path")?;
     let pattern = take_string(&mut args, "pattern");
     let max_depth = args.int("max_depth").unwrap_or(DEFAULT_DEPTH);
     let max_results = args.int("max_results").unwrap_or(DEFAULT_RESULTS);

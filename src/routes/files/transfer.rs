@@ -176,6 +176,15 @@ impl JsonUpload {
         } else {
             parse_skeleton(&skeleton, streamed, limit)?
         };
+        // `/files/upload-stream` refuses empty content, as the reference does (`/upload`,
+        // which the reference does not serve, writes an empty file).
+        let empty = inline.as_ref().map_or_else(
+            || self.upload.is_none() && self.decoded.is_empty(),
+            Vec::is_empty,
+        );
+        if empty && self.call.spec().id == "files_upload_stream" {
+            return Err(ApiError::bad_request("Missing or invalid 'content_base64'"));
+        }
         let caller = confine(&self.call, &input)?;
         check_extension(&self.call, &caller)?;
         if let Some(failed) = self.failed.take() {

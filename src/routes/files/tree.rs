@@ -49,10 +49,18 @@ pub async fn list(call: Call) -> Result<Response, ApiError> {
 pub async fn stat(call: Call) -> Result<Response, ApiError> {
     let input = take_string(&mut call.args()?, "path");
     let caller = confine(&call, &input)?;
-    let found = tree::stat(&call.services().base, &caller)
+    let followed = tree::stat_followed(&call.services().base, caller.clone())
         .await
         .map_err(fs_error)?;
-    Ok(Response::ok(&stat_document(&caller, found.as_ref())))
+    // Where a link led is checked against the policy as if it had been asked for.
+    let reported = match followed.path.rel == caller.rel {
+        true => caller,
+        false => confine(&call, &followed.path.display())?,
+    };
+    Ok(Response::ok(&stat_document(
+        &reported,
+        followed.stat.as_ref(),
+    )))
 }
 
 fn iso_of(secs: i64, nanos: i64) -> String {

@@ -13,7 +13,7 @@ use super::schema_object;
 use crate::api::{ApiError, Group, Method, Param};
 use crate::app::{handler, Call, Endpoint};
 use crate::http::Response;
-use crate::pytext::str_of;
+use crate::pytext::str_repr as py_repr;
 use crate::routes::shared::{run_program, working_dir, ProgramRun};
 use crate::system::{self, ports, round_to, Disk, Memory, Uname};
 
@@ -23,8 +23,8 @@ const PACKAGES_TIMEOUT: Duration = Duration::from_secs(10);
 const SECRET_WORDS: [&str; 5] = ["TOKEN", "SECRET", "KEY", "PASSWORD", "CREDENTIAL"];
 /// Variables `POST /env` may not change; any `ABX_` name is refused too.
 const PROTECTED_VARS: [&str; 4] = ["PATH", "HOME", "USER", "SHELL"];
-/// `POST /env`'s refusal of a `vars` that is missing or not an object.
-const VARS_SENTENCE: &str = "vars must be an object of variable names to values";
+/// `POST /env`'s refusal of a `vars` that is not an object (the reference's words).
+const VARS_SENTENCE: &str = "'vars' must be an object";
 
 pub fn endpoints() -> Vec<Endpoint> {
     vec![
@@ -64,10 +64,9 @@ pub fn endpoints() -> Vec<Endpoint> {
             .enforces(&["allow_vars", "deny_vars"])
             .changes()
             .summary("Set variables for every child started from now on.")
-            .params(&[Param::body("vars", "object", true)
-                .missing(VARS_SENTENCE)
+            .params(&[Param::body("vars", "object", false)
                 .invalid(VARS_SENTENCE)
-                .doc("Variable names to values; each value is stored as Python's str() of it.")])
+                .doc("Variable names (letters, digits and _, not starting with a digit) to string values; none is an empty update.")])
             .returns(schema_object(&["updated"], json!({"updated": {"type": "array"}})))
             .also_answers(&[400, 403]),
         Endpoint::new(Method::Get, "/ports", Group::System, handler(ports_get))
@@ -260,22 +259,61 @@ fn git_steering(upper: &str) -> bool {
 
 /// `POST /env`.
 async fn env_set(call: Call) -> Result<Response, ApiError> {
-    // Required and an object: the declaration checked both.
+    // Optional (none is an empty update, as on the reference) and an object: the
+    // declaration checked that.
     let vars = match call.args()?.take("vars") {
         Some(Value::Object(vars)) => vars,
         _ => Map::new(),
     };
-    // Every name is checked before any is set: a refused request changes nothing.
-    for name in vars.keys() {
-        let upper = name.to_uppercase();
-        if PROTECTED_VARS.contains(&upper.as_str()) || upper.starts_with("ABX_") {
+    // Every pair is checked before any is set, in the reference's order (the form of
+    // each assignment, then the protected names, then the policy): a refused request
+    // changes nothing.
+    let mut updates = Vec::with_capacity(vars.len());
+    for (name, value) in &vars {
+        let value = match value {
+            Value::String(v) if is_variable_name(name) && !v.contains('\0') => v,
+            _ => {
+                return Err(ApiError::new(
+                    400,
+                    "ValueError",
+                    format!("Invalid environment assignment {}", py_repr(name)),
+                )
+                .with_code("env_invalid"))
+            }
+        };
+        if name.to_uppercase().starts_with("ABX_") {
             return Err(ApiError::new(
                 403,
-                "PermissionError",
-                format!("Cannot set protected variable: {name} (PATH, HOME, USER, SHELL and ABX_* cannot be changed)"),
-            ));
+                "PolicyDenied",
+                format!(
+                    "Environment variable {} cannot be overwritten",
+                    py_repr(name)
+                ),
+            )
+            .with_code("env_var_denied"));
         }
-        if crate::process::env::loads_code(name) || git_steering(&upper) {
+        updates.push((name.clone(), value.clone()));
+    }
+    let mut protected: Vec<&str> = vars
+        .keys()
+        .map(String::as_str)
+        .filter(|name| PROTECTED_VARS.contains(name))
+        .collect();
+    if !protected.is_empty() {
+        protected.sort_unstable();
+        return Err(ApiError::new(
+            403,
+            "PermissionError",
+            format!(
+                "Cannot overwrite protected variable(s): {}",
+                protected.join(", ")
+            ),
+        ));
+    }
+    for name in vars.keys() {
+        // Stricter than the reference: these make every later child load code, or git
+        // read another repository (docs/api.md).
+        if crate::process::env::loads_code(name) || git_steering(&name.to_uppercase()) {
             return Err(ApiError::new(
                 403,
                 "PermissionError",
@@ -286,29 +324,24 @@ async fn env_set(call: Call) -> Result<Response, ApiError> {
         if !var_allowed(&call, name) {
             return Err(ApiError::new(
                 403,
-                "PermissionError",
-                format!("Variable {name} is not allowed by policy rule endpoints.env_set (allow_vars / deny_vars)"),
+                "PolicyDenied",
+                format!("Environment variable {} is not allowed", py_repr(name)),
             )
-            .with_code("variable_not_allowed"));
+            .with_code("env_var_not_allowed"));
         }
-        if name.is_empty() || name.contains('=') || name.contains('\0') {
-            return Err(ApiError::bad_request(format!(
-                "'{name}' is not a variable name (names are non-empty, without '=' or NUL)"
-            )));
-        }
-    }
-    let updates: Vec<(String, String)> = vars
-        .iter()
-        .map(|(name, value)| (name.clone(), str_of(value)))
-        .collect();
-    if let Some((name, _)) = updates.iter().find(|(_, v)| v.contains('\0')) {
-        return Err(ApiError::bad_request(format!(
-            "the value of {name} contains a NUL byte"
-        )));
     }
     call.services().environment.set(&updates);
     let names: Vec<&String> = vars.keys().collect();
     Ok(Response::ok(&json!({ "updated": names })))
+}
+
+/// A name the reference admits: `[A-Za-z_][A-Za-z0-9_]*`.
+fn is_variable_name(name: &str) -> bool {
+    let mut bytes = name.bytes();
+    bytes
+        .next()
+        .is_some_and(|b| b.is_ascii_alphabetic() || b == b'_')
+        && bytes.all(|b| b.is_ascii_alphanumeric() || b == b'_')
 }
 
 /// `GET /ports`.
@@ -427,14 +460,15 @@ mod tests {
         let read = |id, query: &[(&str, &str)], body| {
             crate::routes::declared_args(&endpoints(), id, query, body)
         };
-        for vars in [
-            json!({}),
-            json!({"vars": null}),
-            json!({"vars": ["A"]}),
-            json!({"vars": "A=1"}),
-        ] {
+        for vars in [json!({"vars": ["A"]}), json!({"vars": "A=1"})] {
             assert_eq!(read("env_set", &[], vars).unwrap_err(), VARS_SENTENCE);
         }
+        // None is an empty update (a `null` reads as none).
+        for vars in [json!({}), json!({"vars": null})] {
+            assert!(read("env_set", &[], vars).unwrap().value("vars").is_none());
+        }
+        assert!(is_variable_name("_A1") && is_variable_name("a"));
+        assert!(!is_variable_name("1A") && !is_variable_name("") && !is_variable_name("A-B"));
         assert_eq!(
             read("packages", &[], json!(null)).unwrap().str("manager"),
             Some("pip")

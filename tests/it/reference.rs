@@ -7,7 +7,10 @@
 //! - `tests/fixtures/reference_diff.py` starts the reference server with the same settings
 //!   as the binary and compares, per identity and for every endpoint id the reference
 //!   lists, the `/capabilities` entry, `POST /capabilities/check` and whether the policy
-//!   refuses the request itself.
+//!   refuses the request itself;
+//! - `tests/fixtures/reference_answers.py` sends both servers the same requests on the
+//!   same fixture trees and compares the answers; the differences must be exactly the
+//!   table `docs/api.md` keeps (section 11.1).
 //!
 //! The fixtures print one JSON line per method or difference; a failure shows them all.
 
@@ -213,6 +216,38 @@ fn differential_local_and_plain_token(driver: &'static str) {
             "stranger=not-a-token".to_string(),
         ],
     );
+}
+
+/// `reference_answers.py`: the same requests on the same trees to the binary and to the
+/// reference (dev_tools on for both); the differences must be exactly the table of
+/// `docs/api.md` section 11.1.
+fn answers(driver: &'static str) {
+    let server = Launch::new(driver)
+        .env("ABX_SERVER_ENABLED_GROUPS", "dev_tools")
+        .start();
+    let mut command = Command::new(&tools().reference_python);
+    command
+        .arg(fixture("reference_answers.py"))
+        .arg("--ours")
+        .arg(format!("http://{}", server.addr))
+        .arg("--ours-base")
+        .arg(server.base_dir())
+        .arg("--documented")
+        .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/api.md"))
+        .arg("--env")
+        .arg("ABX_SERVER_ENABLED_GROUPS=dev_tools");
+    run(command, "reference_answers.py");
+}
+
+// Answers go through each I/O driver's file and process paths.
+#[test]
+fn reference_answers_uring() {
+    answers("uring")
+}
+
+#[test]
+fn reference_answers_epoll() {
+    answers("epoll")
 }
 
 // One driver: each test also starts the Python reference, and the policy decisions do not

@@ -101,7 +101,7 @@ fn row(call: &Call) -> Result<Arc<Managed>, ApiError> {
     call.group_state::<ProcessTable>()?.get(pid).filter(owned).ok_or_else(|| {
         ApiError::new(
             404,
-            "ValueError",
+            "NotFoundError",
             format!("Process {pid} not found: this server did not start it (or it was dropped from the table)"),
         )
     })

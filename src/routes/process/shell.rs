@@ -84,7 +84,7 @@ pub async fn shell_stream(call: Call) -> Result<Response, ApiError> {
                 let _ = tx
                     .send(
                         "error",
-                        &json!({"error": error.message, "type": error.kind}),
+                        &json!({"error": error.message}),
                     )
                     .await;
             });
@@ -93,9 +93,8 @@ pub async fn shell_stream(call: Call) -> Result<Response, ApiError> {
     };
     let outputs = Outputs::of(&mut child).map_err(|e| crate::api::errno::os_error(&e, None))?;
     let deadline = Instant::now() + timeout_duration(request.timeout_secs());
-    let timed_out = request.timed_out();
     let limit = call.decision().knob_u64("max_output_bytes");
-    monoio::spawn(stream_lines(child, outputs, deadline, timed_out, limit, tx));
+    monoio::spawn(stream_lines(child, outputs, deadline, limit, tx));
     Ok(sse::response(rx))
 }
 
@@ -106,7 +105,6 @@ async fn stream_lines(
     mut child: Child,
     mut outputs: Outputs,
     deadline: Instant,
-    timed_out: ApiError,
     limit: Option<u64>,
     mut tx: sse::SseSender,
 ) {
@@ -118,7 +116,7 @@ async fn stream_lines(
     loop {
         let now = Instant::now();
         if now >= deadline {
-            return time_out(&mut child, &mut tx, &timed_out).await;
+            return time_out(&mut child, &mut tx).await;
         }
         let wake = (deadline - now).min(HEARTBEAT.saturating_sub(last_sent.elapsed()));
         let next = monoio::select! {
@@ -181,11 +179,11 @@ async fn stream_lines(
             let _ = tx
                 .send(
                     "error",
-                    &json!({"error": error.to_string(), "type": "OSError"}),
+                    &json!({"error": error.to_string()}),
                 )
                 .await;
         }
-        None => time_out(&mut child, &mut tx, &timed_out).await,
+        None => time_out(&mut child, &mut tx).await,
     }
 }
 
@@ -200,14 +198,13 @@ async fn over_limit(child: &mut Child, tx: &mut sse::SseSender) {
 }
 
 /// The timeout passed: kill the group, say so (`timeout`, which the official client
-/// turns into its `CommandTimeoutError`, with the contract's message beside it), and
-/// end with the exit, as the reference does.
-async fn time_out(child: &mut Child, tx: &mut sse::SseSender, timed_out: &ApiError) {
+/// turns into its `CommandTimeoutError`), and end with the exit, as the reference does.
+async fn time_out(child: &mut Child, tx: &mut sse::SseSender) {
     let _ = child.kill().await;
     let _ = tx
         .send(
             "error",
-            &json!({"error": "timeout", "message": timed_out.message, "type": timed_out.kind}),
+            &json!({"error": "timeout"}),
         )
         .await;
     if let Ok(code) = child.wait().await {

@@ -190,6 +190,9 @@ pub struct EndpointSpec {
     pub effect: Effect,
     /// Whether the `locked-down` preset leaves it on.
     pub kept_locked_down: bool,
+    /// This server's own: the reference server has no such endpoint (`/capabilities`
+    /// says `"extension": true`).
+    pub extension: bool,
 }
 
 /// What an endpoint does to the sandbox, as the presets see it.
@@ -236,6 +239,7 @@ impl EndpointSpec {
                 _ => Effect::Changes,
             },
             kept_locked_down: false,
+            extension: false,
         }
     }
 

@@ -238,6 +238,11 @@ impl<C, U> Endpoint<C, U> {
         self.spec.effect = crate::api::Effect::Reads;
         self
     }
+    /// This server's own endpoint, which the reference server does not have.
+    pub fn extension(mut self) -> Self {
+        self.spec.extension = true;
+        self
+    }
     /// `locked-down` leaves it on.
     pub fn kept_locked_down(mut self) -> Self {
         self.spec.kept_locked_down = true;

@@ -52,7 +52,7 @@ pub fn endpoints() -> Vec<Endpoint> {
             "code": {"type": ["string", "null"]}, "reason": {"type": ["string", "null"]},
         }})),
         Endpoint::new(Method::Get, "/openapi.json", Group::Core, handler(openapi))
-            .id("openapi").scopes(&["core:read"])
+            .id("openapi").extension().scopes(&["core:read"])
             .summary("This API as an OpenAPI 3.1 document, generated from the route table.")
             .returns(json!({"type": "object", "required": ["openapi", "paths"]})),
     ]
@@ -97,6 +97,10 @@ async fn capabilities(call: Call) -> Result<Response, ApiError> {
         entry.insert("group".into(), json!(ep.group.name()));
         entry.insert("summary".into(), json!(ep.summary));
         entry.insert("streaming".into(), json!(ep.streaming));
+        // Only on this server's own endpoints: the others keep the reference's shape.
+        if ep.extension {
+            entry.insert("extension".into(), json!(true));
+        }
         entry.insert("enabled".into(), json!(decision.enabled));
         entry.insert("allowed".into(), json!(access.allowed));
         entry.insert("reason".into(), json!(access.code));

@@ -34,11 +34,11 @@ pub fn endpoints() -> Vec<Endpoint> {
     let path = Param::path("path").doc("A path beneath the base directory (percent-decoded).");
     let mut endpoints = vec![
         Endpoint::new(Method::Get, "/", Group::K8sRuntime, handler(health))
-            .id("k8s_health")
+            .id("k8s_health").extension()
             .summary("Health of the runtime (the pod's probes; no token needed).")
             .auth_required(false),
         Endpoint::new(Method::Post, "/execute", Group::K8sRuntime, handler(execute))
-            .id("k8s_execute").scopes(&["process:run"])
+            .id("k8s_execute").extension().scopes(&["process:run"])
             .summary("Run a command (shlex-split, no shell) in the base directory: stdout, stderr, exit_code.")
             .also_answers(&[403])
             .params(&[
@@ -57,7 +57,7 @@ pub fn endpoints() -> Vec<Endpoint> {
             Group::K8sRuntime,
             sink_handler(open_upload),
         )
-        .id("k8s_upload").scopes(&["files:write"])
+        .id("k8s_upload").extension().scopes(&["files:write"])
         .multipart()
         .summary("Write a file: multipart field 'file', its filename the path beneath the base directory.")
         // Read by the multipart scanner as the body streams in, not by `Call::args`.
@@ -71,19 +71,19 @@ pub fn endpoints() -> Vec<Endpoint> {
             Group::K8sRuntime,
             handler(download),
         )
-        .id("k8s_download").scopes(&["files:read"])
+        .id("k8s_download").extension().scopes(&["files:read"])
         .summary("A file's raw bytes.")
         .also_answers(&[403])
         .params(std::slice::from_ref(&path)),
         Endpoint::new(Method::Get, "/list/{path}", Group::K8sRuntime, handler(list))
-            .id("k8s_list").scopes(&["files:read"])
+            .id("k8s_list").extension().scopes(&["files:read"])
             .summary("A directory's entries: name, size, type, mod_time.")
             .also_answers(&[403])
             .params(std::slice::from_ref(&path)),
         // `list("")` and `list(".")` reach the server as `/list/` (the client's URL
         // library removes a `.` segment), which is the base directory.
         Endpoint::new(Method::Get, "/list", Group::K8sRuntime, handler(list))
-            .id("k8s_list_base").scopes(&["files:read"])
+            .id("k8s_list_base").extension().scopes(&["files:read"])
             .summary("The base directory's entries.")
             .also_answers(&[403]),
         Endpoint::new(
@@ -92,7 +92,7 @@ pub fn endpoints() -> Vec<Endpoint> {
             Group::K8sRuntime,
             handler(exists),
         )
-        .id("k8s_exists").scopes(&["files:read"])
+        .id("k8s_exists").extension().scopes(&["files:read"])
         .summary("Whether a path exists beneath the base directory.")
         .also_answers(&[403])
         .params(&[path]),

@@ -75,7 +75,8 @@ pub fn endpoints() -> Vec<Endpoint> {
         ))
         .endpoints(),
     );
-    endpoints
+    // The reference's agents table has no conversations: all of them are this server's.
+    endpoints.into_iter().map(Endpoint::extension).collect()
 }
 
 async fn create(call: Call) -> Result<Response, ApiError> {

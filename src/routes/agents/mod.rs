@@ -66,7 +66,8 @@ pub fn endpoints() -> Vec<Endpoint> {
             "agents_executors_register",
             "Refused: no remote executors attach to a local server.",
             handler(|_| async { Err(executor_registration_refused()) }),
-        ),
+        )
+        .extension(),
         route(
             Method::Get,
             "/v1/agents/executors/{executor_id}/channel",
@@ -74,7 +75,8 @@ pub fn endpoints() -> Vec<Endpoint> {
             "Refused: no executor channel on a local server.",
             handler(|_| async { Err(executor_channel_refused()) }),
         )
-        .params(&[Param::path("executor_id")]),
+        .params(&[Param::path("executor_id")])
+        .extension(),
         // The same refusals where the reference serves them.
         route(
             Method::Post,

@@ -167,6 +167,7 @@ fn served() -> Vec<Endpoint> {
             .returns(ok_schema())
             .also_answers(&[404]),
         post("/browser/fill", "browser_fill", "Set an input's value and fire input and change.", |c| boxed(fill(c)))
+            .extension()
             .params(&[
                 selector_param(true, "CSS selector of the input, textarea, select or contenteditable element."),
                 Param::body("value", "string", true).doc("The value to set."),
@@ -189,6 +190,7 @@ fn served() -> Vec<Endpoint> {
             .returns(ok_schema())
             .also_answers(&[404]),
         post("/browser/press", "browser_press", "Press a key or chord (Enter, Control+A), optionally on an element.", |c| boxed(press(c)))
+            .extension()
             .params(&[
                 Param::body("key", "string", true).doc("A key or chord in Playwright's names: Enter, Control+A, Shift+ArrowDown."),
                 selector_param(false, "CSS selector of the element to focus first."),
@@ -197,6 +199,7 @@ fn served() -> Vec<Endpoint> {
             .returns(ok_schema())
             .also_answers(&[404]),
         post("/browser/scroll", "browser_scroll", "Scroll an element into view, or the page by dx, dy.", |c| boxed(scroll(c)))
+            .extension()
             .params(&[
                 selector_param(false, "CSS selector of the element to scroll into view (not with dx, dy)."),
                 Param::body("dx", "number", false).doc("Pixels to scroll the page right by (0 when only dy is given)."),
@@ -214,6 +217,7 @@ fn served() -> Vec<Endpoint> {
             ])
             .returns(schema_object(&["result"], json!({"result": {}}))),
         post("/browser/wait", "browser_wait", "Wait until a selector is attached, detached, visible or hidden.", |c| boxed(wait(c)))
+            .extension()
             .params(&[
                 selector_param(true, "CSS selector to wait for."),
                 Param::body("state", "string", false)
@@ -233,6 +237,7 @@ fn served() -> Vec<Endpoint> {
                 "url": {"type": "string"}, "title": {"type": "string"}, "content": {"type": "string"},
             }))),
         get("/browser/text", "browser_text", "The visible text of the page or of one element.", |c| boxed(text(c)))
+            .extension()
             .params(&[
                 Param::query("selector", "string", false).doc("CSS selector of the element whose text to read; without it the page's body."),
                 timeout_param(Param::query),
@@ -240,20 +245,25 @@ fn served() -> Vec<Endpoint> {
             .returns(schema_object(&["text"], json!({"text": {"type": "string"}})))
             .also_answers(&[404]),
         post("/browser/back", "browser_back", "Go back one history entry.", |c| boxed(history(c, HistoryStep::Back)))
+            .extension()
             .params(&[timeout_param(Param::body)])
             .returns(location_schema()),
         post("/browser/forward", "browser_forward", "Go forward one history entry.", |c| boxed(history(c, HistoryStep::Forward)))
+            .extension()
             .params(&[timeout_param(Param::body)])
             .returns(location_schema()),
         post("/browser/reload", "browser_reload", "Reload the page.", |c| boxed(history(c, HistoryStep::Reload)))
+            .extension()
             .params(&[timeout_param(Param::body)])
             .returns(location_schema()),
         get("/browser/info", "browser_info", "Whether Chromium runs, its page's URL and title, version and viewport.", |c| boxed(info(c)))
+            .extension()
             .returns(schema_object(&["running", "url", "title", "version", "viewport"], json!({
                 "running": {"type": "boolean"}, "url": {"type": ["string", "null"]}, "title": {"type": ["string", "null"]},
                 "version": {"type": ["string", "null"]}, "viewport": {"type": "object"}, "pid": {"type": ["integer", "null"]},
             }))),
         post("/browser/close", "browser_close", "End Chromium; the next browser call starts it again.", |c| boxed(close(c)))
+            .extension()
             .returns(schema_object(&["closed"], json!({"closed": {"type": "boolean"}}))),
     ]
 }

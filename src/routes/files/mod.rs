@@ -49,7 +49,7 @@ pub fn endpoints() -> Vec<Endpoint> {
             Group::FileOps,
             sink_handler(transfer::open_json_upload),
         )
-        .id("upload").scopes(&["files:write"])
+        .id("upload").extension().scopes(&["files:write"])
         .enforces(&[
             "paths",
             "overwrite",
@@ -68,7 +68,7 @@ pub fn endpoints() -> Vec<Endpoint> {
             Group::FileOps,
             handler(transfer::download),
         )
-        .id("download").scopes(&["files:read"])
+        .id("download").extension().scopes(&["files:read"])
         .enforces(&["paths"])
         .kept_locked_down()
         .returns(schema::download())

@@ -27,7 +27,7 @@ pub fn endpoints() -> Vec<Endpoint> {
     vec![
         Endpoint::new(Method::Post, "/mcp", Group::Mcp, handler(post))
             .json_rpc()
-            .id("mcp").scopes(&["core:read"])
+            .id("mcp").extension().scopes(&["core:read"])
             // Sessions per identity (`limits.max_sessions`, docs/mcp.md).
             .enforces(&["max_sessions"])
             .limit("max_sessions", mcp::MAX_SESSIONS as u64)
@@ -36,13 +36,13 @@ pub fn endpoints() -> Vec<Endpoint> {
             .also_answers(&[202, 400, 404])
             .own_refusals(json_rpc_error()),
         Endpoint::new(Method::Get, "/mcp", Group::Mcp, handler(events))
-            .id("mcp_events").scopes(&["core:read"])
+            .id("mcp_events").extension().scopes(&["core:read"])
             .summary("The MCP session's server stream: notifications/tools/list_changed when a policy reload changes the tools.")
             .streaming(true)
             .also_answers(&[400, 404])
             .own_refusals(json_rpc_error()),
         Endpoint::new(Method::Delete, "/mcp", Group::Mcp, handler(end))
-            .id("mcp_end").scopes(&["core:read"])
+            .id("mcp_end").extension().scopes(&["core:read"])
             .summary("Ends an MCP session (Mcp-Session-Id).")
             .returns(json!({"type": "object"}))
             .also_answers(&[400, 404])

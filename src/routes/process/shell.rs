@@ -81,12 +81,7 @@ pub async fn shell_stream(call: Call) -> Result<Response, ApiError> {
         Err(error) if error.status < 500 => return Err(error),
         Err(error) => {
             monoio::spawn(async move {
-                let _ = tx
-                    .send(
-                        "error",
-                        &json!({"error": error.message}),
-                    )
-                    .await;
+                let _ = tx.send("error", &json!({"error": error.message})).await;
             });
             return Ok(sse::response(rx));
         }
@@ -176,12 +171,7 @@ async fn stream_lines(
             let _ = tx.send("exit", &json!({"exit_code": code.0})).await;
         }
         Some(Err(error)) => {
-            let _ = tx
-                .send(
-                    "error",
-                    &json!({"error": error.to_string()}),
-                )
-                .await;
+            let _ = tx.send("error", &json!({"error": error.to_string()})).await;
         }
         None => time_out(&mut child, &mut tx).await,
     }
@@ -201,12 +191,7 @@ async fn over_limit(child: &mut Child, tx: &mut sse::SseSender) {
 /// turns into its `CommandTimeoutError`), and end with the exit, as the reference does.
 async fn time_out(child: &mut Child, tx: &mut sse::SseSender) {
     let _ = child.kill().await;
-    let _ = tx
-        .send(
-            "error",
-            &json!({"error": "timeout"}),
-        )
-        .await;
+    let _ = tx.send("error", &json!({"error": "timeout"})).await;
     if let Ok(code) = child.wait().await {
         let _ = tx.send("exit", &json!({"exit_code": code.0})).await;
     }

@@ -1568,29 +1568,6 @@ fn watch_times_out_and_validates(driver: &'static str) {
     assert_eq!(caps["endpoints"]["files_watch"]["streaming"], true);
 }
 
-fn python_reference_gives_the_same_answers(driver: &'static str) {
-    // The Rust side serves the example template's commands.py, whose `hello` is the
-    // reference's, through the Python bridge.
-    let template =
-        Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/templates/python-hello/commands.py");
-    let server = crate::support::Launch::python(driver, &template).start();
-    let base_dir = std::fs::canonicalize(server.base_dir()).unwrap();
-    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
-    let output = std::process::Command::new("python3")
-        .args(["-m", "unittest", "benches/reference/test_conformance.py"])
-        .current_dir(root)
-        .env("ABX_RUST_SERVER_URL", format!("http://{}", server.addr))
-        .env("ABX_RUST_SERVER_BASE", &base_dir)
-        .output()
-        .unwrap();
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    assert!(output.status.success(), "{stderr}");
-    assert!(
-        !stderr.contains("skipped"),
-        "the comparison did not run: {stderr}"
-    );
-}
-
 fn awkward_files_and_paths(driver: &'static str) {
     let server = Server::start(driver);
     let b = server.base_dir().to_path_buf();
@@ -1922,6 +1899,5 @@ on_both_drivers!(
     archive_limits,
     watch_reports_create_modify_delete,
     watch_times_out_and_validates,
-    python_reference_gives_the_same_answers,
     watch_past_its_cap_reports_no_false_deletions,
 );

@@ -24,6 +24,9 @@
 //! - [`app_server`]: a client of `codex app-server` (one long-lived codex serving
 //!   threads over JSON-RPC), and [`codex_map`] what it says in the Agents API's
 //!   shapes (items, events, an agent's thread params), for the sessions of issue 27;
+//! - [`files`]: `POST /v1/files` uploads, named by `file_id` in environment files;
+//! - [`webhooks`]: webhook endpoints, the events sessions announce to them, and the
+//!   outbox their deliveries wait in (delivered by a thread of their own, retried);
 //! - [`objects`]: the OpenAI shapes; [`error`]: why an operation was refused.
 //!
 //! Two runtimes have a local backend. **codex** runs `codex exec --json` per turn and
@@ -40,6 +43,7 @@ pub mod durable;
 pub mod environments;
 pub mod error;
 pub mod events;
+pub mod files;
 pub mod input;
 pub mod install;
 pub mod objects;
@@ -54,6 +58,7 @@ pub mod store;
 pub mod surface;
 pub mod turn;
 pub mod vaults;
+pub mod webhooks;
 
 pub use error::AgentError;
 pub use runtime::{cli_version, node_requirement, Runtime};

@@ -13,6 +13,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 
 use super::durable::DurableStore;
 use super::records::{ListQuery, ObjectStore, Page, Record, Scope, StoreError, Transaction};
+use super::webhooks::queue::Queue;
 
 /// The store of the running server: redb, in `<ABX_STATE_DIR>/agents.redb` (or in
 /// memory when that cannot be opened; see `agents::store`).
@@ -27,6 +28,8 @@ pub struct Agents<S: ObjectStore = AgentsStore> {
     /// held, for a group nobody uses.
     opener: Mutex<Option<Opener<S>>>,
     running: Mutex<HashMap<String, Running>>,
+    /// The thread that delivers the webhook outbox (started at its first delivery).
+    webhooks: Queue,
 }
 
 type Opener<S> = Box<dyn FnOnce() -> S + Send>;
@@ -74,6 +77,7 @@ impl<S: ObjectStore> Agents<S> {
             store: OnceLock::from(store),
             opener: Mutex::new(None),
             running: Mutex::default(),
+            webhooks: Queue::default(),
         }
     }
 
@@ -84,6 +88,7 @@ impl<S: ObjectStore> Agents<S> {
             store: OnceLock::new(),
             opener: Mutex::new(Some(Box::new(open))),
             running: Mutex::default(),
+            webhooks: Queue::default(),
         }
     }
 
@@ -200,6 +205,11 @@ impl<S: ObjectStore> Agents<S> {
         f: impl FnOnce(&mut S::Txn<'_>) -> Result<R, E>,
     ) -> Result<R, E> {
         self.store().transact(f)
+    }
+
+    /// The webhook deliverer's queue ([`super::webhooks::outbox`]).
+    pub fn webhooks(&self) -> &Queue {
+        &self.webhooks
     }
 
     fn runs(&self) -> std::sync::MutexGuard<'_, HashMap<String, Running>> {

@@ -146,9 +146,10 @@ fn runtimes_models_and_refusals() {
     assert_eq!(
         caps["group_summary"]["agents"],
         // Phase 1's 20, the Agents API's 25 CRUD operations and its 22 of sessions, the
-        // executor refusals at the reference's paths too; and the reference's 11 routes
-        // this build declares but does not serve (off: build:unavailable).
-        json!({"enabled": 69, "total": 80})
+        // executor refusals at the reference's paths too, its webhook endpoints (8) and
+        // POST /v1/files; and the reference's 2 routes this build declares but does
+        // not serve (off: build:unavailable).
+        json!({"enabled": 78, "total": 80})
     );
     assert_eq!(
         caps["endpoints"]["agents_responses_create"]["scopes"],

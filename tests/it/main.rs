@@ -23,3 +23,4 @@ mod reference_policy;
 mod system;
 mod terminal;
 mod upstream;
+mod webhooks;

@@ -73,16 +73,19 @@ pub async fn create(
         idempotency: Vec::new(),
         turns: 0,
     };
-    let (owner, id) = (owner.to_string(), session.id.clone());
+    let (key, id) = (owner.to_string(), session.id.clone());
     // Sealed on the blocking pool: the first seal may read the key file.
-    agents
+    let session = agents
         .transact(move |t| {
             session.config = seal_config(&session.id, &new.config)?;
-            t.create(Scope::owner(&owner), session.clone())
+            t.create(Scope::owner(&key), session.clone())
                 .map_err(AgentError::store("session", &id, "session_id"))?;
-            Ok(session)
+            Ok::<_, AgentError>(session)
         })
-        .await
+        .await?;
+    let data = super::webhooks::session_data(&session.id, session.environment["id"].as_str());
+    super::webhooks::emit(agents, owner, "agent.session.created", data).await;
+    Ok(session)
 }
 
 /// Changes a session's `metadata`, `review`, `prompt_cache_options`, `spend_control`

@@ -11,6 +11,7 @@ use crate::agents::environments::{
     self, environment_id, file_object, list_files, parse_template, workspace_dir, workspace_rel,
     Template, Workspace,
 };
+use crate::agents::files;
 use crate::agents::objects::label;
 use crate::agents::vaults::list_page;
 use crate::agents::AgentError;
@@ -81,11 +82,12 @@ pub fn endpoints() -> Vec<Endpoint> {
         .params(vec![
             Param::body("type", "string", true)
                 .one_of(&["inline", "file_id"])
-                .doc("inline (file_id is refused: no Files API here)."),
+                .doc("inline (data) or file_id (a file of POST /v1/files)."),
             Param::body("path", "string", true).doc("/workspace/...: beneath the base directory."),
             Param::body("data", "string", false)
                 .doc("The contents, standard base64 (ABX_MAX_UPLOAD_SIZE decoded bytes at most)."),
-            Param::body("file_id", "string", false).doc("Refused."),
+            Param::body("file_id", "string", false)
+                .doc("With type file_id: the id POST /v1/files answered (yours only)."),
         ]))
         .op(Op::list(
             "The workspace's regular files, in path order, a page at a time.",
@@ -234,17 +236,36 @@ async fn get(call: Call) -> Result<Response, ApiError> {
 async fn file_create(call: Call) -> Result<Response, ApiError> {
     let mut args = args(&call, server_runtime)?;
     let id = this_environment(&call)?;
-    if args.str("type") == Some("file_id") || args.present("file_id") {
-        return Err(AgentError::Unsupported {
-            param: "file_id".into(),
-            message: "file_id files cannot be honoured: this server has no Files API; send the contents inline (type inline, base64 data).".into(),
-        }
-        .into());
-    }
     let path = args.string("path");
     let rel = workspace_rel(&path, "path")?;
-    let Some(Value::String(data)) = args.take("data") else {
-        return Err(AgentError::invalid("data", "data is required for an inline file.").into());
+    let data = if args.str("type") == Some("file_id") {
+        // A file POST /v1/files kept for this caller (the reference's param name).
+        let Some(Value::String(file_id)) = args.take("file_id") else {
+            return Err(AgentError::invalid(
+                "file.file_id",
+                "file_id is required for a file_id file.",
+            )
+            .into());
+        };
+        files::contents(
+            &agents_of(&call)?,
+            &call.identity.id,
+            &file_id,
+            "file.file_id",
+        )
+        .await?
+    } else {
+        if args.present("file_id") {
+            return Err(AgentError::invalid(
+                "file_id",
+                "file_id goes with type file_id; an inline file sends data.",
+            )
+            .into());
+        }
+        let Some(Value::String(data)) = args.take("data") else {
+            return Err(AgentError::invalid("data", "data is required for an inline file.").into());
+        };
+        data
     };
     let limit = call.services().max_upload_size;
     // Standard base64: 4 characters for every 3 bytes.

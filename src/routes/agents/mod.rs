@@ -1,7 +1,7 @@
 //! `agents` (opt-in): the OpenAI-compatible `/v1` surface over local coding-agent CLIs
 //! (`docs/agents.md` has the whole table): runtimes, models, responses and
 //! conversations, the Agents API's saved agents, environments (this sandbox) and
-//! templates, vaults and credentials, and four routes that exist to refuse. Every route answers errors in
+//! templates, vaults and credentials, webhook endpoints, and four routes that exist to refuse. Every route answers errors in
 //! OpenAI's envelope, every object carries `x_agent_sandbox`, and the dispatcher adds
 //! `X-Agent-Sandbox-Local: 1` to every answer of the group.
 //!
@@ -13,6 +13,7 @@
 mod cli;
 mod conversations;
 mod environments;
+mod files;
 mod reference_ids;
 mod resource;
 mod responses;
@@ -23,6 +24,7 @@ mod session_setup;
 mod sessions;
 mod stored;
 mod vaults;
+mod webhooks;
 
 use std::sync::Arc;
 
@@ -59,6 +61,8 @@ pub fn endpoints() -> Vec<Endpoint> {
     endpoints.extend(environments::endpoints());
     endpoints.extend(vaults::endpoints());
     endpoints.extend(sessions::endpoints());
+    endpoints.extend(webhooks::endpoints());
+    endpoints.extend(files::endpoints());
     endpoints.extend([
         route(
             Method::Post,
@@ -122,49 +126,12 @@ fn executor_channel_refused() -> ApiError {
 
 /// Routes the reference's agents table has and this build does not serve yet: declared,
 /// so a policy may name them and discovery lists them, and always off.
-const NOT_SERVED: [(Method, &str, &str); 11] = [
+const NOT_SERVED: [(Method, &str, &str); 2] = [
     (Method::Get, "/v1/responses", "agents_responses_connect"),
     (
         Method::Post,
         "/v1/responses/compact",
         "agents_responses_compact",
-    ),
-    (Method::Post, "/v1/files", "agents_files_create"),
-    (
-        Method::Post,
-        "/v1/webhook_endpoints",
-        "agents_webhooks_create",
-    ),
-    (Method::Get, "/v1/webhook_endpoints", "agents_webhooks_list"),
-    (
-        Method::Get,
-        "/v1/webhook_endpoints/{webhook_endpoint_id}",
-        "agents_webhooks_get",
-    ),
-    (
-        Method::Post,
-        "/v1/webhook_endpoints/{webhook_endpoint_id}",
-        "agents_webhooks_update",
-    ),
-    (
-        Method::Delete,
-        "/v1/webhook_endpoints/{webhook_endpoint_id}",
-        "agents_webhooks_delete",
-    ),
-    (
-        Method::Post,
-        "/v1/webhook_endpoints/{webhook_endpoint_id}/rotate_secret",
-        "agents_webhooks_rotate_secret",
-    ),
-    (
-        Method::Post,
-        "/v1/webhook_endpoints/{webhook_endpoint_id}/test",
-        "agents_webhooks_test",
-    ),
-    (
-        Method::Get,
-        "/v1/webhook_event_types",
-        "agents_webhook_event_types",
     ),
 ];
 
@@ -381,18 +348,28 @@ pub fn registrar() -> crate::app::Registrar {
                 setup.warn(warning);
             }
             announce_restart(opened.restarted);
-            setup.provide(Arc::new(opened.agents));
+            let agents = Arc::new(opened.agents);
+            // Deliveries the last server left queued go out now.
+            crate::agents::webhooks::outbox::resume(&agents);
+            setup.provide(agents);
         } else {
             // Off at startup (a policy may switch it on later): the store is opened by
             // its first use, and a sandbox that never uses agents gets no file.
-            setup.provide(Arc::new(Agents::opened_on_first_use(move || {
+            let kept = state_dir.join(crate::agents::store::FILE).exists();
+            let agents = Arc::new(Agents::opened_on_first_use(move || {
                 let opened = crate::agents::store::open(&state_dir);
                 if let Some(warning) = opened.warning {
                     crate::log!("warning: {warning}");
                 }
                 announce_restart(opened.restarted);
                 opened.agents.into_store()
-            })));
+            }));
+            // Deliveries the last server left queued go out now; that opens a store
+            // file that exists already, and only then (no file, nothing queued).
+            if kept {
+                crate::agents::webhooks::outbox::resume(&agents);
+            }
+            setup.provide(agents);
         }
         setup.provide(Arc::new(cli::installer(setup.config)));
         let hub = Arc::new(crate::agents::sessions::live::Hub::default());

@@ -40,6 +40,7 @@ use crate::agents::error::AgentError;
 use crate::agents::objects::{now_unix, Object};
 use crate::agents::records::{new_id, Scope, StoreError, Transaction};
 use crate::agents::surface::Agents;
+use crate::agents::webhooks;
 use crate::process::ChildRegistry;
 
 mod subagents;
@@ -427,6 +428,13 @@ impl Actor {
         );
     }
 
+    /// Tells the owner's webhook endpoints (after the status is committed and
+    /// published, as every announcement of it is).
+    async fn announce(&self, kind: &'static str, session: &Session) {
+        let data = webhooks::session_data(&self.session, session.environment["id"].as_str());
+        webhooks::emit(&self.agents, &self.owner, kind, data).await;
+    }
+
     async fn apply(
         &mut self,
         inputs: Vec<Input>,
@@ -516,6 +524,7 @@ impl Actor {
         };
         self.publish(json!({"type": "agent.session.turn.created", "session_id": self.session, "turn_id": turn_id, "turn": turn.object()}));
         self.publish_session("agent.session.in_progress", &session, false);
+        self.announce("agent.session.in_progress", &session).await;
         let thread = self.thread.clone().unwrap_or_default();
         self.turn = Some(ActiveTurn {
             id: turn_id.clone(),
@@ -667,6 +676,7 @@ impl Actor {
         self.apply_mapped(mapped, None).await;
         if !waiting {
             self.publish_session("agent.session.in_progress", &session, false);
+            self.announce("agent.session.in_progress", &session).await;
         }
         Ok(())
     }
@@ -764,6 +774,7 @@ impl Actor {
                 })
                 .await;
         }
+        let failed = ended.as_ref().is_some_and(|end| end.status == "failed");
         let end_state = match (ended, workspace) {
             (Some(end), Some(workspace)) => self.end_turn(end, workspace).await,
             _ => None,
@@ -776,6 +787,10 @@ impl Actor {
         }
         if let Some(session) = end_state {
             self.publish_session("agent.session.idle", &session, true);
+            if failed {
+                self.announce("agent.session.failed", &session).await;
+            }
+            self.announce("agent.session.idle", &session).await;
         }
     }
 

@@ -1,0 +1,341 @@
+//! The one outgoing HTTP request of the agents group: a signed webhook POST. Plain
+//! HTTP/1.1 over a monoio `TcpStream` on the calling thread's driver, with rustls for
+//! https (the Mozilla roots of `webpki-roots`, so a container without a CA bundle still
+//! verifies). No redirects are followed (a 3xx is the receiver's answer), the whole
+//! exchange has 5 s, and only the status line is read.
+//!
+//! The destination is checked after resolution: the name is resolved once (on the
+//! blocking pool: `getaddrinfo` blocks), every address must be public unless
+//! `ABX_AGENTS_ALLOW_PRIVATE_URLS=1`, and the connection goes to a checked address, so
+//! a name that resolves differently a moment later cannot reach a private one.
+
+use std::io::{Read, Write};
+use std::net::{IpAddr, SocketAddr, ToSocketAddrs};
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
+
+use monoio::io::{AsyncReadRent, AsyncWriteRentExt};
+use monoio::net::TcpStream;
+
+/// The whole exchange: connect, TLS, request, status line.
+pub const TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Bytes of a response head read at most (only the status line matters).
+const MAX_HEAD: usize = 16 * 1024;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Scheme {
+    Http,
+    Https,
+}
+
+/// A webhook URL, taken apart.
+#[derive(Clone, Debug)]
+pub struct Target {
+    pub scheme: Scheme,
+    /// Lowercase, without brackets for IPv6.
+    pub host: String,
+    pub port: u16,
+    /// The path (`/` when the URL has none).
+    pub path: String,
+    /// What `Host:` says.
+    authority: String,
+}
+
+impl Target {
+    /// Refuses what the reference refuses: another scheme, no host, credentials, a
+    /// query or a fragment (where tokens end up in logs), a bad port.
+    pub fn parse(url: &str) -> Result<Target, String> {
+        let (scheme, rest) = if let Some(rest) = url.strip_prefix("https://") {
+            (Scheme::Https, rest)
+        } else if let Some(rest) = url.strip_prefix("http://") {
+            (Scheme::Http, rest)
+        } else {
+            return Err("must be an http or https URL".into());
+        };
+        if url.len() > 2048 || url.chars().any(|c| c.is_whitespace() || c.is_control()) {
+            return Err("must be a URL of at most 2048 characters without spaces".into());
+        }
+        let (authority, path) = match rest.find('/') {
+            Some(i) => (&rest[..i], &rest[i..]),
+            None => (rest, "/"),
+        };
+        if authority.contains('@') {
+            return Err("must not contain credentials".into());
+        }
+        if url.contains('?') || url.contains('#') {
+            return Err("must not contain a query string or fragment".into());
+        }
+        let (host, port) = match authority.strip_prefix('[') {
+            Some(v6) => {
+                let (host, after) = v6.split_once(']').ok_or("invalid host")?;
+                (host, after.strip_prefix(':'))
+            }
+            None => match authority.rsplit_once(':') {
+                Some((host, port)) => (host, Some(port)),
+                None => (authority, None),
+            },
+        };
+        if host.is_empty() {
+            return Err("must be an http or https URL with a host".into());
+        }
+        let port = match port {
+            None => match scheme {
+                Scheme::Https => 443,
+                Scheme::Http => 80,
+            },
+            Some(text) => match text.parse::<u16>() {
+                Ok(port) if port > 0 && text.bytes().all(|b| b.is_ascii_digit()) => port,
+                _ => return Err("invalid port".into()),
+            },
+        };
+        Ok(Target {
+            scheme,
+            host: host.to_ascii_lowercase(),
+            port,
+            path: path.to_string(),
+            authority: authority.to_string(),
+        })
+    }
+}
+
+/// `ABX_AGENTS_ALLOW_PRIVATE_URLS=1`: private and loopback destinations are allowed
+/// (tests, a receiver in the same pod).
+pub fn allow_private() -> bool {
+    std::env::var("ABX_AGENTS_ALLOW_PRIVATE_URLS").as_deref() == Ok("1")
+}
+
+/// A host name that is private by its spelling: `localhost`, `*.localhost`, `*.local`,
+/// `*.internal`, or a literal address that is not public.
+pub fn private_name(host: &str) -> bool {
+    let host = host.trim_end_matches('.');
+    if host == "localhost"
+        || [".localhost", ".local", ".internal"]
+            .iter()
+            .any(|s| host.ends_with(s))
+    {
+        return true;
+    }
+    host.parse::<IpAddr>()
+        .is_ok_and(crate::browser::guard::is_private)
+}
+
+/// Why a receiver could not be reached (never a status: that is an answer).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Unreachable(pub String);
+
+impl std::fmt::Display for Unreachable {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// The addresses to connect to, every one checked.
+pub async fn resolve(target: &Target) -> Result<Vec<SocketAddr>, Unreachable> {
+    let (host, port) = (target.host.clone(), target.port);
+    let resolved = crate::runtime::file::blocking(move || {
+        (host.as_str(), port)
+            .to_socket_addrs()
+            .map(Iterator::collect::<Vec<_>>)
+    })
+    .await;
+    let addrs = match resolved {
+        Ok(Ok(addrs)) if !addrs.is_empty() => addrs,
+        _ => return Err(Unreachable("the webhook host does not resolve".into())),
+    };
+    if !allow_private()
+        && addrs
+            .iter()
+            .any(|a| crate::browser::guard::is_private(a.ip()))
+    {
+        return Err(Unreachable(
+            "the webhook host resolves to a private address".into(),
+        ));
+    }
+    Ok(addrs)
+}
+
+/// POSTs `payload` (the event `msg_id`) to `url`, signed with `secret` and timestamped
+/// now; returns the receiver's status.
+pub async fn deliver(
+    url: &str,
+    secret: &str,
+    msg_id: &str,
+    payload: &[u8],
+) -> Result<u16, Unreachable> {
+    let target = Target::parse(url).map_err(|why| Unreachable(format!("url: {why}")))?;
+    let timestamp = super::super::objects::now_unix();
+    let signature = super::sign(secret, msg_id, timestamp, payload);
+    let mut request = format!(
+        "POST {} HTTP/1.1\r\nHost: {}\r\nContent-Type: application/json\r\nUser-Agent: agent-sandbox-agents-local\r\nwebhook-id: {msg_id}\r\nwebhook-timestamp: {timestamp}\r\nwebhook-signature: {signature}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+        target.path,
+        target.authority,
+        payload.len()
+    )
+    .into_bytes();
+    request.extend_from_slice(payload);
+    match monoio::time::timeout(TIMEOUT, exchange(&target, request)).await {
+        Ok(result) => result,
+        Err(_) => Err(Unreachable(
+            "the webhook receiver did not answer within 5 s".into(),
+        )),
+    }
+}
+
+async fn exchange(target: &Target, request: Vec<u8>) -> Result<u16, Unreachable> {
+    let unreachable = || Unreachable("the webhook receiver could not be reached".into());
+    let addrs = resolve(target).await?;
+    let mut stream = None;
+    for addr in addrs {
+        if let Ok(s) = TcpStream::connect_addr(addr).await {
+            stream = Some(s);
+            break;
+        }
+    }
+    let stream = stream.ok_or_else(unreachable)?;
+    let _ = stream.set_nodelay(true);
+    let head = match target.scheme {
+        Scheme::Http => plain(stream, request).await,
+        Scheme::Https => tls(stream, &target.host, request).await,
+    }
+    .map_err(|_| unreachable())?;
+    status_of(&head).ok_or_else(|| Unreachable("the webhook receiver's answer is not HTTP".into()))
+}
+
+/// The status of a response head, once its status line is complete.
+fn status_of(head: &[u8]) -> Option<u16> {
+    let line_end = memchr::memchr(b'\n', head)?;
+    let line = std::str::from_utf8(&head[..line_end]).ok()?;
+    let mut parts = line.split_whitespace();
+    let version = parts.next()?;
+    if !version.starts_with("HTTP/1.") {
+        return None;
+    }
+    parts
+        .next()?
+        .parse::<u16>()
+        .ok()
+        .filter(|s| (100..1000).contains(s))
+}
+
+fn head_complete(head: &[u8]) -> bool {
+    memchr::memchr(b'\n', head).is_some() || head.len() >= MAX_HEAD
+}
+
+async fn plain(mut stream: TcpStream, request: Vec<u8>) -> std::io::Result<Vec<u8>> {
+    let (written, _) = stream.write_all(request).await;
+    written?;
+    let mut head = Vec::new();
+    while !head_complete(&head) {
+        let (read, buf) = stream.read(Vec::with_capacity(4096)).await;
+        if read? == 0 {
+            break;
+        }
+        head.extend_from_slice(&buf);
+    }
+    Ok(head)
+}
+
+fn tls_config() -> Arc<rustls::ClientConfig> {
+    static CONFIG: OnceLock<Arc<rustls::ClientConfig>> = OnceLock::new();
+    CONFIG
+        .get_or_init(|| {
+            let roots = rustls::RootCertStore {
+                roots: webpki_roots::TLS_SERVER_ROOTS.to_vec(),
+            };
+            // ring's provider (deprecated in 0.23.48 for lacking post-quantum key
+            // exchange): aws-lc-rs, which has it, needs cmake and a long C build.
+            #[allow(deprecated)]
+            let provider = Arc::new(rustls::crypto::ring::default_provider());
+            let config = match rustls::ClientConfig::builder_with_provider(provider)
+                .with_safe_default_protocol_versions()
+            {
+                Ok(builder) => builder.with_root_certificates(roots).with_no_client_auth(),
+                // ring supports the default versions.
+                Err(e) => unreachable!("rustls' ring provider refused its defaults: {e}"),
+            };
+            Arc::new(config)
+        })
+        .clone()
+}
+
+fn io_error(e: impl std::fmt::Display) -> std::io::Error {
+    std::io::Error::other(e.to_string())
+}
+
+/// Sends what rustls has to send.
+async fn flush(stream: &mut TcpStream, tls: &mut rustls::ClientConnection) -> std::io::Result<()> {
+    while tls.wants_write() {
+        let mut out = Vec::new();
+        tls.write_tls(&mut out)?;
+        let (written, _) = stream.write_all(out).await;
+        written?;
+    }
+    Ok(())
+}
+
+/// Reads what the peer sent into rustls; false at the end of the stream.
+async fn fill(stream: &mut TcpStream, tls: &mut rustls::ClientConnection) -> std::io::Result<bool> {
+    let (read, buf) = stream.read(Vec::with_capacity(16 * 1024)).await;
+    if read? == 0 {
+        return Ok(false);
+    }
+    let mut rest: &[u8] = &buf;
+    while !rest.is_empty() {
+        tls.read_tls(&mut rest)?;
+        tls.process_new_packets().map_err(io_error)?;
+    }
+    Ok(true)
+}
+
+async fn tls(mut stream: TcpStream, host: &str, request: Vec<u8>) -> std::io::Result<Vec<u8>> {
+    let name = rustls::pki_types::ServerName::try_from(host.to_string()).map_err(io_error)?;
+    let mut tls = rustls::ClientConnection::new(tls_config(), name).map_err(io_error)?;
+    tls.writer().write_all(&request)?;
+    let mut head = Vec::new();
+    loop {
+        flush(&mut stream, &mut tls).await?;
+        let mut chunk = [0u8; 4096];
+        loop {
+            match tls.reader().read(&mut chunk) {
+                Ok(0) => return Ok(head),
+                Ok(n) => head.extend_from_slice(&chunk[..n]),
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
+                Err(e) => return Err(e),
+            }
+        }
+        if head_complete(&head) {
+            return Ok(head);
+        }
+        if !fill(&mut stream, &mut tls).await? {
+            return Ok(head);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn urls_come_apart() {
+        let t = Target::parse("https://Example.com:8443/a/b").unwrap();
+        assert_eq!(
+            (t.scheme, t.host.as_str(), t.port, t.path.as_str()),
+            (Scheme::Https, "example.com", 8443, "/a/b")
+        );
+        let t = Target::parse("http://[::1]:9/h").unwrap();
+        assert_eq!((t.host.as_str(), t.port), ("::1", 9));
+        assert_eq!(Target::parse("https://example.com").unwrap().path, "/");
+        assert!(private_name("127.0.0.1") && private_name("::1") && private_name("db.internal"));
+        assert!(!private_name("example.com") && !private_name("8.8.8.8"));
+    }
+
+    #[test]
+    fn status_lines_are_read() {
+        assert_eq!(status_of(b"HTTP/1.1 204 No Content\r\n"), Some(204));
+        assert_eq!(status_of(b"HTTP/1.0 500\r\n"), Some(500));
+        assert_eq!(status_of(b"SSH-2.0\r\n"), None);
+        assert_eq!(status_of(b"HTTP/1.1 2"), None);
+    }
+}

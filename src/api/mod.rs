@@ -131,6 +131,9 @@ pub enum BodyMode {
     /// A `multipart/form-data` body streamed into the sink the endpoint opens, up to
     /// `ABX_MAX_UPLOAD_SIZE` (plus the framing).
     Multipart,
+    /// `WholeJson`, or a whole `multipart/form-data` body (the JSON limit plus the
+    /// framing) the handler reads itself: an SDK's file upload.
+    JsonOrMultipart,
 }
 
 /// Which listening port serves an endpoint.

@@ -276,9 +276,17 @@ impl ApiService {
             }
         } else {
             // The policy's `limits.max_request_bytes` replaces the contract's 10 MiB.
-            self.state.catalog().decisions[index]
+            let limit = self.state.catalog().decisions[index]
                 .knob_u64("max_request_bytes")
-                .unwrap_or(MAX_JSON_BODY as u64)
+                .unwrap_or(MAX_JSON_BODY as u64);
+            // A file sent as multipart carries its framing besides the bytes.
+            if self.state.catalog().endpoints[index].spec.body == BodyMode::JsonOrMultipart
+                && is_multipart(head)
+            {
+                limit.saturating_add(64 * 1024)
+            } else {
+                limit
+            }
         }
     }
 
@@ -410,6 +418,8 @@ impl Service for ApiService {
                 let error = ApiError::bad_request(format!("Invalid JSON body: {e}"));
                 return self.decorate(index, render(error, endpoint.spec.errors));
             }
+        } else if endpoint.spec.body == BodyMode::JsonOrMultipart && is_multipart(&head) {
+            // The handler parses the parts.
         } else if accepted.method.takes_json_body() {
             let full_syntax = endpoint.spec.body == BodyMode::Json;
             if let Err(error) = validate_json_object(&body, full_syntax) {
@@ -517,6 +527,17 @@ pub fn render(error: ApiError, style: ErrorStyle) -> Response {
         response = response.header(name, value);
     }
     response
+}
+
+/// Whether the request's body is `multipart/form-data`.
+fn is_multipart(head: &RequestHead) -> bool {
+    head.header("content-type").is_some_and(|v| {
+        v.split(';')
+            .next()
+            .unwrap_or("")
+            .trim()
+            .eq_ignore_ascii_case("multipart/form-data")
+    })
 }
 
 /// Policy refusals name the endpoint that refused (the contract's common rules), as

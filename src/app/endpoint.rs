@@ -144,6 +144,13 @@ impl<C, U> Endpoint<C, U> {
         self
     }
 
+    /// The handler reads the whole body itself, JSON or multipart (see
+    /// [`BodyMode::JsonOrMultipart`]).
+    pub fn json_or_multipart(mut self) -> Self {
+        self.spec.body = BodyMode::JsonOrMultipart;
+        self
+    }
+
     /// The handler deserialises the entire JSON body itself (see [`BodyMode::WholeJson`]).
     pub fn whole_json(mut self) -> Self {
         self.spec.body = BodyMode::WholeJson;

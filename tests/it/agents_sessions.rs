@@ -181,6 +181,16 @@ fn the_sdk_drives_sessions_on_codex_threads_and_a_restart_resumes_them() {
 /// vault holds for its URL (here another agent-sandbox's `/mcp`): the file the model's
 /// tool call wrote is in the other sandbox, and the token is in no answer and in no
 /// environment but that session's app-server's.
+/// Inputs racing a DELETE answer 202, or 404 once the session is gone: never the 500
+/// of a runner that stopped before it answered.
+#[test]
+fn inputs_racing_a_delete_are_accepted_or_not_found() {
+    let upstream = serve_upstream();
+    let sandbox = Sandbox::new(&upstream);
+    let server = sandbox.server();
+    sdk(&server, &sandbox, "race");
+}
+
 #[test]
 fn an_mcp_tool_reaches_its_server_with_the_vaults_bearer() {
     let target = Launch::new("uring")

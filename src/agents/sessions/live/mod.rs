@@ -113,8 +113,29 @@ impl Hub {
         }
         let launch = launch()?;
         let (tx, rx) = mpsc::unbounded();
-        tx.unbounded_send(command).map_err(|_| gone())?;
-        self.actors().insert(session.id.clone(), tx);
+        // Looked up and registered under one lock: two inputs that both found no actor
+        // start one, and the second joins it.
+        let joined = {
+            let mut actors = self.actors();
+            let sent = match actors.get(&session.id) {
+                Some(actor) => actor.unbounded_send(command).map_err(|e| e.into_inner()),
+                None => Err(command),
+            };
+            match sent {
+                Ok(()) => true,
+                Err(command) => {
+                    tx.unbounded_send(command).map_err(|_| gone())?;
+                    actors.insert(session.id.clone(), tx);
+                    false
+                }
+            }
+        };
+        if joined {
+            return match answer.await {
+                Ok(outcome) => outcome,
+                Err(_) => Err(stopped(agents, owner, &session.id).await),
+            };
+        }
         let actor = Actor {
             hub: self.clone(),
             agents: agents.clone(),
@@ -153,8 +174,17 @@ impl Hub {
         }
     }
 
-    fn finished(&self, session: &str) {
-        self.actors().remove(session);
+    /// The actor reading `commands` ends: it leaves the table (unless a newer actor
+    /// took its place) and takes no more commands, so a later input starts a new one.
+    fn finished(&self, session: &str, commands: &mut mpsc::UnboundedReceiver<Command>) {
+        let mut actors = self.actors();
+        if actors
+            .get(session)
+            .is_some_and(|sender| sender.is_connected_to(commands))
+        {
+            actors.remove(session);
+        }
+        commands.close();
     }
 }
 
@@ -240,12 +270,19 @@ impl Actor {
         let mut incoming = match started {
             Ok(incoming) => incoming,
             Err(error) => {
-                // The input that started it hears why; any later one is told to retry.
+                // The input that started it hears why; any later one hears what became
+                // of the session (404 once it was deleted), or that it may send again.
+                self.hub.finished(&self.session, &mut commands);
                 let mut error = Some(error);
-                while let Ok(Command::Inputs(_, reply)) = commands.try_recv() {
-                    let _ = reply.send(Err(error.take().unwrap_or_else(gone)));
+                while let Ok(command) = commands.try_recv() {
+                    if let Command::Inputs(_, reply) = command {
+                        let outcome = match error.take() {
+                            Some(error) => error,
+                            None => stopped(&self.agents, &self.owner, &self.session).await,
+                        };
+                        let _ = reply.send(Err(outcome));
+                    }
                 }
-                self.hub.finished(&self.session);
                 return;
             }
         };
@@ -298,7 +335,14 @@ impl Actor {
                 Next::Idle => break,
             }
         }
-        self.hub.finished(&self.session);
+        self.hub.finished(&self.session, &mut commands);
+        // Inputs queued before it closed: say what became of the session (404 once it
+        // was deleted), or that they may be sent again (a new actor takes them).
+        while let Ok(command) = commands.try_recv() {
+            if let Command::Inputs(_, reply) = command {
+                let _ = reply.send(Err(stopped(&self.agents, &self.owner, &self.session).await));
+            }
+        }
         if let Some(app) = self.app.take() {
             if let Ok(app) = Rc::try_unwrap(app) {
                 app.shutdown().await;

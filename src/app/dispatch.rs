@@ -246,6 +246,53 @@ impl ApiService {
         }))
     }
 
+    /// A WebSocket on the API port, for a request already admitted (credentials,
+    /// scopes, policy, rate): answer the handshake and hand the socket over.
+    fn plan_api_upgrade(
+        &self,
+        head: &RequestHead,
+        accepted: Accepted,
+        handler: super::endpoint::UpgradeHandler<Upgraded>,
+    ) -> Plan<Accepted> {
+        let index = accepted.index;
+        let style = accepted.catalog.endpoints[index].spec.errors;
+        let handshake = match crate::http::websocket::accept(head) {
+            Ok(bytes) => bytes,
+            Err(why) => {
+                let error = ApiError::bad_request(format!("invalid WebSocket handshake: {why}"))
+                    .with_code("websocket_handshake_invalid");
+                return Plan::Answer(
+                    self.decorate(index, render(error, style))
+                        .header("Sec-WebSocket-Version", "13")
+                        .closing(),
+                );
+            }
+        };
+        let token = accepted
+            .query
+            .iter()
+            .find(|(n, _)| n == "token")
+            .map(|(_, v)| v.as_str());
+        let credentials =
+            super::auth::Credentials::presented(&head.headers, token).unwrap_or_default();
+        let upgraded = Upgraded {
+            query: accepted.query,
+            admitted: Ok(accepted.identity),
+            credentials,
+            endpoint: index,
+            state: self.state.clone(),
+        };
+        Plan::Upgrade(Box::new(move |mut stream, leftover| {
+            Box::pin(async move {
+                use monoio::io::AsyncWriteRentExt;
+                let (written, _) = stream.write_all(handshake).await;
+                if written.is_ok() {
+                    handler(upgraded, stream, leftover).await;
+                }
+            })
+        }))
+    }
+
     /// Whether this request streams a raw `application/octet-stream` body into a sink.
     fn is_raw(&self, index: usize, method: Method, head: &RequestHead) -> bool {
         self.state.catalog().endpoints[index].spec.body == BodyMode::RawOrStreamedJson
@@ -374,6 +421,9 @@ impl Service for ApiService {
         let index = accepted.index;
         let catalog = accepted.catalog.clone();
         let endpoint = &catalog.endpoints[index];
+        if let Some(handler) = endpoint.upgrade.clone().filter(|_| asks_websocket(head)) {
+            return self.plan_api_upgrade(head, accepted, handler);
+        }
         let limit = self.body_limit(index, accepted.method, head);
         let open_sink = match &endpoint.serve {
             Serve::Sinks { raw: Some(raw), .. } if self.is_raw(index, accepted.method, head) => raw,
@@ -527,6 +577,15 @@ pub fn render(error: ApiError, style: ErrorStyle) -> Response {
         response = response.header(name, value);
     }
     response
+}
+
+/// Whether the request asks for a WebSocket (`Upgrade: websocket`).
+fn asks_websocket(head: &RequestHead) -> bool {
+    head.headers
+        .iter()
+        .filter(|(n, _)| n.eq_ignore_ascii_case("upgrade"))
+        .flat_map(|(_, v)| v.split(','))
+        .any(|v| v.trim().eq_ignore_ascii_case("websocket"))
 }
 
 /// Whether the request's body is `multipart/form-data`.

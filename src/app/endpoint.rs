@@ -71,6 +71,9 @@ pub enum Serve<C, U> {
 pub struct Endpoint<C, U> {
     pub spec: EndpointSpec,
     pub serve: Serve<C, U>,
+    /// A WebSocket the same route opens on the API port when the request asks for the
+    /// upgrade (after the same admission); other requests reach `serve`.
+    pub upgrade: Option<UpgradeHandler<U>>,
 }
 
 // By hand: a derive would ask `C: Clone` and `U: Clone`, which the shared handlers do
@@ -80,6 +83,7 @@ impl<C, U> Clone for Endpoint<C, U> {
         Self {
             spec: self.spec.clone(),
             serve: self.serve.clone(),
+            upgrade: self.upgrade.clone(),
         }
     }
 }
@@ -106,6 +110,7 @@ impl<C, U> Endpoint<C, U> {
         Self {
             spec: EndpointSpec::new(method, path, group),
             serve: Serve::Handler(handler),
+            upgrade: None,
         }
     }
 
@@ -117,6 +122,7 @@ impl<C, U> Endpoint<C, U> {
         Self {
             spec: EndpointSpec::new(method, path, group),
             serve: Serve::Unavailable(reason),
+            upgrade: None,
         }
     }
 
@@ -128,7 +134,15 @@ impl<C, U> Endpoint<C, U> {
         Self {
             spec,
             serve: Serve::Upgrade(handler),
+            upgrade: None,
         }
+    }
+
+    /// A request that asks for a WebSocket upgrade (`Upgrade: websocket`) is admitted as
+    /// any other, then answered `101` and handed to `handler` on the API port.
+    pub fn also_upgrades(mut self, handler: UpgradeHandler<U>) -> Self {
+        self.upgrade = Some(handler);
+        self
     }
 
     /// The body is a JSON-RPC message or batch (see [`BodyMode::JsonRpc`]).
@@ -165,6 +179,7 @@ impl<C, U> Endpoint<C, U> {
         Self {
             spec,
             serve: Serve::Sinks { json, raw: None },
+            upgrade: None,
         }
     }
 

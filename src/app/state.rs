@@ -860,6 +860,43 @@ impl Upgraded {
     }
 }
 
+impl Upgraded {
+    /// A request to the endpoint `id` with the JSON `body`, made by this connection's
+    /// identity (admitted again under the current policy, and it must be allowed that
+    /// endpoint too): how a WebSocket's messages run another endpoint's handler.
+    pub fn call_to(&self, id: &str, body: Vec<u8>) -> Result<Call, ApiError> {
+        let identity = self.readmit().map_err(|refusal| {
+            ApiError::new(
+                if refusal.close_code == 4001 { 401 } else { 403 },
+                "invalid_request_error",
+                refusal.reason,
+            )
+        })?;
+        let catalog = self.state.catalog();
+        let index = catalog
+            .endpoints
+            .iter()
+            .position(|e| e.spec.id == id)
+            .ok_or_else(|| ApiError::internal("RuntimeError", format!("no endpoint {id}")))?;
+        if let Some(refusal) = catalog.access(index, &identity).refusal(id, &identity) {
+            return Err(refusal);
+        }
+        let spec = &catalog.endpoints[index].spec;
+        Ok(Call {
+            method: spec.method,
+            path: spec.path.clone(),
+            query: Vec::new(),
+            headers: vec![("content-type".into(), "application/json".into())],
+            body,
+            path_params: Vec::new(),
+            identity,
+            endpoint: index,
+            state: self.state.clone(),
+            catalog: catalog.clone(),
+        })
+    }
+}
+
 /// Why a WebSocket is closed right after its handshake.
 #[derive(Debug, Clone)]
 pub struct Refusal {

@@ -147,9 +147,9 @@ fn runtimes_models_and_refusals() {
         caps["group_summary"]["agents"],
         // Phase 1's 20, the Agents API's 25 CRUD operations and its 22 of sessions, the
         // executor refusals at the reference's paths too, its webhook endpoints (8) and
-        // POST /v1/files; and the reference's 2 routes this build declares but does
-        // not serve (off: build:unavailable).
-        json!({"enabled": 78, "total": 80})
+        // POST /v1/files, responses.connect; and the reference's compact, which this
+        // build declares but does not serve (off: build:unavailable).
+        json!({"enabled": 79, "total": 80})
     );
     assert_eq!(
         caps["endpoints"]["agents_responses_create"]["scopes"],
@@ -660,6 +660,77 @@ assert [i.role for i in items.data] == ["user", "assistant"], items
 assert client.responses.retrieve(r2.id).id == r2.id
 models = [m.id for m in client.models.list()]
 assert models == ["codex", "qwen-code"], models
+print("ok")
+"#;
+    let output = std::process::Command::new(&tools().python)
+        .args(["-c", script, &format!("http://{}/v1", server.addr)])
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        output.status.success() && stdout.trim() == "ok",
+        "stdout: {stdout}\nstderr: {stderr}"
+    );
+}
+
+/// `responses.connect`: the official SDK's WebSocket on the API port. Each
+/// `response.create` is a turn whose events come one message each, parsed by the SDK's
+/// own event models; a continuation, a steer (the next turn), refusals as `error`
+/// events, and a plain GET told to upgrade.
+#[test]
+fn the_official_client_connects_over_a_websocket() {
+    let upstream = serve_upstream();
+    let home = TempDir::new("agents-home");
+    let server = agents_server(&upstream, &home, &[]);
+    let script = r#"
+import json, sys
+import httpx2 as httpx
+from openai import OpenAI
+base = sys.argv[1]
+client = OpenAI(base_url=base, api_key="local")
+
+def turn(conn):
+    events = []
+    for event in conn:
+        events.append(event)
+        if event.type in ("response.completed", "response.failed", "error"):
+            return events
+    raise AssertionError("the socket closed mid-turn")
+
+with client.responses.connect() as conn:
+    conn.response.create(model="codex", input="SAY over the socket")
+    first = turn(conn)
+    kinds = [e.type for e in first]
+    assert kinds[0] == "response.created" and kinds[-1] == "response.completed", kinds
+    assert "response.output_text.delta" in kinds, kinds
+    done = first[-1].response
+    assert done.output_text == "over the socket" and done.status == "completed", done
+    assert [e.sequence_number for e in first] == list(range(len(first))), first
+
+    conn.response.create(model="codex", input="SAY continued", previous_response_id=done.id)
+    second = turn(conn)[-1].response
+    assert second.output_text == "continued" and second.previous_response_id == done.id, second
+
+    conn.response.steer(input="SAY steered", previous_response_id=second.id)
+    third = turn(conn)[-1].response
+    assert third.output_text == "steered", third
+
+    # Refusals are error events; the socket stays usable.
+    conn.send({"type": "response.nope"})
+    refused = json.loads(conn.recv_bytes())
+    assert refused["type"] == "error" and refused["error"]["param"] == "type", refused
+    conn.send({"type": "response.create", "model": "codex", "input": "SAY x", "bogus": 1})
+    refused = json.loads(conn.recv_bytes())
+    assert refused["type"] == "error" and refused["error"]["param"] == "bogus", refused
+    conn.response.create(model="codex", input="SAY still here")
+    assert turn(conn)[-1].response.output_text == "still here"
+
+# The stored responses are the same as POST /v1/responses keeps.
+assert client.responses.retrieve(done.id).output_text == "over the socket"
+plain = httpx.get(base + "/responses")
+assert plain.status_code == 400, plain.text
+assert plain.json()["error"]["code"] == "agents.websocket_upgrade_required", plain.text
 print("ok")
 "#;
     let output = std::process::Command::new(&tools().python)

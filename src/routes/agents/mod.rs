@@ -126,14 +126,11 @@ fn executor_channel_refused() -> ApiError {
 
 /// Routes the reference's agents table has and this build does not serve yet: declared,
 /// so a policy may name them and discovery lists them, and always off.
-const NOT_SERVED: [(Method, &str, &str); 2] = [
-    (Method::Get, "/v1/responses", "agents_responses_connect"),
-    (
-        Method::Post,
-        "/v1/responses/compact",
-        "agents_responses_compact",
-    ),
-];
+const NOT_SERVED: [(Method, &str, &str); 1] = [(
+    Method::Post,
+    "/v1/responses/compact",
+    "agents_responses_compact",
+)];
 
 const NOT_SERVED_REASON: &str =
     "this build does not serve it yet (docs/api.md lists the differences from the reference server)";

@@ -11,7 +11,7 @@ use crate::agents::objects::label;
 use crate::agents::responses::{
     prepare, select_runtime, InputItem, Prepared, ResponseRecord, TurnRequest,
 };
-use crate::agents::run::{start, Event, Gone, Launch, Sink};
+use crate::agents::run::{start, Event, Gone, Launch, Sink, TurnRun};
 use crate::agents::surface::AgentsStore;
 use crate::agents::Runtime;
 use crate::api::{ApiError, Args, Method, Param};
@@ -53,7 +53,7 @@ fn turn_fields() -> Vec<Param> {
 }
 
 pub fn endpoints() -> Vec<Endpoint> {
-    Resource::new("responses", "/v1/responses", RESPONSE)
+    let mut endpoints = Resource::new("responses", "/v1/responses", RESPONSE)
         .op(Op::create(
             "Run one turn of a local coding agent (stream: true for server-sent events).",
             handler(create),
@@ -86,7 +86,30 @@ pub fn endpoints() -> Vec<Endpoint> {
                 ))
             }),
         ))
-        .endpoints()
+        .endpoints();
+    endpoints.push(
+        super::route(
+            Method::Get,
+            "/v1/responses",
+            "agents_responses_connect",
+            "The Responses WebSocket (responses.connect): response.create and response.steer messages, each answered with the turn's stream events.",
+            handler(|_| async { Err(upgrade_required()) }),
+        )
+        .also_upgrades(std::sync::Arc::new(|upgraded, stream, leftover| {
+            Box::pin(socket::serve(upgraded, stream, leftover))
+        })),
+    );
+    endpoints
+}
+
+/// A plain GET of `/v1/responses`, as the reference answers it.
+fn upgrade_required() -> ApiError {
+    ApiError::new(
+        400,
+        "invalid_request_error",
+        "responses.connect needs a WebSocket upgrade (Upgrade: websocket); use POST /v1/responses for one response",
+    )
+    .with_code("agents.websocket_upgrade_required")
 }
 
 /// The runtime a refused field is named against, chosen as the turn would choose it.
@@ -98,7 +121,35 @@ fn turn_runtime(call: &Call) -> Result<&'static str, ApiError> {
 }
 
 async fn create(call: Call) -> Result<Response, ApiError> {
-    let mut args = args(&call, turn_runtime)?;
+    let (turn, stream) = prepare_turn(&call).await?;
+    if !stream {
+        let agents = agents_of(&call)?;
+        let launch = match ready_launch(&call, turn.runtime).await {
+            Ok(launch) => launch,
+            Err(error) => return Err(abandoned(turn, error).await),
+        };
+        let run = start(&agents, &call.identity.id, turn, launch).await?;
+        return Ok(Response::ok(&run.whole().await));
+    }
+    let (tx, rx) = sse::channel(64);
+    match begin(&call, turn).await? {
+        Begun::Running(run) => {
+            monoio::spawn(async move { run.stream(&mut Events(tx)).await });
+        }
+        Begun::Installing(installing) => {
+            let (turn, watch) = *installing;
+            monoio::spawn(async move {
+                stream_after_install(&call, turn, watch, &mut Events(tx)).await
+            });
+        }
+    }
+    Ok(sse::response(rx))
+}
+
+/// A turn's request read and prepared (its conversation held), and whether it asked
+/// for a stream.
+async fn prepare_turn(call: &Call) -> Result<(Prepared<AgentsStore>, bool), ApiError> {
+    let mut args = args(call, turn_runtime)?;
     let text = |args: &Args, name: &str| args.str(name).map(str::to_string);
     let request = TurnRequest {
         model: text(&args, "model"),
@@ -110,36 +161,37 @@ async fn create(call: Call) -> Result<Response, ApiError> {
         metadata: args.take("metadata"),
         conversation: args.take("conversation"),
     };
-    let owner = &call.identity.id;
-    let agents = agents_of(&call)?;
-    let turn = prepare(&agents, owner, request, default_runtime(&call)).await?;
-    if !args.flag("stream") {
-        let launch = match ready_launch(&call, turn.runtime).await {
-            Ok(launch) => launch,
-            Err(error) => return Err(abandoned(turn, error).await),
-        };
-        let run = start(&agents, owner, turn, launch).await?;
-        return Ok(Response::ok(&run.whole().await));
-    }
-    let (tx, rx) = sse::channel(64);
-    let found = match cli::find(&call, turn.runtime).await {
+    let agents = agents_of(call)?;
+    let turn = prepare(&agents, &call.identity.id, request, default_runtime(call)).await?;
+    Ok((turn, args.flag("stream")))
+}
+
+/// A streamed turn under way: its CLI started, or being installed first.
+enum Begun {
+    // Both boxed: each is large, and the other variant's size would be paid for too.
+    Running(Box<TurnRun<AgentsStore>>),
+    Installing(Box<(Prepared<AgentsStore>, crate::agents::install::Watch)>),
+}
+
+/// Starts a prepared turn that streams; a refusal frees its conversation first.
+async fn begin(call: &Call, turn: Prepared<AgentsStore>) -> Result<Begun, ApiError> {
+    let found = match cli::find(call, turn.runtime).await {
         Ok(found) => found,
         Err(error) => return Err(abandoned(turn, error).await),
     };
     match found {
         cli::Found::Ready(located) => {
-            let launch = match launch(&call, &located).await {
+            let launch = match launch(call, &located).await {
                 Ok(launch) => launch,
                 Err(error) => return Err(abandoned(turn, error).await),
             };
-            let run = start(&agents, owner, turn, launch).await?;
-            monoio::spawn(async move { run.stream(&mut Events(tx)).await });
+            let agents = agents_of(call)?;
+            Ok(Begun::Running(Box::new(
+                start(&agents, &call.identity.id, turn, launch).await?,
+            )))
         }
-        cli::Found::Installing(watch) => {
-            monoio::spawn(stream_after_install(call, turn, watch, Events(tx)));
-        }
+        cli::Found::Installing(watch) => Ok(Begun::Installing(Box::new((turn, watch)))),
     }
-    Ok(sse::response(rx))
 }
 
 /// The CLI of `runtime` found (or installed) and how it is started.
@@ -180,10 +232,10 @@ async fn launch<'a>(call: &'a Call, located: &Located) -> Result<Launch<'a>, Api
 /// `x_agent_sandbox.install` says so, then the turn streams on; a failed install is
 /// an `error` event with the failure's code.
 async fn stream_after_install(
-    call: Call,
+    call: &Call,
     turn: Prepared<AgentsStore>,
     mut watch: crate::agents::install::Watch,
-    mut events: Events,
+    events: &mut impl Sink,
 ) {
     let runtime = turn.runtime;
     let mut response = turn.preview();
@@ -217,27 +269,27 @@ async fn stream_after_install(
     };
     let launched = match failure {
         Some(error) => Err(error),
-        None => match cli::installed(&call, runtime).await {
-            Ok(located) => launch(&call, &located).await,
+        None => match cli::installed(call, runtime).await {
+            Ok(located) => launch(call, &located).await,
             Err(error) => Err(error),
         },
     };
     let launch = match launched {
         Ok(launch) => launch,
-        Err(error) => return refuse(&mut events, abandoned(turn, error).await, &mut sent).await,
+        Err(error) => return refuse(events, abandoned(turn, error).await, &mut sent).await,
     };
-    let agents = match agents_of(&call) {
+    let agents = match agents_of(call) {
         Ok(agents) => agents,
-        Err(error) => return refuse(&mut events, abandoned(turn, error).await, &mut sent).await,
+        Err(error) => return refuse(events, abandoned(turn, error).await, &mut sent).await,
     };
     match start(&agents, &call.identity.id, turn, launch).await {
-        Ok(run) => run.stream_after(&mut events, sent).await,
-        Err(error) => refuse(&mut events, error.into(), &mut sent).await,
+        Ok(run) => run.stream_after(events, sent).await,
+        Err(error) => refuse(events, error.into(), &mut sent).await,
     }
 }
 
 /// Ends a stream with OpenAI's `error` event for `error`.
-async fn refuse(events: &mut Events, error: ApiError, sent: &mut u64) {
+async fn refuse(events: &mut impl Sink, error: ApiError, sent: &mut u64) {
     let data = json!({
         "type": "error",
         "code": error.code,
@@ -282,4 +334,164 @@ async fn cancel(call: Call) -> Result<Response, ApiError> {
     let id = path_value(&call, RESPONSE.param);
     let object = agents_of(&call)?.cancel(&call.identity.id, &id).await?;
     Ok(Response::ok(&object))
+}
+
+/// `responses.connect`: the Responses API over a WebSocket on the API port. Each text
+/// message is a client event; `response.create` runs the same turn as a streamed `POST
+/// /v1/responses` and sends its events, one message each. The CLIs take no input
+/// mid-turn, so `response.steer` is the next turn, run once the current one has ended
+/// (the reference queues it the same way). Messages are handled in order; one that
+/// arrives during a turn waits for it.
+mod socket {
+    use std::collections::VecDeque;
+    use std::time::Duration;
+
+    use monoio::net::TcpStream;
+    use serde_json::{json, Value};
+
+    use super::{begin, prepare_turn, stream_after_install, Begun};
+    use crate::agents::run::{Event, Gone, Sink};
+    use crate::api::{ApiError, ErrorStyle};
+    use crate::app::Upgraded;
+    use crate::http::websocket::{Received, WebSocket};
+
+    /// How long one message may wait for a client that does not read.
+    const WRITE_TIMEOUT: Duration = Duration::from_secs(30);
+
+    pub async fn serve(upgraded: Upgraded, stream: TcpStream, leftover: Vec<u8>) {
+        let mut frames = Frames {
+            socket: WebSocket::new(stream, leftover, WRITE_TIMEOUT),
+            held: VecDeque::new(),
+            closed: false,
+        };
+        while let Some(message) = frames.next().await {
+            match message {
+                Received::Text(text) => handle(&upgraded, &mut frames, &text).await,
+                Received::Binary(_) => {
+                    let _ = frames.socket.close(1003, "text frames only").await;
+                    return;
+                }
+                Received::Closed => {
+                    let _ = frames.socket.close(1000, "").await;
+                    return;
+                }
+            }
+            if frames.closed {
+                return;
+            }
+        }
+    }
+
+    /// One client event, answered with a turn's events or one `error` event.
+    async fn handle(upgraded: &Upgraded, frames: &mut Frames, text: &str) {
+        let event: Value = match serde_json::from_str(text) {
+            Ok(Value::Object(event)) => Value::Object(event),
+            _ => {
+                let error =
+                    json!({"message": "a client event is a JSON object", "code": "bad_frame"});
+                return frames.error(error).await;
+            }
+        };
+        let kind = event["type"].as_str().unwrap_or_default().to_string();
+        if kind != "response.create" && kind != "response.steer" {
+            let error = ApiError::new(
+                400,
+                "invalid_request_error",
+                format!("type: unsupported client event '{kind}'"),
+            )
+            .with_field("param", "type");
+            return frames.refuse(error).await;
+        }
+        let mut body = event;
+        if let Some(fields) = body.as_object_mut() {
+            fields.remove("type");
+            // Every turn here streams.
+            fields.insert("stream".into(), json!(true));
+        }
+        let call = match upgraded.call_to("agents_responses_create", body.to_string().into_bytes())
+        {
+            Ok(call) => call,
+            Err(error) => return frames.refuse(error).await,
+        };
+        let turn = match prepare_turn(&call).await {
+            Ok((turn, _)) => turn,
+            Err(error) => return frames.refuse(error).await,
+        };
+        match begin(&call, turn).await {
+            Ok(Begun::Running(run)) => run.stream(frames).await,
+            Ok(Begun::Installing(installing)) => {
+                let (turn, watch) = *installing;
+                stream_after_install(&call, turn, watch, frames).await
+            }
+            Err(error) => frames.refuse(error).await,
+        }
+    }
+
+    /// The socket as a turn's sink, keeping what the client sends meanwhile.
+    struct Frames {
+        socket: WebSocket,
+        /// Messages that arrived while a turn was sending.
+        held: VecDeque<Received>,
+        closed: bool,
+    }
+
+    impl Frames {
+        /// The next message: one held, or the next to arrive; `None` once the
+        /// connection is gone.
+        async fn next(&mut self) -> Option<Received> {
+            if let Some(message) = self.held.pop_front() {
+                return Some(message);
+            }
+            loop {
+                if self.socket.readable().await.is_err() {
+                    return None;
+                }
+                match self.socket.try_receive() {
+                    Ok(Some(message)) => return Some(message),
+                    Ok(None) => {}
+                    Err(_) => return None,
+                }
+            }
+        }
+
+        /// An `error` event with an OpenAI error object.
+        async fn error(&mut self, error: Value) {
+            let message = json!({"type": "error", "error": error}).to_string();
+            if self.socket.send_text(message).await.is_err() {
+                self.closed = true;
+            }
+        }
+
+        async fn refuse(&mut self, error: ApiError) {
+            let body = error.body(ErrorStyle::OpenAi);
+            self.error(body["error"].clone()).await
+        }
+    }
+
+    impl Sink for Frames {
+        async fn send(&mut self, event: Event) -> Result<(), Gone> {
+            let sent = self.socket.send_text(event.data.to_string()).await;
+            sent.map_err(|_| {
+                self.closed = true;
+                Gone
+            })
+        }
+
+        async fn gone(&mut self) {
+            loop {
+                if self.socket.readable().await.is_err() {
+                    self.closed = true;
+                    return;
+                }
+                match self.socket.try_receive() {
+                    Ok(Some(Received::Closed)) | Err(_) => {
+                        self.closed = true;
+                        return;
+                    }
+                    Ok(Some(message)) => self.held.push_back(message),
+                    Ok(None) => {}
+                }
+            }
+        }
+    }
 }

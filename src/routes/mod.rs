@@ -86,6 +86,28 @@ mod tests {
     use super::*;
     use crate::api::Effect;
 
+    /// Every `{name}` of a path is declared as a path parameter (the OpenAPI document,
+    /// `/capabilities` and the fuzzer read the declarations).
+    #[test]
+    fn every_path_segment_is_a_declared_parameter() {
+        for endpoint in builtin_endpoints() {
+            let spec = &endpoint.spec;
+            for segment in spec.path.split('/') {
+                let Some(name) = segment.strip_prefix('{').and_then(|s| s.strip_suffix('}')) else {
+                    continue;
+                };
+                assert!(
+                    spec.params
+                        .iter()
+                        .any(|p| p.name == name && p.location == crate::api::ParamIn::Path),
+                    "{} {}: {{{name}}} is not declared",
+                    spec.id,
+                    spec.path
+                );
+            }
+        }
+    }
+
     fn ids(pick: impl Fn(&crate::api::EndpointSpec) -> bool) -> Vec<String> {
         let mut ids: Vec<String> = builtin_endpoints()
             .into_iter()

@@ -26,8 +26,11 @@ fn fields() -> Vec<Param> {
 }
 
 pub fn endpoints() -> Vec<Endpoint> {
-    let member = |method, path: &str, id, summary, h| {
-        route(method, path, id, summary, h).params(&[Param::path(ID)])
+    // The path parameter first, then the body's (`params` replaces the list).
+    let member = |method, path: &str, id, summary, h, body: Vec<Param>| {
+        let mut params = vec![Param::path(ID)];
+        params.extend(body);
+        route(method, path, id, summary, h).params(&params)
     };
     vec![
         route(
@@ -52,6 +55,7 @@ pub fn endpoints() -> Vec<Endpoint> {
             "agents_webhooks_get",
             "A webhook endpoint (without its secret).",
             handler(get),
+            Vec::new(),
         ),
         member(
             Method::Post,
@@ -59,14 +63,15 @@ pub fn endpoints() -> Vec<Endpoint> {
             "agents_webhooks_update",
             "Change a webhook endpoint's url, event_types or name.",
             handler(update),
-        )
-        .params(&fields()),
+            fields(),
+        ),
         member(
             Method::Delete,
             MEMBER,
             "agents_webhooks_delete",
             "Delete a webhook endpoint (its queued deliveries are dropped).",
             handler(delete),
+            Vec::new(),
         ),
         member(
             Method::Post,
@@ -74,21 +79,20 @@ pub fn endpoints() -> Vec<Endpoint> {
             "agents_webhooks_rotate_secret",
             "A new signing secret, answered this once.",
             handler(rotate),
-        )
-        .params(&[
-            Param::body("keep_old_secret_active_for_24_hours", "boolean", false)
-                .doc("Refused when true: events are signed with one secret."),
-        ]),
+            vec![
+                Param::body("keep_old_secret_active_for_24_hours", "boolean", false)
+                    .doc("Refused when true: events are signed with one secret."),
+            ],
+        ),
         member(
             Method::Post,
             &format!("{MEMBER}/test"),
             "agents_webhooks_test",
             "Send one signed test event now and answer the receiver's status.",
             handler(test),
-        )
-        .params(&[
-            Param::body("event_type", "string", true).doc("One of GET /v1/webhook_event_types.")
-        ]),
+            vec![Param::body("event_type", "string", true)
+                .doc("One of GET /v1/webhook_event_types.")],
+        ),
         route(
             Method::Get,
             "/v1/webhook_event_types",

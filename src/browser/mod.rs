@@ -24,7 +24,9 @@ use std::time::{Duration, Instant};
 use futures_channel::oneshot;
 use serde_json::{json, Value};
 
-pub use op::{BrowserError, ElementState, HistoryStep, MouseButton, Op, WaitUntil, VIEWPORT};
+pub use op::{
+    paper_size, BrowserError, ElementState, HistoryStep, MouseButton, Op, WaitUntil, VIEWPORT,
+};
 use page::Chromium;
 pub use page::INSTALL_HINT;
 
@@ -258,6 +260,8 @@ fn run(
             let was_running = chromium.take().is_some();
             return Ok(json!({"closed": was_running}));
         }
+        // Nothing was logged by a browser that is not running: not a reason to start one.
+        Op::Console if chromium.is_none() => return Ok(json!({"logs": []})),
         _ => {}
     }
     if chromium.is_none() {

@@ -210,4 +210,31 @@ pub enum Op {
     History(HistoryStep),
     Info,
     Close,
+    /// The page printed to PDF on paper of `paper` inches (width, height).
+    Pdf {
+        paper: (f64, f64),
+        landscape: bool,
+    },
+    /// The console messages since the last call, taken (none while Chromium is off).
+    Console,
+}
+
+/// Playwright's paper formats (`page.pdf(format=...)`, case-insensitive) as width and
+/// height in inches.
+pub fn paper_size(format: &str) -> Option<(f64, f64)> {
+    let size = match format.to_ascii_lowercase().as_str() {
+        "letter" => (8.5, 11.0),
+        "legal" => (8.5, 14.0),
+        "tabloid" => (11.0, 17.0),
+        "ledger" => (17.0, 11.0),
+        "a0" => (33.1, 46.8),
+        "a1" => (23.4, 33.1),
+        "a2" => (16.54, 23.4),
+        "a3" => (11.7, 16.54),
+        "a4" => (8.27, 11.7),
+        "a5" => (5.83, 8.27),
+        "a6" => (4.13, 5.83),
+        _ => return None,
+    };
+    Some(size)
 }

@@ -134,7 +134,12 @@ struct PageState {
     same_document: u64,
     /// The page's renderer crashed or the page was closed.
     gone: Option<String>,
+    /// Console messages not yet taken (`/browser/console`), at most [`MAX_CONSOLE`].
+    console: Vec<Value>,
 }
+
+/// Console messages kept between two `/browser/console` calls, as the reference keeps.
+const MAX_CONSOLE: usize = 1000;
 
 impl PageState {
     fn saw(&self, loader: &str, name: &str) -> bool {
@@ -328,6 +333,8 @@ impl Chromium {
             deadline,
         )?;
         self.call("Network.enable", json!({}), deadline)?;
+        // For the console's messages (`Runtime.consoleAPICalled`).
+        self.call("Runtime.enable", json!({}), deadline)?;
         self.call(
             "Emulation.setDeviceMetricsOverride",
             json!({"width": VIEWPORT.0, "height": VIEWPORT.1, "deviceScaleFactor": 1, "mobile": false}),
@@ -512,6 +519,9 @@ impl Chromium {
             }
             "Page.frameStoppedLoading" if main(params) => self.state.stopped += 1,
             "Page.loadEventFired" => self.state.loads += 1,
+            "Runtime.consoleAPICalled" if self.state.console.len() < MAX_CONSOLE => {
+                self.state.console.push(console_entry(params));
+            }
             "Page.navigatedWithinDocument" if main(params) => self.state.same_document += 1,
             "Network.responseReceived" if main(params) && params["type"] == "Document" => {
                 if let (Some(loader), Some(status)) = (
@@ -950,6 +960,12 @@ impl Chromium {
                 Ok(json!({"text": text}))
             }
             Op::History(step) => self.history(step, deadline),
+            Op::Pdf { paper, landscape } => self.pdf(paper, landscape, deadline),
+            Op::Console => {
+                // Messages Chromium sent since the last operation are read first.
+                self.pump(Instant::now().min(deadline) + Duration::from_millis(20))?;
+                Ok(json!({"logs": std::mem::take(&mut self.state.console)}))
+            }
             Op::Info | Op::Close => Err(BrowserError::Protocol("handled by the actor".into())),
         }
     }
@@ -1016,6 +1032,30 @@ impl Chromium {
         Ok(
             json!({"image_base64": data, "format": "png", "width": width, "height": height, "bytes": bytes}),
         )
+    }
+
+    /// `Page.printToPDF` with Playwright's defaults (no margins, no backgrounds).
+    fn pdf(
+        &mut self,
+        paper: (f64, f64),
+        landscape: bool,
+        deadline: Instant,
+    ) -> Result<Value, BrowserError> {
+        let params = json!({
+            "landscape": landscape, "paperWidth": paper.0, "paperHeight": paper.1,
+            "marginTop": 0, "marginBottom": 0, "marginLeft": 0, "marginRight": 0,
+            "printBackground": false,
+        });
+        let printed = self.call("Page.printToPDF", params, deadline)?;
+        let Some(data) = printed["data"].as_str() else {
+            return Err(BrowserError::Protocol(
+                "Page.printToPDF returned no data".into(),
+            ));
+        };
+        let bytes = base64_simd::STANDARD
+            .decode_to_vec(data.as_bytes())
+            .map_err(|_| BrowserError::Protocol("Chromium's PDF is not base64".into()))?;
+        Ok(json!({"pdf_base64": data, "pages": pdf_pages(&bytes)}))
     }
 
     fn history(&mut self, step: HistoryStep, deadline: Instant) -> Result<Value, BrowserError> {
@@ -1192,6 +1232,46 @@ const WAIT_JS: &str = r#"async (sel, state, ms) => {
   }
 }"#;
 
+/// A PDF's page count: its `/Type /Page` objects (not the `/Type /Pages` tree nodes, which
+/// the reference's count includes); at least 1.
+fn pdf_pages(pdf: &[u8]) -> usize {
+    const PAGE: &[u8] = b"/Type /Page";
+    let pages = pdf
+        .windows(PAGE.len() + 1)
+        .filter(|w| w.starts_with(PAGE) && !w[PAGE.len()].is_ascii_alphanumeric())
+        .count();
+    pages.max(1)
+}
+
+/// A console message as the reference reports it (Playwright's `msg.type` and
+/// `msg.text`: the arguments' values, or their descriptions, joined by spaces).
+fn console_entry(params: &Value) -> Value {
+    let text: Vec<String> = params["args"]
+        .as_array()
+        .map(Vec::as_slice)
+        .unwrap_or_default()
+        .iter()
+        .map(|arg| match &arg["value"] {
+            Value::String(s) => s.clone(),
+            Value::Null if arg["type"] == "undefined" => "undefined".into(),
+            Value::Null if arg.get("value").is_none() => arg["description"]
+                .as_str()
+                .or(arg["unserializableValue"].as_str())
+                .unwrap_or_default()
+                .to_string(),
+            other => other.to_string(),
+        })
+        .collect();
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0.0, |d| d.as_secs_f64());
+    json!({
+        "type": params["type"].as_str().unwrap_or("log"),
+        "text": text.join(" "),
+        "timestamp": now,
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -1245,5 +1325,27 @@ mod tests {
             remote_value(&json!({"type": "number", "value": 3})),
             json!(3)
         );
+    }
+
+    #[test]
+    fn pdf_pages_counts_page_objects_not_the_tree() {
+        let pdf =
+            b"1 0 obj <</Type /Pages /Count 2>> 2 0 obj <</Type /Page>> 3 0 obj <</Type /Page\n>>";
+        assert_eq!(pdf_pages(pdf), 2);
+        assert_eq!(pdf_pages(b"%PDF-1.4 nothing"), 1);
+    }
+
+    #[test]
+    fn console_entries_read_as_playwright_words_them() {
+        let params = json!({"type": "warning", "args": [
+            {"type": "string", "value": "one"}, {"type": "number", "value": 2},
+            {"type": "object", "subtype": "null", "value": null}, {"type": "undefined"},
+            {"type": "object", "className": "Object", "description": "Object"},
+            {"type": "number", "unserializableValue": "NaN", "description": "NaN"},
+        ]});
+        let entry = console_entry(&params);
+        assert_eq!(entry["type"], "warning");
+        assert_eq!(entry["text"], "one 2 null undefined Object NaN");
+        assert!(entry["timestamp"].as_f64().unwrap() > 1.7e9);
     }
 }

@@ -46,12 +46,17 @@ const SHAPES: &str = r#"<!doctype html><html><head><title>Shapes</title><style>b
 <div id="shape" style="width: 200px; height: 100px; margin-left: 30px; background: #c33"></div>
 </body></html>"#;
 
+const LOGS: &str = r#"<!doctype html><html><head><title>Logs</title></head><body>
+<script>console.log("one", 2, null, undefined); console.warn("careful"); console.error("bad", true);</script>
+</body></html>"#;
+
 fn page_for(path: &str) -> (u16, String) {
     match path {
         "/" => (200, HOME.into()),
         "/late" => (200, LATE.into()),
         "/tall" => (200, TALL.into()),
         "/shapes" => (200, SHAPES.into()),
+        "/logs" => (200, LOGS.into()),
         "/one" | "/two" | "/three" => (
             200,
             format!(
@@ -467,6 +472,69 @@ fn waits_and_screenshots(driver: &'static str) {
     );
 }
 
+/// The reference's `pdf` and `console`: Playwright's paper formats and page count, the
+/// console's messages taken once, and no Chromium started just to say there are none.
+fn pdf_and_console(driver: &'static str) {
+    let pages = serve_pages();
+    let server = browser_server(driver);
+    assert_eq!(server.get("/browser/console").json(), json!({"logs": []}));
+    assert_eq!(server.get("/browser/info").json()["running"], false);
+
+    navigate(&server, &pages.url("/logs"));
+    let logs = server.get("/browser/console").json()["logs"].clone();
+    let seen: Vec<(String, String)> = logs
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|l| {
+            assert!(l["timestamp"].as_f64().unwrap() > 1.7e9, "{l}");
+            (
+                l["type"].as_str().unwrap().into(),
+                l["text"].as_str().unwrap().into(),
+            )
+        })
+        .collect();
+    let expected = [
+        ("log", "one 2 null undefined"),
+        ("warning", "careful"),
+        ("error", "bad true"),
+    ];
+    assert_eq!(
+        seen,
+        expected.map(|(t, x)| (t.to_string(), x.to_string())),
+        "{logs}"
+    );
+    assert_eq!(server.get("/browser/console").json(), json!({"logs": []}));
+
+    let (status, pdf) = server.post_json("/browser/pdf", json!({}));
+    assert_eq!(status, 200, "{pdf}");
+    let bytes = decode_base64(pdf["pdf_base64"].as_str().unwrap());
+    assert!(bytes.starts_with(b"%PDF-"));
+    assert_eq!(pdf["pages"], 1);
+    // Letter in landscape: 11 by 8.5 inches, 792 by 612 points.
+    let (_, wide) = server.post_json(
+        "/browser/pdf",
+        json!({"format": "letter", "landscape": true}),
+    );
+    let wide =
+        String::from_utf8_lossy(&decode_base64(wide["pdf_base64"].as_str().unwrap())).into_owned();
+    assert!(
+        wide.contains("/MediaBox [0 0 792 612]"),
+        "{}",
+        &wide[..wide.len().min(600)]
+    );
+    // 3,000 pixels at 96 per inch over A4's 11.7 inches: 3 pages.
+    navigate(&server, &pages.url("/tall"));
+    let (_, tall) = server.post_json("/browser/pdf", json!({"format": "A4"}));
+    assert_eq!(tall["pages"], 3, "{}", tall["pages"]);
+    let (status, refused) = server.post_json("/browser/pdf", json!({"format": "B5"}));
+    assert_eq!(
+        (status, refused["type"].as_str()),
+        (400, Some("ValueError")),
+        "{refused}"
+    );
+}
+
 #[test]
 fn without_chromium_the_routes_answer_503_with_the_hint() {
     let server = Launch::new("uring")
@@ -522,7 +590,7 @@ fn the_group_is_opt_in() {
     let (_, caps) = server.get_json("/capabilities");
     assert_eq!(caps["groups"]["browser"], false);
     assert_eq!(
-        // 16 served, and the reference's pdf and console, declared and not served.
+        // The reference's 8 and this server's 10.
         caps["group_summary"]["browser"]["total"],
         18,
         "{}",
@@ -530,17 +598,7 @@ fn the_group_is_opt_in() {
     );
     let on = browser_server("uring");
     let (_, caps) = on.get_json("/capabilities");
-    assert_eq!(caps["group_summary"]["browser"]["enabled"], 16);
-    assert_eq!(
-        caps["endpoints"]["browser_pdf"]["rule"],
-        "build:unavailable"
-    );
-    let (status, body) = on.post_json("/browser/pdf", json!({}));
-    assert_eq!(
-        (status, body["code"].as_str()),
-        (404, Some("endpoint_disabled")),
-        "{body}"
-    );
+    assert_eq!(caps["group_summary"]["browser"]["enabled"], 18);
 }
 
 /// Evaluations that each record when they ran, in page time.
@@ -814,6 +872,7 @@ fn url_deny_sees_ipv4_in_ipv6_and_localhost(driver: &'static str) {
 
 on_both_drivers!(
     url_deny_sees_ipv4_in_ipv6_and_localhost,
+    pdf_and_console,
     navigation_content_and_history,
     input_routes_drive_the_page,
     waits_and_screenshots,

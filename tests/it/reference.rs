@@ -81,9 +81,8 @@ fn client_in_local_mode(driver: &'static str) {
     client(&server, &["--expect-identity", "anonymous"]);
 }
 
-/// The opt-in groups on: the client's dev tools and browser methods (Debian's Chromium,
-/// as the browser tests use). The reference's pdf and console routes are declared and
-/// not served by this build: they must answer 404 `build:unavailable`.
+/// The opt-in groups on: the client's dev tools and browser methods, `pdf` and
+/// `console` included (Debian's Chromium, as the browser tests use).
 fn client_with_the_opt_in_groups(driver: &'static str) {
     let server = Launch::new(driver)
         .env("ABX_SERVER_ENABLED_GROUPS", "dev_tools,browser")
@@ -95,8 +94,6 @@ fn client_with_the_opt_in_groups(driver: &'static str) {
             "anonymous",
             "--groups",
             "dev_tools,browser",
-            "--not-served",
-            "browser_pdf,browser_console",
         ],
     );
 }

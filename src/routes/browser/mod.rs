@@ -107,18 +107,42 @@ fn location_schema() -> Value {
 
 pub fn endpoints() -> Vec<Endpoint> {
     let mut endpoints = served();
-    // The reference's two routes this build does not serve yet: declared, so policies
-    // and discovery know them, and always off.
-    for (method, path, id) in [
-        (Method::Post, "/browser/pdf", "browser_pdf"),
-        (Method::Get, "/browser/console", "browser_console"),
-    ] {
-        endpoints.push(
-            Endpoint::not_served(method, path, Group::Browser, "this build does not serve it yet (docs/api.md lists the differences from the reference server)")
-                .id(id)
-                .scopes(&["browser:use"]),
-        );
-    }
+    endpoints.extend([
+        post(
+            "/browser/pdf",
+            "browser_pdf",
+            "The page printed to PDF (Playwright's paper formats, no margins).",
+            |c| boxed(pdf(c)),
+        )
+        .params(&[
+            Param::body("format", "string", false)
+                .default("\"A4\"")
+                .doc("Letter, Legal, Tabloid, Ledger, or A0 to A6 (any case)."),
+            Param::body("landscape", "boolean", false)
+                .default("false")
+                .invalid("landscape must be true or false")
+                .doc("Print in landscape orientation."),
+            timeout_param(Param::body),
+        ])
+        .returns(schema_object(
+            &["pdf_base64", "pages"],
+            json!({
+                "pdf_base64": {"type": "string"}, "pages": {"type": "integer"},
+            }),
+        )),
+        get(
+            "/browser/console",
+            "browser_console",
+            "The page's console messages since the last call, taken (at most 1,000).",
+            |c| boxed(console(c)),
+        )
+        .returns(schema_object(
+            &["logs"],
+            json!({
+                "logs": {"type": "array", "items": {"type": "object"}},
+            }),
+        )),
+    ]);
     endpoints
 }
 
@@ -533,6 +557,30 @@ async fn text(call: Call) -> Result<Response, ApiError> {
 async fn history(call: Call, step: HistoryStep) -> Result<Response, ApiError> {
     let args = call.args()?;
     run(&call, Op::History(step), timeout(&args)).await
+}
+
+async fn pdf(call: Call) -> Result<Response, ApiError> {
+    let args = call.args()?;
+    let format = args.str("format").unwrap_or("A4");
+    let paper = crate::browser::paper_size(format).ok_or_else(|| {
+        ApiError::bad_request(format!(
+            "Unknown paper format: {format} (use Letter, Legal, Tabloid, Ledger or A0 to A6)"
+        ))
+    })?;
+    let op = Op::Pdf {
+        paper,
+        landscape: args.flag("landscape"),
+    };
+    run(&call, op, timeout(&args)).await
+}
+
+async fn console(call: Call) -> Result<Response, ApiError> {
+    run(
+        &call,
+        Op::Console,
+        Duration::from_millis(DEFAULT_TIMEOUT_MS),
+    )
+    .await
 }
 
 async fn info(call: Call) -> Result<Response, ApiError> {

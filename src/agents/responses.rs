@@ -360,6 +360,20 @@ impl<S: ObjectStore> Drop for TurnGuard<S> {
 
 impl<S: ObjectStore> Agents<S> {
     /// The session `previous_response_id` continues, on the same runtime.
+    /// The runtime of the CLI session a stored response continues (`None`: it failed
+    /// before its agent started); a response the caller does not own is not found.
+    pub async fn session_runtime(
+        self: &Arc<Self>,
+        owner: &str,
+        id: &str,
+    ) -> Result<Option<Runtime>, AgentError> {
+        let record: ResponseRecord = self
+            .get(Scope::owner(owner), id)
+            .await
+            .map_err(AgentError::store("response", id, "previous_response_id"))?;
+        Ok(record.session.map(|s| s.runtime))
+    }
+
     async fn previous_session(
         self: &Arc<Self>,
         owner: &str,

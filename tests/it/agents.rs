@@ -147,9 +147,8 @@ fn runtimes_models_and_refusals() {
         caps["group_summary"]["agents"],
         // Phase 1's 20, the Agents API's 25 CRUD operations and its 22 of sessions, the
         // executor refusals at the reference's paths too, its webhook endpoints (8) and
-        // POST /v1/files, responses.connect; and the reference's compact, which this
-        // build declares but does not serve (off: build:unavailable).
-        json!({"enabled": 79, "total": 80})
+        // POST /v1/files, responses.connect and compact: the reference's whole table.
+        json!({"enabled": 80, "total": 80})
     );
     assert_eq!(
         caps["endpoints"]["agents_responses_create"]["scopes"],
@@ -1162,4 +1161,89 @@ fn a_failed_install_leaves_nothing_and_auto_install_can_be_off() {
     assert_eq!(refused["error"]["code"], "agents.runtime_not_installed");
     assert_eq!(installs_started(&off), 0);
     assert_eq!(runtime_entry(&off, "codex")["auto_install"], false);
+}
+
+/// `POST /v1/responses/compact`: qwen-code's `/compress` of the CLI session a response
+/// continues (the stub answers its summariser with a short summary, and counts a long
+/// history as long); the session goes on from the summary. codex's sessions are
+/// refused, and so are bad bodies.
+#[test]
+fn qwen_sessions_compact_and_codex_ones_are_refused() {
+    let upstream = serve_upstream();
+    let home = TempDir::new("agents-home");
+    let server = agents_server(&upstream, &home, &[("ABX_AGENTS_DEFAULT", "qwen")]);
+    let long = "word ".repeat(3000);
+    let (status, first) = server.v1_post("/v1/responses", json!({"input": format!("SAY {long}")}));
+    assert_eq!(status, 200, "{first}");
+    let (status, compacted) = server.v1_post(
+        "/v1/responses/compact",
+        json!({"previous_response_id": first["id"]}),
+    );
+    assert_eq!(status, 200, "{compacted}");
+    assert_eq!(compacted["object"], "response.compaction");
+    assert!(compacted["id"].as_str().unwrap().starts_with("resp_cmp_"));
+    assert!(compacted["created_at"].as_u64().is_some(), "{compacted}");
+    let note = &compacted["x_agent_sandbox"];
+    let before = note["original_token_count"].as_u64().expect("counts");
+    let after = note["new_token_count"].as_u64().expect("counts");
+    assert!(before > after, "{note}");
+    assert_eq!(compacted["output"][0]["type"], "message", "{compacted}");
+    let asked_for_a_summary = upstream
+        .seen
+        .lock()
+        .unwrap()
+        .iter()
+        .any(|r| r.to_string().contains("summarizes a conversation"));
+    assert!(asked_for_a_summary, "qwen asked its model for the summary");
+    // The session goes on, from the summary.
+    let (status, next) = server.v1_post(
+        "/v1/responses",
+        json!({"input": "SAY after", "previous_response_id": first["id"]}),
+    );
+    assert_eq!(
+        (status, output_text(&next)),
+        (200, "after".to_string()),
+        "{next}"
+    );
+
+    let compact = |body: Value| server.v1_post("/v1/responses/compact", body);
+    let (_, by_codex) = server.v1_post(
+        "/v1/responses",
+        json!({"model": "codex", "input": "SAY hi"}),
+    );
+    let (status, refused) = compact(json!({"previous_response_id": by_codex["id"]}));
+    assert_eq!(
+        (
+            status,
+            refused["error"]["code"].as_str(),
+            refused["error"]["param"].as_str()
+        ),
+        (400, Some("agents.compact_unsupported"), Some("model")),
+        "{refused}"
+    );
+    for (body, status, param) in [
+        (json!({}), 400, "previous_response_id"),
+        (
+            json!({"previous_response_id": ""}),
+            400,
+            "previous_response_id",
+        ),
+        (
+            json!({"previous_response_id": first["id"], "input": "x"}),
+            400,
+            "input",
+        ),
+        (
+            json!({"previous_response_id": "resp_nope"}),
+            404,
+            "previous_response_id",
+        ),
+    ] {
+        let (got, answer) = compact(body.clone());
+        assert_eq!(
+            (got, answer["error"]["param"].as_str()),
+            (status, Some(param)),
+            "{body}: {answer}"
+        );
+    }
 }

@@ -16,6 +16,9 @@
 //! | `SLOW` / `SLOW <text>` | starts an answer (streams `<text>`, on the Responses API) and never finishes it (for cancels) |
 //! | `FAIL` / `FAIL400` | is an upstream 500 / 400 |
 //!
+//! A chat request whose system message is qwen-code's summariser (its `/compress`) is
+//! answered with a short summary, whatever the history's scripts say.
+//!
 //! "Then" means: a tool's output (`function_call_output`, a chat `tool` message) is in
 //! the input after the user message that holds the script, so a tool called in an
 //! earlier turn of the same conversation does not count.
@@ -106,9 +109,16 @@ fn sse(stream: &mut TcpStream, event: &str, data: Value) -> std::io::Result<()> 
 }
 
 /// A whole streamed chat completion: one delta, the finish with usage, `[DONE]`.
-fn chat_reply(stream: &mut TcpStream, delta: Value, finish: &str) -> std::io::Result<()> {
+/// One chat answer; `prompt_tokens` grows with the request (about 4 bytes a token), as a
+/// real model's count does, so qwen-code's `/compress` sees a long history as long.
+fn chat_reply(
+    stream: &mut TcpStream,
+    delta: Value,
+    finish: &str,
+    prompt_tokens: u64,
+) -> std::io::Result<()> {
     chat_chunk(stream, delta, None, None)?;
-    let usage = json!({"prompt_tokens": 7, "completion_tokens": 4, "total_tokens": 11});
+    let usage = json!({"prompt_tokens": prompt_tokens, "completion_tokens": 4, "total_tokens": prompt_tokens + 4});
     chat_chunk(stream, json!({}), Some(finish), Some(usage))?;
     write!(stream, "data: [DONE]\n\n")
 }
@@ -274,7 +284,9 @@ pub(crate) fn respond(mut stream: TcpStream, path: &str, request: &Value) -> std
         stream,
         "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nConnection: close\r\n\r\n"
     )?;
-    let text = if let Some(t) = script.strip_prefix("SAY ") {
+    let text = if is_summary_request(request) {
+        "<state_snapshot><primary_request_and_intent>said things</primary_request_and_intent></state_snapshot>".to_string()
+    } else if let Some(t) = script.strip_prefix("SAY ") {
         t.to_string()
     } else if (script.starts_with("SHELL ") || script.starts_with("MCP ")) && tool_done {
         "done".to_string()
@@ -286,6 +298,7 @@ pub(crate) fn respond(mut stream: TcpStream, path: &str, request: &Value) -> std
         String::new()
     };
     if path.ends_with("/chat/completions") {
+        let prompt_tokens = (request.to_string().len() as u64 / 4).max(7);
         if script.starts_with("SLOW") {
             chat_chunk(
                 &mut stream,
@@ -303,12 +316,14 @@ pub(crate) fn respond(mut stream: TcpStream, path: &str, request: &Value) -> std
                 &mut stream,
                 json!({"role": "assistant", "tool_calls": [call]}),
                 "tool_calls",
+                prompt_tokens,
             );
         }
         return chat_reply(
             &mut stream,
             json!({"role": "assistant", "content": text}),
             "stop",
+            prompt_tokens,
         );
     }
     sse(
@@ -346,6 +361,15 @@ pub(crate) fn respond(mut stream: TcpStream, path: &str, request: &Value) -> std
         "usage": {"input_tokens": 10, "output_tokens": 3, "total_tokens": 13,
                   "input_tokens_details": {"cached_tokens": 2}, "output_tokens_details": {"reasoning_tokens": 0}}}}),
     )
+}
+
+/// qwen-code's `/compress` asks its model for a summary with this system prompt.
+fn is_summary_request(request: &Value) -> bool {
+    request["messages"].as_array().is_some_and(|messages| {
+        messages.iter().any(|m| {
+            m["role"] == "system" && text_of(&m["content"]).contains("summarizes a conversation")
+        })
+    })
 }
 
 /// The scripted upstream: each request's JSON body is kept, and answered by its script.

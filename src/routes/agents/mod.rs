@@ -99,11 +99,6 @@ pub fn endpoints() -> Vec<Endpoint> {
         )
         .params(&[Param::path("environment_id")]),
     ]);
-    endpoints.extend(NOT_SERVED.iter().map(|(method, path, id)| {
-        Endpoint::not_served(*method, path, Group::Agents, NOT_SERVED_REASON)
-            .id(id)
-            .scopes(&[SCOPE])
-    }));
     reference_ids::adopt(endpoints)
 }
 
@@ -123,17 +118,6 @@ fn executor_channel_refused() -> ApiError {
         "Executor channels are not available: this server runs agents itself, in this sandbox.",
     )
 }
-
-/// Routes the reference's agents table has and this build does not serve yet: declared,
-/// so a policy may name them and discovery lists them, and always off.
-const NOT_SERVED: [(Method, &str, &str); 1] = [(
-    Method::Post,
-    "/v1/responses/compact",
-    "agents_responses_compact",
-)];
-
-const NOT_SERVED_REASON: &str =
-    "this build does not serve it yet (docs/api.md lists the differences from the reference server)";
 
 /// A path parameter's value.
 pub fn path_value(call: &Call, name: &str) -> String {

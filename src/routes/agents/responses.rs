@@ -89,6 +89,23 @@ pub fn endpoints() -> Vec<Endpoint> {
         .endpoints();
     endpoints.push(
         super::route(
+            Method::Post,
+            "/v1/responses/compact",
+            "agents_responses_compact",
+            "Compress the CLI session a response continues (qwen-code's /compress); codex cannot.",
+            handler(compact),
+        )
+        .params(&[
+            Param::body("previous_response_id", "string", true)
+                .missing("previous_response_id: required; the summary is of that conversation")
+                .doc("The response whose CLI session is compressed; a later turn continuing it starts from the summary."),
+            Param::body("model", "string", false).doc("Accepted and unused: the session's runtime compresses it."),
+            Param::body("runtime", "string", false).doc("Accepted and unused, as model."),
+            Param::body("adapter", "string", false).doc("Accepted and unused (the reference's name for runtime)."),
+        ]),
+    );
+    endpoints.push(
+        super::route(
             Method::Get,
             "/v1/responses",
             "agents_responses_connect",
@@ -100,6 +117,121 @@ pub fn endpoints() -> Vec<Endpoint> {
         })),
     );
     endpoints
+}
+
+/// `POST /v1/responses/compact` (the reference's R-07): a turn of the session's CLI that
+/// runs qwen-code's `/compress` (kept out of the stored responses), answered as a
+/// `response.compaction` with the token counts qwen reports. codex compacts only inside
+/// its own turns, so it is refused.
+async fn compact(call: Call) -> Result<Response, ApiError> {
+    let body: Map<String, Value> = call.json()?;
+    if let Some(key) = body
+        .keys()
+        .find(|k| !["model", "previous_response_id", "adapter", "runtime"].contains(&k.as_str()))
+    {
+        return Err(super::invalid(
+            key,
+            format!("{key}: compaction takes the stored conversation only"),
+        ));
+    }
+    let previous = match body.get("previous_response_id") {
+        Some(Value::String(id)) if !id.is_empty() => id.clone(),
+        _ => {
+            return Err(super::invalid(
+                "previous_response_id",
+                "previous_response_id: required; the summary is of that conversation",
+            ))
+        }
+    };
+    let owner = &call.identity.id;
+    let agents = agents_of(&call)?;
+    match agents.session_runtime(owner, &previous).await? {
+        Some(Runtime::QwenCode) => {}
+        Some(runtime) => {
+            return Err(super::invalid(
+                "model",
+                format!(
+                    "compaction is not supported for {}: its exec mode emits no compaction item",
+                    runtime.name()
+                ),
+            )
+            .with_code("agents.compact_unsupported"))
+        }
+        None => {
+            return Err(super::invalid(
+                "previous_response_id",
+                format!("Response '{previous}' has no session to compact (it failed before the agent started)."),
+            ))
+        }
+    }
+    let request = TurnRequest {
+        input: json!("/compress"),
+        model: None,
+        runtime: Some(Runtime::QwenCode.name().to_string()),
+        instructions: None,
+        store: false,
+        metadata: None,
+        conversation: None,
+        previous_response_id: Some(previous.clone()),
+    };
+    let turn = prepare(&agents, owner, request, default_runtime(&call)).await?;
+    let launch = match ready_launch(&call, turn.runtime).await {
+        Ok(launch) => launch,
+        Err(error) => return Err(abandoned(turn, error).await),
+    };
+    let answer = start(&agents, owner, turn, launch).await?.whole().await;
+    let output: Vec<Value> = answer["output"]
+        .as_array()
+        .map(Vec::as_slice)
+        .unwrap_or_default()
+        .iter()
+        .filter(|item| item["type"] == "message")
+        .cloned()
+        .collect();
+    let said: Vec<&str> = output
+        .iter()
+        .flat_map(|item| {
+            item["content"]
+                .as_array()
+                .map(Vec::as_slice)
+                .unwrap_or_default()
+        })
+        .filter_map(|part| part["text"].as_str())
+        .collect();
+    let said = said.join(" ");
+    if answer["status"] != "completed" {
+        let why = answer["error"]["message"].as_str().unwrap_or(&said);
+        return Err(super::invalid(
+            "previous_response_id",
+            format!("the CLI could not compress the conversation: {why}"),
+        )
+        .with_code("agents.compact_failed"));
+    }
+    let mut note = label(
+        Runtime::QwenCode.name(),
+        &["summary_not_encrypted_compaction", "response_is_cli_turn"],
+    );
+    if let Some((before, after)) = compressed_counts(&said) {
+        note["original_token_count"] = json!(before);
+        note["new_token_count"] = json!(after);
+    }
+    Ok(Response::ok(&json!({
+        "id": crate::agents::records::new_id("resp_cmp_"),
+        "object": "response.compaction",
+        "created_at": answer["created_at"],
+        "output": output,
+        "usage": answer["usage"],
+        "x_agent_sandbox": note,
+    })))
+}
+
+/// The counts of qwen-code's `Context compressed (N -> M).` (an estimate is `~M`).
+fn compressed_counts(said: &str) -> Option<(u64, u64)> {
+    let rest = &said[said.find("Context compressed (")? + "Context compressed (".len()..];
+    let (counts, _) = rest.split_once(')')?;
+    let (before, after) = counts.split_once("->")?;
+    let number = |s: &str| s.trim().trim_start_matches('~').parse::<u64>().ok();
+    Some((number(before)?, number(after)?))
 }
 
 /// A plain GET of `/v1/responses`, as the reference answers it.
@@ -493,5 +625,23 @@ mod socket {
                 }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::compressed_counts;
+
+    #[test]
+    fn qwen_compression_counts() {
+        assert_eq!(
+            compressed_counts("Context compressed (22745 -> ~12895)."),
+            Some((22745, 12895))
+        );
+        assert_eq!(
+            compressed_counts("Note. Context compressed (~10 -> 4)."),
+            Some((10, 4))
+        );
+        assert_eq!(compressed_counts("Compression was not beneficial."), None);
     }
 }

@@ -235,15 +235,7 @@ impl ApiService {
             endpoint: index,
             state: self.state.clone(),
         };
-        Plan::Upgrade(Box::new(move |mut stream, leftover| {
-            Box::pin(async move {
-                use monoio::io::AsyncWriteRentExt;
-                let (written, _) = stream.write_all(handshake).await;
-                if written.is_ok() {
-                    handler(upgraded, stream, leftover).await;
-                }
-            })
-        }))
+        hand_over(handshake, handler, upgraded)
     }
 
     /// A WebSocket on the API port, for a request already admitted (credentials,
@@ -282,15 +274,7 @@ impl ApiService {
             endpoint: index,
             state: self.state.clone(),
         };
-        Plan::Upgrade(Box::new(move |mut stream, leftover| {
-            Box::pin(async move {
-                use monoio::io::AsyncWriteRentExt;
-                let (written, _) = stream.write_all(handshake).await;
-                if written.is_ok() {
-                    handler(upgraded, stream, leftover).await;
-                }
-            })
-        }))
+        hand_over(handshake, handler, upgraded)
     }
 
     /// Whether this request streams a raw `application/octet-stream` body into a sink.
@@ -577,6 +561,23 @@ pub fn render(error: ApiError, style: ErrorStyle) -> Response {
         response = response.header(name, value);
     }
     response
+}
+
+/// Sends the `101` handshake answer, then runs `handler` on the socket (on either port).
+fn hand_over(
+    handshake: Vec<u8>,
+    handler: super::endpoint::UpgradeHandler<Upgraded>,
+    upgraded: Upgraded,
+) -> Plan<Accepted> {
+    Plan::Upgrade(Box::new(move |mut stream, leftover| {
+        Box::pin(async move {
+            use monoio::io::AsyncWriteRentExt;
+            let (written, _) = stream.write_all(handshake).await;
+            if written.is_ok() {
+                handler(upgraded, stream, leftover).await;
+            }
+        })
+    }))
 }
 
 /// Whether the request asks for a WebSocket (`Upgrade: websocket`).

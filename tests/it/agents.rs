@@ -661,6 +661,12 @@ models = [m.id for m in client.models.list()]
 assert models == ["codex", "qwen-code"], models
 print("ok")
 "#;
+    run_sdk_script(script, &server);
+}
+
+/// Runs a Python `script` of the tools venv (the pinned SDK) with the server's `/v1`
+/// base URL; it must print exactly `ok`.
+fn run_sdk_script(script: &str, server: &Server) {
     let output = std::process::Command::new(&tools().python)
         .args(["-c", script, &format!("http://{}/v1", server.addr)])
         .output()
@@ -732,16 +738,7 @@ assert plain.status_code == 400, plain.text
 assert plain.json()["error"]["code"] == "agents.websocket_upgrade_required", plain.text
 print("ok")
 "#;
-    let output = std::process::Command::new(&tools().python)
-        .args(["-c", script, &format!("http://{}/v1", server.addr)])
-        .output()
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    assert!(
-        output.status.success() && stdout.trim() == "ok",
-        "stdout: {stdout}\nstderr: {stderr}"
-    );
+    run_sdk_script(script, &server);
 }
 
 /// Every object and event of every phase-1 route, validated by the pinned `openai` SDK's

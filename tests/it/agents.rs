@@ -1203,6 +1203,24 @@ fn qwen_sessions_compact_and_codex_ones_are_refused() {
         "{next}"
     );
 
+    // The pinned SDK's own call, its answer parsed by its CompactedResponse model.
+    let (_, again) = server.v1_post("/v1/responses", json!({"input": format!("SAY {long}")}));
+    let script = format!(
+        r#"
+import sys
+from openai import OpenAI
+from openai.types.responses import CompactedResponse
+client = OpenAI(base_url=sys.argv[1], api_key="local")
+r = client.responses.compact(model="qwen-code", previous_response_id="{}")
+assert isinstance(r, CompactedResponse) and r.object == "response.compaction", r
+CompactedResponse.model_validate(r.model_dump(), strict=True)
+assert r.output and r.output[0].type == "message", r
+print("ok")
+"#,
+        again["id"].as_str().unwrap()
+    );
+    run_sdk_script(&script, &server);
+
     let compact = |body: Value| server.v1_post("/v1/responses/compact", body);
     let (_, by_codex) = server.v1_post(
         "/v1/responses",

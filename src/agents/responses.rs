@@ -14,6 +14,7 @@ use super::input::{check_metadata, input_item, parse_input, InputMessage};
 use super::objects::{label, now_unix, Object};
 use super::records::{new_id, Collection, ObjectStore, Record, Scope, Transaction};
 use super::runtime::{Runtime, Session};
+use super::saved::{AgentConfig, SavedAgent};
 use super::surface::Agents;
 
 /// Responses kept before the oldest finished one is forgotten.
@@ -241,6 +242,34 @@ fn prompt(instructions: Option<&str>, unseen: &[String], messages: &[InputMessag
     prompt
 }
 
+/// What names a saved agent where a model is expected (its ids' prefix).
+const SAVED_AGENT_PREFIX: &str = "agent_";
+
+/// A saved agent a response may run: its model and instructions; what a one-shot CLI
+/// turn cannot honour (tools, reasoning, subagents) is refused rather than dropped.
+fn saved_agent_for_a_response(saved: &SavedAgent) -> Result<&AgentConfig, AgentError> {
+    let config = &saved.config;
+    let unsupported = |what: &str| {
+        AgentError::Unsupported {
+        param: "model".into(),
+        message: format!(
+            "The saved agent '{}' sets {what}, which a response cannot honour; run it in a session (POST /v1/agents/sessions with agent_id).",
+            saved.id
+        ),
+    }
+    };
+    if !config.tools.is_empty() {
+        return Err(unsupported("tools"));
+    }
+    if config.reasoning.effort.is_some() || config.reasoning.summary.is_some() {
+        return Err(unsupported("reasoning"));
+    }
+    if config.multi_agent.enabled {
+        return Err(unsupported("multi_agent"));
+    }
+    Ok(config)
+}
+
 /// Checks a turn and resolves where it continues; a conversation is taken (busy)
 /// until the returned turn, started or not, is dropped. Not a method of [`Agents`]: an
 /// impl counts as part of its type's module, and `surface` must not depend on this
@@ -248,9 +277,22 @@ fn prompt(instructions: Option<&str>, unseen: &[String], messages: &[InputMessag
 pub async fn prepare<S: ObjectStore>(
     agents: &Arc<Agents<S>>,
     owner: &str,
-    request: TurnRequest,
+    mut request: TurnRequest,
     default: Runtime,
 ) -> Result<Prepared<S>, AgentError> {
+    if let Some(id) = request
+        .model
+        .clone()
+        .filter(|m| m.starts_with(SAVED_AGENT_PREFIX))
+    {
+        let saved = agents
+            .get::<SavedAgent>(Scope::owner(owner), &id)
+            .await
+            .map_err(AgentError::store("agent", &id, "model"))?;
+        let config = saved_agent_for_a_response(&saved)?;
+        request.model = Some(config.model.clone());
+        request.instructions = request.instructions.or_else(|| config.instructions.clone());
+    }
     let (runtime, cli_model) = select_runtime(
         request.model.as_deref(),
         request.runtime.as_deref(),

@@ -73,11 +73,32 @@ impl Runtime {
         }
     }
 
+    /// The other names each runtime answers to: the reference's, so a template that
+    /// selects `openai-codex` or `claude_code` there selects the same runtime here.
     pub fn aliases(self) -> &'static [&'static str] {
         match self {
-            Runtime::QwenCode => &["qwen", "qwencode"],
-            _ => &[],
+            Runtime::Codex => &["openai-codex"],
+            Runtime::QwenCode => &["qwen", "qwen_code", "qwencode"],
+            Runtime::ClaudeCode => &["claude", "claude_code", "claudecode"],
+            Runtime::Cursor => &["cursor-agent", "cursor_agent"],
+            Runtime::Command => &["custom"],
         }
+    }
+
+    /// The program the runtime runs (declared ones too), as the reference names it.
+    pub fn binary(self) -> Option<&'static str> {
+        match self {
+            Runtime::Codex => Some("codex"),
+            Runtime::QwenCode => Some("qwen"),
+            Runtime::ClaudeCode => Some("claude"),
+            Runtime::Cursor => Some("cursor-agent"),
+            Runtime::Command => None,
+        }
+    }
+
+    /// Whether the reference calls the adapter experimental.
+    pub fn experimental(self) -> bool {
+        matches!(self, Runtime::QwenCode | Runtime::Cursor)
     }
 
     /// The runtime a name or alias selects (case-insensitive).
@@ -260,6 +281,12 @@ mod tests {
         assert_eq!(Runtime::parse("codex"), Some(Runtime::Codex));
         assert_eq!(Runtime::parse("claude-code"), Some(Runtime::ClaudeCode));
         assert_eq!(Runtime::parse("gpt-5"), None);
+        // The reference's aliases.
+        assert_eq!(Runtime::parse("openai-codex"), Some(Runtime::Codex));
+        assert_eq!(Runtime::parse("qwen_code"), Some(Runtime::QwenCode));
+        assert_eq!(Runtime::parse("claude"), Some(Runtime::ClaudeCode));
+        assert_eq!(Runtime::parse("cursor-agent"), Some(Runtime::Cursor));
+        assert_eq!(Runtime::parse("custom"), Some(Runtime::Command));
         assert!(!Runtime::Cursor.implemented());
         assert_eq!(
             Runtime::Codex.install_command().unwrap(),

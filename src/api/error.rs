@@ -142,11 +142,19 @@ impl ApiError {
                         .map(|(_, v)| v.clone())
                         .unwrap_or(Value::Null)
                 };
+                let kind = self.openai_type();
+                // A refusal without a code of its own gets the reference's, so a client
+                // that branches on `code` reads the same word on both servers.
+                let code = self.code.or(match kind.as_ref() {
+                    "not_found_error" => Some("resource_not_found"),
+                    "invalid_request_error" => Some("invalid_request"),
+                    _ => None,
+                });
                 let mut error = serde_json::json!({
                     "message": self.message,
-                    "type": self.openai_type(),
+                    "type": kind,
                     "param": field("param"),
-                    "code": self.code,
+                    "code": code,
                 });
                 // A disabled endpoint names the rule that decided, as the contract's
                 // envelope does beside `error`.

@@ -177,7 +177,7 @@ mod tests {
             assert_eq!(reply.header("x-agent-sandbox-local"), Some("1"));
             assert_eq!(reply.header("x-should-retry"), Some("false"));
             let body = reply.json();
-            assert_eq!(body["error"]["code"], "agents_cannot_count_input_tokens");
+            assert_eq!(body["error"]["code"], "agents.not_implemented_locally");
             assert_eq!(body["error"]["type"], "not_found_error");
             assert!(body["error"].as_object().unwrap().contains_key("param"));
             // The engine's refusal of the route's body is worded as the route words its

@@ -166,6 +166,8 @@ pub enum Op {
     Screenshot {
         selector: Option<String>,
         full_page: bool,
+        /// JPEG rather than PNG (the reference's `format`).
+        jpeg: bool,
     },
     Click {
         selector: String,
@@ -180,6 +182,8 @@ pub enum Op {
         selector: Option<String>,
         text: String,
         delay: Duration,
+        /// Empty the element (as a fill with "") before typing.
+        clear: bool,
     },
     Press {
         chord: keys::Chord,

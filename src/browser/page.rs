@@ -845,7 +845,9 @@ impl Chromium {
     pub fn run(&mut self, op: Op, deadline: Instant) -> Result<Value, BrowserError> {
         match op {
             Op::Navigate { url, wait_until } => self.navigate(&url, wait_until, deadline),
-            Op::Screenshot { selector, full_page } => self.screenshot(selector.as_deref(), full_page, deadline),
+            Op::Screenshot { selector, full_page, jpeg } => {
+                self.screenshot(selector.as_deref(), full_page, jpeg, deadline)
+            }
             Op::Click { selector, button, click_count } => {
                 let element = self.visible_element(&selector, "box", deadline)?;
                 let before = (self.state.navigations, self.state.stopped);
@@ -856,7 +858,7 @@ impl Chromium {
                     self.mouse("mouseReleased", element.x, element.y, button, count, deadline)?;
                 }
                 self.settle(before, deadline)?;
-                Ok(json!({"ok": true}))
+                Ok(json!({"clicked": true, "selector": selector}))
             }
             Op::Fill { selector, value } => loop {
                 let script = format!("({FILL_JS})({}, {})", js_string(&selector), js_string(&value));
@@ -875,8 +877,12 @@ impl Chromium {
                 }
                 self.pump(Instant::now() + VISIBILITY_POLL)?;
             },
-            Op::Type { selector, text, delay } => {
+            Op::Type { selector, text, delay, clear } => {
                 if let Some(selector) = &selector {
+                    if clear {
+                        let value = String::new();
+                        self.run(Op::Fill { selector: selector.clone(), value }, deadline)?;
+                    }
                     self.visible_element(selector, "focus", deadline)?;
                 }
                 let before = (self.state.navigations, self.state.stopped);
@@ -890,7 +896,7 @@ impl Chromium {
                     self.tap(&key_for_char(c), 0, deadline)?;
                 }
                 self.settle(before, deadline)?;
-                Ok(json!({"ok": true}))
+                Ok(json!({"typed": true, "selector": selector, "text": text}))
             }
             Op::Press { chord, selector } => {
                 if let Some(selector) = &selector {
@@ -1004,13 +1010,18 @@ impl Chromium {
         &mut self,
         selector: Option<&str>,
         full_page: bool,
+        jpeg: bool,
         deadline: Instant,
     ) -> Result<Value, BrowserError> {
-        let mut params = json!({"format": "png", "optimizeForSpeed": true});
+        let format = if jpeg { "jpeg" } else { "png" };
+        let mut params = json!({"format": format, "optimizeForSpeed": true});
+        // What a JPEG's size is read from (a PNG's is read from its header).
+        let mut area = (VIEWPORT.0 as f64, VIEWPORT.1 as f64);
         if let Some(selector) = selector {
             let element = self.visible_element(selector, "box", deadline)?;
             params["clip"] = json!({"x": element.left, "y": element.top, "width": element.width, "height": element.height, "scale": 1});
             params["captureBeyondViewport"] = json!(true);
+            area = (element.width, element.height);
         } else if full_page {
             let metrics = self.call("Page.getLayoutMetrics", json!({}), deadline)?;
             let size = &metrics["cssContentSize"];
@@ -1018,6 +1029,7 @@ impl Chromium {
             let height = size["height"].as_f64().unwrap_or(VIEWPORT.1 as f64).ceil();
             params["clip"] = json!({"x": 0, "y": 0, "width": width, "height": height, "scale": 1});
             params["captureBeyondViewport"] = json!(true);
+            area = (width, height);
         }
         let shot = self.call("Page.captureScreenshot", params, deadline)?;
         let Some(data) = shot["data"].as_str() else {
@@ -1025,12 +1037,16 @@ impl Chromium {
                 "Page.captureScreenshot returned no data".into(),
             ));
         };
-        let (width, height) = png_size(data)
-            .ok_or_else(|| BrowserError::Protocol("Chromium's screenshot is not a PNG".into()))?;
+        let (width, height) = match jpeg {
+            true => (area.0.round() as u32, area.1.round() as u32),
+            false => png_size(data).ok_or_else(|| {
+                BrowserError::Protocol("Chromium's screenshot is not a PNG".into())
+            })?,
+        };
         let padding = data.bytes().rev().take_while(|b| *b == b'=').count();
         let bytes = data.len() / 4 * 3 - padding;
         Ok(
-            json!({"image_base64": data, "format": "png", "width": width, "height": height, "bytes": bytes}),
+            json!({"image_base64": data, "format": format, "width": width, "height": height, "bytes": bytes}),
         )
     }
 

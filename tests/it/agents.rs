@@ -73,7 +73,24 @@ fn runtimes_models_and_refusals() {
     );
     assert_eq!(codex["default"], true);
     let qwen = by_id("qwen-code");
-    assert_eq!(qwen["aliases"], json!(["qwen", "qwencode"]));
+    assert_eq!(qwen["aliases"], json!(["qwen", "qwen_code", "qwencode"]));
+    // The reference's descriptive fields.
+    assert_eq!(codex["object"], "agent.runtime");
+    assert_eq!(codex["binary"], "codex");
+    assert_eq!(codex["path"], codex["program"]);
+    assert_eq!(
+        codex["install_steps"],
+        json!([[
+            "npm",
+            "install",
+            "-g",
+            format!("@openai/codex@{}", pin("CODEX_VERSION"))
+        ]])
+    );
+    assert_eq!(
+        by_id("cursor")["aliases"],
+        json!(["cursor-agent", "cursor_agent"])
+    );
     assert_eq!(qwen["version"], pin("QWEN_CODE_VERSION").as_str());
     for declared in ["claude-code", "cursor", "command"] {
         assert_eq!(by_id(declared)["implemented"], false);
@@ -109,23 +126,15 @@ fn runtimes_models_and_refusals() {
         (404, json!("model_not_found"))
     );
 
-    for (method, path, code) in [
-        (
-            "POST",
-            "/v1/responses/input_tokens",
-            "agents_cannot_count_input_tokens",
-        ),
-        ("DELETE", "/v1/models/codex", "agents_cannot_delete_models"),
-        (
-            "POST",
-            "/v1/agents/executors",
-            "agents_cannot_register_executors",
-        ),
-        (
-            "GET",
-            "/v1/agents/executors/ex_1/channel",
-            "agents_cannot_open_executor_channels",
-        ),
+    // The refusals, each with the reference's code and its pointer to the runtimes;
+    // the route's id says which capability is absent.
+    for (method, path) in [
+        ("POST", "/v1/responses/input_tokens"),
+        ("DELETE", "/v1/models/codex"),
+        ("POST", "/v1/agents/executors"),
+        ("GET", "/v1/agents/executors/ex_1/channel"),
+        ("POST", "/v1/agents/environments/env_1/register"),
+        ("GET", "/v1/agents/environments/env_1/connect"),
     ] {
         let reply = server.request(
             method,
@@ -137,8 +146,15 @@ fn runtimes_models_and_refusals() {
         assert_eq!(reply.header("x-should-retry"), Some("false"), "{path}");
         assert_eq!(reply.header("x-agent-sandbox-local"), Some("1"), "{path}");
         let body = reply.json();
-        assert_eq!(body["error"]["code"], code, "{body}");
+        assert_eq!(
+            body["error"]["code"], "agents.not_implemented_locally",
+            "{body}"
+        );
         assert_eq!(body["error"]["type"], "not_found_error");
+        assert_eq!(
+            body["error"]["x_agent_sandbox"]["runtimes"], "/v1/agents/runtimes",
+            "{body}"
+        );
         assert!(body["error"].as_object().unwrap().contains_key("param"));
     }
 
@@ -187,6 +203,51 @@ fn codex_answers_whole_and_as_openai_events() {
     assert_eq!(stored, response);
     let (_, inputs) = server.v1_get(&format!("/v1/responses/{id}/input_items"));
     assert_eq!(inputs["data"][0]["content"][0]["text"], "SAY hello there");
+
+    // A saved agent's id as the model runs its model and instructions (the stub says
+    // the instructions' script: the input has none), and the agent is listed as a model.
+    let (status, saved) = server.v1_post(
+        "/v1/agents",
+        json!({"model": "codex", "instructions": "SAY the saved agent speaks"}),
+    );
+    assert_eq!(status, 200, "{saved}");
+    let agent_id = saved["id"].as_str().unwrap();
+    let (status, response) = server.v1_post(
+        "/v1/responses",
+        json!({"model": agent_id, "input": "who is there?"}),
+    );
+    assert_eq!(status, 200, "{response}");
+    assert_eq!(output_text(&response), "the saved agent speaks");
+    let (_, models) = server.v1_get("/v1/models");
+    assert_eq!(models["data"][0]["id"], agent_id, "{models}");
+    assert_eq!(
+        models["data"][0]["x_agent_sandbox"]["kind"],
+        "agent_definition"
+    );
+    assert_eq!(models["data"][0]["owned_by"], "agent-sandbox-local");
+    let (status, model) = server.v1_get(&format!("/v1/models/{agent_id}"));
+    assert_eq!((status, model["id"].as_str()), (200, Some(agent_id)));
+    // What one CLI turn cannot honour is refused, not dropped; an unknown agent is 404.
+    let (_, reasoned) = server.v1_post(
+        "/v1/agents",
+        json!({"model": "codex", "reasoning": {"effort": "low"}}),
+    );
+    let (status, error) = server.v1_post(
+        "/v1/responses",
+        json!({"model": reasoned["id"], "input": "SAY x"}),
+    );
+    assert_eq!(status, 400, "{error}");
+    assert_eq!(error["error"]["param"], "model");
+    assert_eq!(error["error"]["code"], "unsupported_parameter");
+    let (status, error) = server.v1_post(
+        "/v1/responses",
+        json!({"model": "agent_0123456789abcdef", "input": "SAY x"}),
+    );
+    assert_eq!(
+        (status, error["error"]["param"].as_str()),
+        (404, Some("model"))
+    );
+    assert_eq!(error["error"]["code"], "resource_not_found");
 
     // Streamed: OpenAI's event names, in order, numbered from 0.
     let mut stream = server.connect();

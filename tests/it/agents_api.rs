@@ -155,10 +155,7 @@ fn literal_agents_paths_win_over_agent_ids() {
     let (status, runtimes) = as_alice(&server, "GET", "/v1/agents/runtimes", None);
     assert_eq!(status, 200, "{runtimes}");
     assert_eq!(runtimes["object"], "list");
-    assert_eq!(
-        runtimes["data"][0]["object"], "agents.runtime",
-        "{runtimes}"
-    );
+    assert_eq!(runtimes["data"][0]["object"], "agent.runtime", "{runtimes}");
     let (status, envs) = as_alice(&server, "GET", "/v1/agents/environments", None);
     assert_eq!(
         (status, envs["data"][0]["object"].clone()),
@@ -172,7 +169,7 @@ fn literal_agents_paths_win_over_agent_ids() {
     );
     let (status, refusal) = as_alice(&server, "POST", "/v1/agents/executors", Some(json!({})));
     assert_eq!(status, 404);
-    assert_eq!(refusal["error"]["code"], "agents_cannot_register_executors");
+    assert_eq!(refusal["error"]["code"], "agents.not_implemented_locally");
     // An agent id is still an agent id.
     let (status, missing) = as_alice(&server, "GET", "/v1/agents/agent_nope", None);
     assert_eq!(status, 404);

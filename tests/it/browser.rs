@@ -283,7 +283,10 @@ fn input_routes_drive_the_page(driver: &'static str) {
     navigate(&server, &pages.url("/"));
 
     let (status, body) = server.post_json("/browser/click", json!({"selector": "#btn"}));
-    assert_eq!((status, body), (200, json!({"ok": true})));
+    assert_eq!(
+        (status, body),
+        (200, json!({"clicked": true, "selector": "#btn"}))
+    );
     assert_eq!(eval(&server, "document.body.dataset.clicks"), "1");
     let (status, _) = server.post_json(
         "/browser/click",
@@ -311,14 +314,37 @@ fn input_routes_drive_the_page(driver: &'static str) {
         server.post_json("/browser/fill", json!({"selector": "#box", "value": "x"}));
     assert_eq!(status, 400, "{body}");
 
-    let (status, _) = server.post_json(
+    let (status, body) = server.post_json(
         "/browser/type",
         json!({"selector": "#notes", "text": "abc", "delay_ms": 5}),
+    );
+    assert_eq!(
+        (status, body),
+        (
+            200,
+            json!({"typed": true, "selector": "#notes", "text": "abc"})
+        )
+    );
+    assert_eq!(
+        eval(&server, "document.querySelector('#notes').value"),
+        "abc"
+    );
+    // `clear` empties the field first (the reference's client sends it); `delay` is
+    // the reference's name for the pause between keys.
+    let (status, _) = server.post_json(
+        "/browser/type",
+        json!({"selector": "#notes", "text": "xy", "clear": true, "delay": 1}),
     );
     assert_eq!(status, 200);
     assert_eq!(
         eval(&server, "document.querySelector('#notes').value"),
-        "abc"
+        "xy"
+    );
+    let (status, body) = server.post_json("/browser/type", json!({"text": "q", "clear": true}));
+    assert_eq!(status, 400, "{body}");
+    server.post_json(
+        "/browser/type",
+        json!({"selector": "#notes", "text": "abc", "clear": true, "delay": 0}),
     );
     // Control+A selects what was typed; the next key replaces it.
     let (status, _) = server.post_json(
@@ -445,7 +471,7 @@ fn waits_and_screenshots(driver: &'static str) {
     );
     assert_eq!(status, 400);
 
-    let (status, shot) = server.post_json("/browser/screenshot", json!({}));
+    let (status, shot) = server.post_json("/browser/screenshot", json!({"full_page": false}));
     assert_eq!(status, 200);
     let data = shot["image_base64"].as_str().unwrap();
     assert_eq!(png_size(data), (1280, 720));
@@ -460,9 +486,26 @@ fn waits_and_screenshots(driver: &'static str) {
     assert_eq!(shot["bytes"], decode_base64(data).len());
 
     navigate(&server, &pages.url("/tall"));
-    let (_, full) = server.post_json("/browser/screenshot", json!({"full_page": true}));
+    // The whole page is the default, as on the reference.
+    let (_, full) = server.post_json("/browser/screenshot", json!({}));
     let (width, height) = png_size(full["image_base64"].as_str().unwrap());
     assert_eq!((width, height), (1280, 3000), "{}", full["height"]);
+    // JPEG when asked (the reference's `format`), sized as captured.
+    let (status, jpeg) = server.post_json(
+        "/browser/screenshot",
+        json!({"format": "jpeg", "full_page": false}),
+    );
+    assert_eq!(status, 200, "{jpeg}");
+    let bytes = decode_base64(jpeg["image_base64"].as_str().unwrap());
+    assert_eq!(&bytes[..3], b"\xff\xd8\xff", "a JPEG's first bytes");
+    assert_eq!(
+        (
+            jpeg["format"].clone(),
+            jpeg["width"].clone(),
+            jpeg["height"].clone()
+        ),
+        (json!("jpeg"), json!(1280), json!(720))
+    );
 
     navigate(&server, &pages.url("/shapes"));
     let (_, element) = server.post_json("/browser/screenshot", json!({"selector": "#shape"}));

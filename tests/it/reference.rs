@@ -216,11 +216,18 @@ fn differential_local_and_plain_token(driver: &'static str) {
 }
 
 /// `reference_answers.py`: the same requests on the same trees to the binary and to the
-/// reference (dev_tools on for both); the differences must be exactly the table of
-/// `docs/api.md` section 11.1.
-fn answers(driver: &'static str) {
+/// reference (dev_tools and agents on for both, each with a state directory of its own);
+/// the differences must be exactly the table of `docs/api.md` section 11.1.
+fn answers(driver: &'static str, browser: bool) {
+    let groups = match browser {
+        true => "dev_tools,agents,browser",
+        false => "dev_tools,agents",
+    };
+    let state = TempDir::new("answers-state");
+    let reference_state = TempDir::new("answers-reference-state");
     let server = Launch::new(driver)
-        .env("ABX_SERVER_ENABLED_GROUPS", "dev_tools")
+        .env("ABX_SERVER_ENABLED_GROUPS", groups)
+        .env("ABX_STATE_DIR", state.path().to_str().unwrap())
         .start();
     let mut command = Command::new(&tools().reference_python);
     command
@@ -232,19 +239,48 @@ fn answers(driver: &'static str) {
         .arg("--documented")
         .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/api.md"))
         .arg("--env")
-        .arg("ABX_SERVER_ENABLED_GROUPS=dev_tools");
+        .arg(format!("ABX_SERVER_ENABLED_GROUPS={groups}"))
+        .arg("--env")
+        .arg(format!(
+            "ABX_AGENTS_STATE_DIR={}",
+            reference_state.path().display()
+        ));
+    if browser {
+        command.arg("--browser").arg(chromium());
+    }
     run(command, "reference_answers.py");
 }
 
-// Answers go through each I/O driver's file and process paths.
+/// Debian's Chromium, which this server's browser tests use too.
+fn chromium() -> String {
+    ["chromium", "chromium-headless-shell"]
+        .iter()
+        .flat_map(|name| {
+            std::env::var_os("PATH")
+                .map(|path| {
+                    std::env::split_paths(&path)
+                        .map(|d| d.join(name))
+                        .collect::<Vec<_>>()
+                })
+                .unwrap_or_default()
+        })
+        .find(|candidate| candidate.is_file())
+        .expect("Chromium is installed (apt-get install chromium), as the browser tests need")
+        .display()
+        .to_string()
+}
+
+// Answers go through each I/O driver's file and process paths. The browser cases start a
+// reference each, so they run once: the browser's pipe to Chromium is the same code on
+// both drivers, which tests/it/browser.rs runs on each.
 #[test]
 fn reference_answers_uring() {
-    answers("uring")
+    answers("uring", true)
 }
 
 #[test]
 fn reference_answers_epoll() {
-    answers("epoll")
+    answers("epoll", false)
 }
 
 // One driver: each test also starts the Python reference, and the policy decisions do not

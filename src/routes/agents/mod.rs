@@ -106,17 +106,13 @@ pub fn endpoints() -> Vec<Endpoint> {
 /// the reference's at `.../environments/{id}/register`).
 fn executor_registration_refused() -> ApiError {
     cannot(
-        "agents_cannot_register_executors",
         "Executor registration is not available: this server runs agents itself, in this sandbox.",
     )
 }
 
 /// No executor channel opens on a local server.
 fn executor_channel_refused() -> ApiError {
-    cannot(
-        "agents_cannot_open_executor_channels",
-        "Executor channels are not available: this server runs agents itself, in this sandbox.",
-    )
+    cannot("Executor channels are not available: this server runs agents itself, in this sandbox.")
 }
 
 /// A path parameter's value.
@@ -161,10 +157,25 @@ fn server_runtime(_: &Call) -> Result<&'static str, ApiError> {
     Ok("agent-sandbox")
 }
 
-/// A typed refusal of a route that exists to say the capability is absent.
-fn cannot(code: &'static str, message: &str) -> ApiError {
+/// The code of every "this server has no such capability" refusal, and the body's
+/// pointer to the runtimes it does have (the reference's shape).
+const NOT_IMPLEMENTED_LOCALLY: &str = "agents.not_implemented_locally";
+
+fn not_implemented_label() -> serde_json::Value {
+    serde_json::json!({
+        "local": true,
+        "compute": "none",
+        "differences": ["not_implemented_locally"],
+        "runtimes": "/v1/agents/runtimes",
+    })
+}
+
+/// A typed refusal of a route that exists to say the capability is absent (the route's
+/// id says which: `agents_cannot_*`).
+fn cannot(message: &str) -> ApiError {
     ApiError::new(404, "not_found_error", message)
-        .with_code(code)
+        .with_code(NOT_IMPLEMENTED_LOCALLY)
+        .with_field("x_agent_sandbox", not_implemented_label())
         .with_header("x-should-retry", "false")
 }
 
@@ -239,7 +250,9 @@ fn not_implemented(runtime: Runtime) -> ApiError {
             runtime.name()
         ),
     )
-    .with_code("agents.not_implemented_locally")
+    .with_code(NOT_IMPLEMENTED_LOCALLY)
+    .with_field("param", "adapter")
+    .with_field("x_agent_sandbox", not_implemented_label())
     .with_header("x-should-retry", "false")
 }
 
@@ -262,7 +275,9 @@ impl From<AgentError> for ApiError {
                 param,
                 message,
             } => {
-                let kind = if status == 409 || status < 500 {
+                let kind = if status == 404 {
+                    "not_found_error"
+                } else if status < 500 {
                     "invalid_request_error"
                 } else {
                     "server_error"

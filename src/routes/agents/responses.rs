@@ -81,7 +81,6 @@ pub fn endpoints() -> Vec<Endpoint> {
             "Refused: the CLIs count no tokens ahead of a turn.",
             handler(|_| async {
                 Err(cannot(
-                    "agents_cannot_count_input_tokens",
                     "Counting input tokens is not available: the local runtimes report usage only after a turn (see usage on the response).",
                 ))
             }),

@@ -4,8 +4,12 @@
 use serde_json::{json, Value};
 
 use super::resource::{Named, Op, Resource};
-use super::{cannot, cli, default_runtime, not_implemented, path_value, route};
+use super::{
+    agents_of, cannot, cli, default_runtime, not_implemented, path_value, route, store_error,
+};
 use crate::agents::objects::{label, now_unix};
+use crate::agents::records::{ListQuery, Order, Scope};
+use crate::agents::saved::SavedAgent;
 use crate::agents::Runtime;
 use crate::api::{ApiError, Method};
 use crate::app::{handler, Call, Endpoint};
@@ -31,7 +35,6 @@ pub fn endpoints() -> Vec<Endpoint> {
                 "Refused: local runtimes cannot be deleted.",
                 handler(|_| async {
                     Err(cannot(
-                        "agents_cannot_delete_models",
                         "Models are the local agent runtimes; they cannot be deleted through the API.",
                     ))
                 }),
@@ -52,15 +55,25 @@ async fn runtimes(call: Call) -> Result<Response, ApiError> {
         };
         let usable = status.as_ref().and_then(|s| s.usable.as_ref());
         let cli = runtime.cli();
+        let program = usable.map(|u| u.program.display().to_string());
         data.push(json!({
             "id": runtime.name(),
-            "object": "agents.runtime",
+            "object": "agent.runtime",
+            // The reference's descriptive fields, so its clients read them here too.
+            "name": runtime.name(),
+            "binary": runtime.binary(),
+            "path": program,
+            "experimental": runtime.experimental(),
+            "install_steps": match cli.as_ref() {
+                Some(cli) => json!([["npm", "install", "-g", format!("{}@{}", cli.package, cli.version)]]),
+                None => json!([]),
+            },
             "aliases": runtime.aliases(),
             "implemented": runtime.implemented(),
             "installed": usable.is_some(),
             "version": usable.map(|u| u.version.clone()),
             "source": usable.map(|u| u.source.name()),
-            "program": usable.map(|u| u.program.display().to_string()),
+            "program": program,
             "installing": status.as_ref().is_some_and(|s| s.installing),
             "auto_install": runtime.implemented() && auto_install,
             "ignored_on_path": status.as_ref().and_then(|s| s.ignored.as_ref()).map(|(path, version)| {
@@ -81,23 +94,67 @@ async fn runtimes(call: Call) -> Result<Response, ApiError> {
     ))
 }
 
+/// Who owns every model here, as the reference names it.
+const OWNED_BY: &str = "agent-sandbox-local";
+
 fn model_object(runtime: Runtime, created: u64) -> Value {
+    let mut label = label(runtime.name(), &["model_is_runtime"]);
+    label["kind"] = json!("adapter");
     json!({
         "id": runtime.name(),
         "object": "model",
         "created": created,
-        "owned_by": "agent-sandbox",
-        "x_agent_sandbox": label(runtime.name(), &["model_is_runtime"]),
+        "owned_by": OWNED_BY,
+        "x_agent_sandbox": label,
     })
 }
 
+/// A saved agent as a model: `/v1/responses` runs it when `model` is its id.
+fn saved_agent_model(agent: &SavedAgent) -> Value {
+    let mut label = label("agent-sandbox", &[]);
+    label["kind"] = json!("agent_definition");
+    json!({
+        "id": agent.id,
+        "object": "model",
+        "created": agent.created_at,
+        "owned_by": OWNED_BY,
+        "x_agent_sandbox": label,
+    })
+}
+
+/// The caller's saved agents, then the implemented runtimes (the reference's order).
+async fn models(call: &Call) -> Result<Vec<Value>, ApiError> {
+    let agents = agents_of(call)?;
+    let mut data = Vec::new();
+    let mut after: Option<String> = None;
+    loop {
+        let query = ListQuery {
+            after: after.as_deref(),
+            limit: 100,
+            order: Order::Asc,
+        };
+        let page = agents
+            .list::<SavedAgent>(Scope::owner(&call.identity.id), &query)
+            .await
+            .map_err(|e| store_error(e, "agent", "", "model"))?;
+        data.extend(page.data.iter().map(saved_agent_model));
+        match (page.has_more, page.last_id) {
+            (true, Some(last)) => after = Some(last),
+            _ => break,
+        }
+    }
+    let created = started_unix(call);
+    data.extend(
+        Runtime::ALL
+            .into_iter()
+            .filter(|r| r.implemented())
+            .map(|r| model_object(r, created)),
+    );
+    Ok(data)
+}
+
 async fn models_list(call: Call) -> Result<Response, ApiError> {
-    let created = started_unix(&call);
-    let data: Vec<Value> = Runtime::ALL
-        .into_iter()
-        .filter(|r| r.implemented())
-        .map(|r| model_object(r, created))
-        .collect();
+    let data = models(&call).await?;
     Ok(Response::ok(
         &json!({"object": "list", "data": data, "x_agent_sandbox": label("agent-sandbox", &[])}),
     ))
@@ -105,19 +162,25 @@ async fn models_list(call: Call) -> Result<Response, ApiError> {
 
 async fn models_get(call: Call) -> Result<Response, ApiError> {
     let id = path_value(&call, "model");
-    match Runtime::parse(&id) {
-        Some(runtime) if runtime.implemented() => {
-            Ok(Response::ok(&model_object(runtime, started_unix(&call))))
-        }
-        Some(runtime) => Err(not_implemented(runtime)),
-        None => Err(ApiError::new(
+    if let Some(runtime) = Runtime::parse(&id).filter(|r| !r.implemented()) {
+        return Err(not_implemented(runtime));
+    }
+    let found = match Runtime::parse(&id) {
+        Some(runtime) => Some(model_object(runtime, started_unix(&call))),
+        None => models(&call)
+            .await?
+            .into_iter()
+            .find(|m| m["id"] == id.as_str()),
+    };
+    found.map(|model| Response::ok(&model)).ok_or_else(|| {
+        ApiError::new(
             404,
             "not_found_error",
-            format!("The model '{id}' does not exist. GET /v1/models lists the local runtimes."),
+            format!("The model '{id}' does not exist. GET /v1/models lists the local runtimes and your saved agents."),
         )
         .with_code("model_not_found")
-        .with_field("param", "model")),
-    }
+        .with_field("param", "model")
+    })
 }
 
 /// When the server started, as a Unix time (the models' `created`).

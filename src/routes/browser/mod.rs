@@ -161,13 +161,16 @@ fn served() -> Vec<Endpoint> {
             })))
             .also_answers(&[403])
             .enforces(&["url_allow", "url_deny", "block_private_networks", "allow_private_networks"]),
-        post("/browser/screenshot", "browser_screenshot", "PNG of the viewport, the full page, or one element.", |c| boxed(screenshot(c)))
+        post("/browser/screenshot", "browser_screenshot", "PNG or JPEG of the full page, the viewport, or one element.", |c| boxed(screenshot(c)))
             .params(&[
-                selector_param(false, "CSS selector of the element to capture; without it the viewport or the full page."),
+                selector_param(false, "CSS selector of the element to capture; without it the full page or the viewport."),
                 Param::body("full_page", "boolean", false)
-                    .default("false")
+                    .default("true")
                     .invalid("full_page must be true or false")
-                    .doc("Capture the whole page at its layout size instead of the viewport."),
+                    .doc("Capture the whole page at its layout size (the default, as on the reference); false: the viewport."),
+                Param::body("format", "string", false)
+                    .default("\"png\"")
+                    .doc("png or jpeg; any other word is png, as on the reference."),
                 timeout_param(Param::body),
             ])
             .returns(schema_object(&["image_base64", "format", "width", "height", "bytes"], json!({
@@ -188,7 +191,9 @@ fn served() -> Vec<Endpoint> {
                     .doc("Clicks in a row, 1 to 10 (2 is a double click)."),
                 timeout_param(Param::body),
             ])
-            .returns(ok_schema())
+            .returns(schema_object(&["clicked", "selector"], json!({
+                "clicked": {"type": "boolean"}, "selector": {"type": "string"},
+            })))
             .also_answers(&[404]),
         post("/browser/fill", "browser_fill", "Set an input's value and fire input and change.", |c| boxed(fill(c)))
             .extension()
@@ -203,15 +208,26 @@ fn served() -> Vec<Endpoint> {
             .params(&[
                 selector_param(false, "CSS selector of the element to focus first; without it the focused element."),
                 Param::body("text", "string", true).doc("The text to type, one key at a time (\\n is Enter, \\t Tab)."),
+                Param::body("delay", "number", false)
+                    .range(0.0, 10_000.0)
+                    .default("50")
+                    .invalid("delay must be from 0 to 10000")
+                    .wrong_type("delay must be a number")
+                    .doc("Milliseconds to wait between keys, 0 to 10000 (the reference's name and default)."),
                 Param::body("delay_ms", "number", false)
                     .range(0.0, 10_000.0)
-                    .default("0")
                     .invalid("delay_ms must be from 0 to 10000")
                     .wrong_type("delay_ms must be a number")
-                    .doc("Milliseconds to wait between keys, 0 to 10000."),
+                    .doc("The same as delay (this server's earlier name); wins when both are given."),
+                Param::body("clear", "boolean", false)
+                    .default("false")
+                    .invalid("clear must be true or false")
+                    .doc("Empty the element first (needs selector)."),
                 timeout_param(Param::body),
             ])
-            .returns(ok_schema())
+            .returns(schema_object(&["typed", "selector", "text"], json!({
+                "typed": {"type": "boolean"}, "selector": {"type": ["string", "null"]}, "text": {"type": "string"},
+            })))
             .also_answers(&[404]),
         post("/browser/press", "browser_press", "Press a key or chord (Enter, Control+A), optionally on an element.", |c| boxed(press(c)))
             .extension()
@@ -422,9 +438,14 @@ async fn navigate(call: Call) -> Result<Response, ApiError> {
 
 async fn screenshot(call: Call) -> Result<Response, ApiError> {
     let args = call.args()?;
+    // The reference's leniency: any format but jpeg is png.
+    let jpeg = args
+        .str("format")
+        .is_some_and(|f| f.eq_ignore_ascii_case("jpeg"));
     let op = Op::Screenshot {
         selector: selector(&args)?,
-        full_page: args.flag("full_page"),
+        full_page: args.bool("full_page").unwrap_or(true),
+        jpeg,
     };
     run(&call, op, timeout(&args)).await
 }
@@ -455,12 +476,27 @@ async fn fill(call: Call) -> Result<Response, ApiError> {
     run(&call, op, timeout(&args)).await
 }
 
+/// Between two typed keys, as on the reference (Playwright's `type` with `delay=50`).
+const DEFAULT_TYPE_DELAY_MS: f64 = 50.0;
+
 async fn type_text(call: Call) -> Result<Response, ApiError> {
     let args = call.args()?;
+    let selector = selector(&args)?;
+    let clear = args.flag("clear");
+    if clear && selector.is_none() {
+        return Err(ApiError::bad_request(
+            "clear needs a selector: name the element to empty",
+        ));
+    }
+    let delay_ms = args
+        .number("delay_ms")
+        .or_else(|| args.number("delay"))
+        .unwrap_or(DEFAULT_TYPE_DELAY_MS);
     let op = Op::Type {
-        selector: selector(&args)?,
+        selector,
         text: args.string("text"),
-        delay: Duration::from_secs_f64(args.number("delay_ms").unwrap_or(0.0) / 1000.0),
+        delay: Duration::from_secs_f64(delay_ms / 1000.0),
+        clear,
     };
     run(&call, op, timeout(&args)).await
 }

@@ -71,6 +71,7 @@ pub async fn create(
         thread_id: None,
         active_turn: None,
         idempotency: Vec::new(),
+        pending_keys: Vec::new(),
         turns: 0,
     };
     let (key, id) = (owner.to_string(), session.id.clone());

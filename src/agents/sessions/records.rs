@@ -109,9 +109,14 @@ pub struct Session {
     pub thread_id: Option<String>,
     /// The root turn running now, if any.
     pub active_turn: Option<String>,
-    /// Recent `Idempotency-Key`s of `POST …/events`, with a digest of the body each came
-    /// with (a key reused for another body is refused).
+    /// Recent `Idempotency-Key`s of `POST …/events` whose inputs were applied, with a
+    /// digest of the body each came with (a key reused for another body is refused).
     pub idempotency: Vec<(String, String)>,
+    /// Keys whose inputs are being applied now (key, digest). A key leaves this list
+    /// when its request ends: into `idempotency` if its inputs were applied, else
+    /// forgotten, so a retry applies them. A restart forgets them too.
+    #[serde(default)]
+    pub pending_keys: Vec<(String, String)>,
     /// How many turns it holds.
     pub turns: usize,
 }
@@ -124,16 +129,73 @@ impl Record for Session {
         &self.id
     }
     fn on_restart(&mut self) -> bool {
+        // A request that was applying a key's inputs ended with the server: nobody was
+        // answered, so the client's retry applies them.
+        let had_pending = !self.pending_keys.is_empty();
+        self.pending_keys.clear();
         // Nothing runs a turn after a restart: the session waits for its next input,
         // which resumes the codex thread. The turn itself is marked failed (see Turn).
         if self.status == Status::Idle && self.active_turn.is_none() {
-            return false;
+            return had_pending;
         }
         self.status = Status::Idle;
         self.active_turn = None;
         self.required_actions.clear();
         self.error = Some(RESTARTED.to_string());
         true
+    }
+}
+
+/// What an `Idempotency-Key` of `POST …/events` says about a request that carries it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum KeyClaim {
+    /// First use (or the first since a failure): the request applies its inputs, and
+    /// the key is pending until [`Session::settle_key`].
+    Claimed,
+    /// The same body was applied already: answer as then, apply nothing.
+    Applied,
+    /// The same body is being applied by another request now.
+    InFlight,
+    /// The key came with another body.
+    Reused,
+}
+
+impl Session {
+    /// Claims `key` (sent with a body of `digest`) for applying its inputs.
+    pub fn claim_key(&mut self, key: &str, digest: &str) -> KeyClaim {
+        let same = |(k, d): &(String, String)| (k == key).then_some(d == digest);
+        if let Some(same_body) = self.idempotency.iter().find_map(same) {
+            return if same_body {
+                KeyClaim::Applied
+            } else {
+                KeyClaim::Reused
+            };
+        }
+        if let Some(same_body) = self.pending_keys.iter().find_map(same) {
+            return if same_body {
+                KeyClaim::InFlight
+            } else {
+                KeyClaim::Reused
+            };
+        }
+        self.pending_keys
+            .push((key.to_string(), digest.to_string()));
+        KeyClaim::Claimed
+    }
+
+    /// Ends a claim: an applied key is remembered (the newest [`IDEMPOTENCY_KEYS`]), a
+    /// failed one forgotten, so the same request sent again is applied.
+    pub fn settle_key(&mut self, key: &str, digest: &str, applied: bool) {
+        let claimed = |(k, d): &(String, String)| k == key && d == digest;
+        let Some(at) = self.pending_keys.iter().position(claimed) else {
+            return;
+        };
+        let entry = self.pending_keys.remove(at);
+        if applied {
+            self.idempotency.push(entry);
+            let excess = self.idempotency.len().saturating_sub(IDEMPOTENCY_KEYS);
+            self.idempotency.drain(..excess);
+        }
     }
 }
 
@@ -445,5 +507,66 @@ impl Object for Trace {
             "otlp": self.otlp,
             "x_agent_sandbox": label("agent-sandbox", &["spans_from_codex_notifications"]),
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn session() -> Session {
+        serde_json::from_value(json!({
+            "id": "sess_1", "created_at": 1, "last_active_at": 1, "agent": {}, "config": "",
+            "environment": {}, "workspace": null, "metadata": {}, "vault_ids": [],
+            "status": "idle", "error": null, "required_actions": [], "usage": null,
+            "review": null, "prompt_cache_options": null, "spend_control": null,
+            "thread_id": null, "active_turn": null, "idempotency": [], "turns": 0
+        }))
+        .expect("a session stored before pending keys existed still reads")
+    }
+
+    #[test]
+    fn a_key_is_bound_to_the_outcome_of_applying_its_inputs() {
+        let mut s = session();
+        assert_eq!(s.claim_key("k", "body"), KeyClaim::Claimed);
+        // A retry while the first is being applied waits; another body is refused.
+        assert_eq!(s.claim_key("k", "body"), KeyClaim::InFlight);
+        assert_eq!(s.claim_key("k", "other"), KeyClaim::Reused);
+        // The inputs failed: the key is free again, and the retry applies them.
+        s.settle_key("k", "body", false);
+        assert_eq!(s.claim_key("k", "body"), KeyClaim::Claimed);
+        s.settle_key("k", "body", true);
+        // Applied: a repeat applies nothing; another body is still refused.
+        assert_eq!(s.claim_key("k", "body"), KeyClaim::Applied);
+        assert_eq!(s.claim_key("k", "other"), KeyClaim::Reused);
+        assert!(s.pending_keys.is_empty());
+    }
+
+    #[test]
+    fn a_restart_frees_keys_whose_request_it_interrupted() {
+        let mut s = session();
+        assert_eq!(s.claim_key("k", "body"), KeyClaim::Claimed);
+        assert!(s.on_restart(), "the freed key is written back");
+        assert_eq!(s.claim_key("k", "body"), KeyClaim::Claimed);
+    }
+
+    #[test]
+    fn only_the_newest_applied_keys_are_remembered() {
+        let mut s = session();
+        for i in 0..=IDEMPOTENCY_KEYS {
+            let key = format!("k{i}");
+            assert_eq!(s.claim_key(&key, "b"), KeyClaim::Claimed);
+            s.settle_key(&key, "b", true);
+        }
+        assert_eq!(s.idempotency.len(), IDEMPOTENCY_KEYS);
+        assert_eq!(
+            s.claim_key("k0", "b"),
+            KeyClaim::Claimed,
+            "the oldest was forgotten"
+        );
+        assert_eq!(
+            s.claim_key(&format!("k{IDEMPOTENCY_KEYS}"), "b"),
+            KeyClaim::Applied
+        );
     }
 }

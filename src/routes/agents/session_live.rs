@@ -12,11 +12,12 @@ use serde_json::json;
 
 use super::{agents_of, cli};
 use crate::agents::objects::Object;
-use crate::agents::records::Scope;
+use crate::agents::records::{ObjectStore, Scope, StoreError};
 use crate::agents::sessions::channel::Subscription;
 use crate::agents::sessions::inputs::Input;
 use crate::agents::sessions::live::{Hub, Launch};
-use crate::agents::sessions::records::Session;
+use crate::agents::sessions::records::{KeyClaim, Session};
+use crate::agents::surface::AgentsStore;
 use crate::agents::{AgentError, Runtime};
 use crate::api::ApiError;
 use crate::app::Call;
@@ -108,46 +109,98 @@ async fn launch(call: &Call, session: &Session) -> Result<Launch, ApiError> {
     })
 }
 
-/// Whether `key` is new for this session (then it is remembered with the body's
-/// digest); a key seen with the same body is a repeat, with another body a refusal.
-pub async fn first_use_of_key(
+/// An `Idempotency-Key` claimed for one request's inputs; [`KeyClaimed::settle`] says
+/// whether they were applied. Dropped unsettled (the client went away mid-request, a
+/// panic), the claim is released, so a retry applies the inputs.
+pub struct KeyClaimed {
+    agents: Arc<crate::agents::Agents>,
+    owner: String,
+    session: String,
+    key: String,
+    digest: String,
+    settled: bool,
+}
+
+impl KeyClaimed {
+    /// Ends the claim: remembered when `applied`, else forgotten.
+    pub async fn settle(mut self, applied: bool) {
+        self.settled = true;
+        let settle = self.settlement(applied);
+        // The answer does not wait on it failing: an unsettled claim is released at the
+        // next restart.
+        let _ = self.agents.transact(settle).await;
+    }
+
+    fn settlement(
+        &self,
+        applied: bool,
+    ) -> impl FnOnce(&mut <AgentsStore as ObjectStore>::Txn<'_>) -> Result<(), StoreError> + Send + 'static
+    {
+        let (owner, session, key, digest) = (
+            self.owner.clone(),
+            self.session.clone(),
+            self.key.clone(),
+            self.digest.clone(),
+        );
+        move |t| {
+            use crate::agents::records::Transaction;
+            t.update::<Session, _>(Scope::owner(&owner), &session, |s| {
+                s.settle_key(&key, &digest, applied);
+            })
+        }
+    }
+}
+
+impl Drop for KeyClaimed {
+    fn drop(&mut self) {
+        if !self.settled {
+            let release = self.settlement(false);
+            self.agents.transact_detached(release);
+        }
+    }
+}
+
+/// Claims `key` (with the body's `digest`) for this request: `None` when the same body
+/// was applied already (answer as then), a claim to settle when it is to be applied; a
+/// key in use by a request still running, or sent with another body, is refused.
+pub async fn claim_key(
     call: &Call,
     id: &str,
     key: &str,
     digest: &str,
-) -> Result<bool, ApiError> {
-    let (owner, sid, key, digest) = (
+) -> Result<Option<KeyClaimed>, ApiError> {
+    let agents = agents_of(call)?;
+    let (owner, sid, k, d) = (
         call.identity.id.clone(),
         id.to_string(),
         key.to_string(),
         digest.to_string(),
     );
-    let shown = id.to_string();
-    let seen = agents_of(call)?
+    let claim = agents
         .transact(move |t| {
             use crate::agents::records::Transaction;
-            t.update::<Session, _>(Scope::owner(&owner), &sid, |s| {
-                match s.idempotency.iter().find(|(k, _)| *k == key) {
-                    Some((_, d)) if *d == digest => Some(true),
-                    Some(_) => Some(false),
-                    None => {
-                        s.idempotency.push((key, digest));
-                        let excess = s
-                            .idempotency
-                            .len()
-                            .saturating_sub(crate::agents::sessions::records::IDEMPOTENCY_KEYS);
-                        s.idempotency.drain(..excess);
-                        None
-                    }
-                }
-            })
+            t.update::<Session, _>(Scope::owner(&owner), &sid, |s| s.claim_key(&k, &d))
         })
         .await
-        .map_err(|e| super::store_error(e, "session", &shown, "session_id"))?;
-    match seen {
-        None => Ok(true),
-        Some(true) => Ok(false),
-        Some(false) => Err(ApiError::new(
+        .map_err(|e| super::store_error(e, "session", id, "session_id"))?;
+    match claim {
+        KeyClaim::Claimed => Ok(Some(KeyClaimed {
+            agents,
+            owner: call.identity.id.clone(),
+            session: id.to_string(),
+            key: key.to_string(),
+            digest: digest.to_string(),
+            settled: false,
+        })),
+        KeyClaim::Applied => Ok(None),
+        // The SDK retries a 409 after a pause, by which time the first has an outcome.
+        KeyClaim::InFlight => Err(ApiError::new(
+            409,
+            "invalid_request_error",
+            "A request with this Idempotency-Key is still being applied; retry shortly for its answer.",
+        )
+        .with_code("idempotency_key_in_use")),
+        KeyClaim::Reused => Err(ApiError::new(
             409,
             "invalid_request_error",
             "This Idempotency-Key was used with another request body: use a fresh key for a new request.",

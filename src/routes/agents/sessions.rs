@@ -382,14 +382,22 @@ async fn events_post(call: Call) -> Result<Response, ApiError> {
         args.value("events").unwrap_or(&Value::Null),
     )?;
     let hub = super::session_live::hub(&call)?;
-    let key = call.header("idempotency-key").map(str::to_string);
-    if let Some(key) = key {
-        let digest = digest(&call.body);
-        if !super::session_live::first_use_of_key(&call, &id, &key, &digest).await? {
-            return Ok(accepted());
+    let claim = match call.header("idempotency-key") {
+        Some(key) => {
+            let digest = digest(&call.body);
+            match super::session_live::claim_key(&call, &id, key, &digest).await? {
+                Some(claim) => Some(claim),
+                // Applied already: answered as the first time, applied once.
+                None => return Ok(accepted()),
+            }
         }
+        None => None,
+    };
+    let sent = super::session_live::send(&call, &hub, &id, inputs).await;
+    if let Some(claim) = claim {
+        claim.settle(sent.is_ok()).await;
     }
-    super::session_live::send(&call, &hub, &id, inputs).await?;
+    sent?;
     Ok(accepted())
 }
 

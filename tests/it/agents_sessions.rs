@@ -191,6 +191,16 @@ fn inputs_racing_a_delete_are_accepted_or_not_found() {
     sdk(&server, &sandbox, "race");
 }
 
+/// A cancel sent with its input, right after it, or while it is still being applied ends
+/// the turn cancelled and the session idle within seconds; the next turn runs.
+#[test]
+fn a_cancel_is_never_lost() {
+    let upstream = serve_upstream();
+    let sandbox = Sandbox::new(&upstream);
+    let server = sandbox.server();
+    sdk(&server, &sandbox, "cancel");
+}
+
 #[test]
 fn an_mcp_tool_reaches_its_server_with_the_vaults_bearer() {
     let target = Launch::new("uring")

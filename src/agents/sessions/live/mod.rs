@@ -47,6 +47,12 @@ mod subagents;
 
 /// How long an actor with nothing to do keeps its app-server.
 pub const IDLE: Duration = Duration::from_secs(600);
+/// After a cancel, how long codex may take to end the turn before the interrupt is
+/// sent again (codex drops one that comes before its turn has started)...
+const CANCEL_RESEND: Duration = Duration::from_secs(2);
+/// ...and before the server ends the turn itself, stopping codex's app-server (the next
+/// input starts a new one on the same thread).
+const CANCEL_GIVE_UP: Duration = Duration::from_secs(10);
 /// Bytes of a command's output an item keeps (its stream showed all of it).
 pub const ITEM_OUTPUT_BYTES: usize = 64 * 1024;
 
@@ -210,6 +216,14 @@ fn gone() -> AgentError {
     )
 }
 
+/// Logged when codex did not end a cancelled turn in time.
+fn tracing_cancel(session: &str) {
+    crate::log::line(format_args!(
+        "session {session}: codex did not end a cancelled turn within {}s; ending it here and stopping its app-server",
+        CANCEL_GIVE_UP.as_secs()
+    ));
+}
+
 /// A pending function call: the app-server request to answer.
 struct PendingCall {
     request: Value,
@@ -227,6 +241,19 @@ struct ActiveTurn {
     /// When each codex item started (ms), for its span.
     started: HashMap<String, u64>,
     items: usize,
+    /// When a cancel was asked for, and how many interrupts went to codex since.
+    cancel: Option<(std::time::Instant, u32)>,
+}
+
+impl ActiveTurn {
+    /// When the cancel's next step is due: resending the interrupt, or giving up on
+    /// codex ending the turn.
+    fn cancel_due(&self) -> Option<std::time::Instant> {
+        self.cancel.map(|(at, sent)| match sent {
+            0 | 1 => at + CANCEL_RESEND,
+            _ => at + CANCEL_GIVE_UP,
+        })
+    }
 }
 
 struct Actor {
@@ -289,19 +316,24 @@ impl Actor {
         let workspace = Rc::new(RefCell::new(workspace_fd));
         loop {
             let idle = self.turn.is_none();
+            let cancel_due = self.turn.as_ref().and_then(ActiveTurn::cancel_due);
             let next = {
                 let command =
                     std::future::poll_fn(|cx| std::pin::Pin::new(&mut commands).poll_next(cx));
                 let message = incoming.next();
-                let timeout = monoio::time::sleep(if idle {
-                    IDLE
-                } else {
-                    Duration::from_secs(86_400)
-                });
+                let wait = match cancel_due {
+                    Some(due) => due.saturating_duration_since(std::time::Instant::now()),
+                    None if idle => IDLE,
+                    None => Duration::from_secs(86_400),
+                };
+                let timeout = monoio::time::sleep(wait);
                 monoio::select! {
                     c = command => Next::Command(c),
                     m = message => Next::Message(m),
-                    _ = timeout => Next::Idle,
+                    _ = timeout => match cancel_due {
+                        Some(_) => Next::CancelDue,
+                        None => Next::Idle,
+                    },
                 }
             };
             match next {
@@ -333,6 +365,11 @@ impl Actor {
                 }
                 Next::Message(None) => break,
                 Next::Idle => break,
+                Next::CancelDue => {
+                    if !self.cancel_step(&workspace).await {
+                        break;
+                    }
+                }
             }
         }
         self.hub.finished(&self.session, &mut commands);
@@ -579,6 +616,7 @@ impl Actor {
             pending: HashMap::new(),
             started: HashMap::new(),
             items: 0,
+            cancel: None,
         });
         if let Some(model) = session.agent["model"].as_str() {
             self.model = model.to_string();
@@ -651,13 +689,19 @@ impl Actor {
         Ok(())
     }
 
+    /// Asks codex to interrupt the running turn, and remembers the cancel until the turn
+    /// ends: the interrupt is sent again when codex reports the turn started (one sent
+    /// before is dropped) and when [`CANCEL_RESEND`] passes; after [`CANCEL_GIVE_UP`]
+    /// the server ends the turn itself. So no cancel is lost, whenever it comes.
     async fn cancel(&mut self) {
         let Some(turn) = self.turn.as_mut() else {
             return;
         };
+        if turn.cancel.is_none() {
+            turn.cancel = Some((std::time::Instant::now(), 0));
+        }
         // A waiting function call is answered first, so codex can stop.
         let pending: Vec<PendingCall> = turn.pending.drain().map(|(_, p)| p).collect();
-        let codex_turn = turn.codex_turn.clone();
         if let Some(app) = self.app.clone() {
             for call in pending {
                 app.respond(
@@ -665,12 +709,48 @@ impl Actor {
                     Err(RpcError::new(-32000, "the turn was cancelled")),
                 );
             }
-            let params = json!({"threadId": self.thread, "turnId": codex_turn.unwrap_or_default()});
-            // Its answer waits until codex aborted the turn; the turn's end says the rest.
-            monoio::spawn(async move {
-                let _ = app.request("turn/interrupt", params).await;
-            });
         }
+        self.interrupt();
+    }
+
+    /// Sends codex `turn/interrupt` for the running turn (its answer waits until codex
+    /// aborted the turn; the turn's end says the rest).
+    fn interrupt(&mut self) {
+        let Some(turn) = self.turn.as_mut() else {
+            return;
+        };
+        if let Some((_, sent)) = turn.cancel.as_mut() {
+            *sent += 1;
+        }
+        let Some(app) = self.app.clone() else {
+            return;
+        };
+        let params =
+            json!({"threadId": self.thread, "turnId": turn.codex_turn.clone().unwrap_or_default()});
+        monoio::spawn(async move {
+            let _ = app.request("turn/interrupt", params).await;
+        });
+    }
+
+    /// A cancelled turn that has not ended in time: the interrupt again, or, past
+    /// [`CANCEL_GIVE_UP`], the turn ended here as cancelled and codex's app-server
+    /// stopped with everything it runs. False when the actor is to stop.
+    async fn cancel_step(&mut self, workspace: &Rc<RefCell<Option<OwnedFd>>>) -> bool {
+        let Some((_, sent)) = self.turn.as_ref().and_then(|t| t.cancel) else {
+            return true;
+        };
+        if sent < 2 {
+            self.interrupt();
+            return true;
+        }
+        tracing_cancel(&self.session);
+        self.end_here("cancelled", None, workspace).await;
+        if let Some(app) = self.app.take() {
+            if let Ok(app) = Rc::try_unwrap(app) {
+                app.shutdown().await;
+            }
+        }
+        false
     }
 
     async fn tool_result(
@@ -862,6 +942,12 @@ impl Actor {
         let Some(turn) = self.turn.as_mut() else {
             return;
         };
+        if method == "turn/started" && turn.cancel.is_some() {
+            self.interrupt();
+        }
+        let Some(turn) = self.turn.as_mut() else {
+            return;
+        };
         let item = &params["item"];
         let item_id = item["id"].as_str().unwrap_or_default().to_string();
         match method {
@@ -941,20 +1027,36 @@ impl Actor {
         message: &str,
         workspace: &Rc<RefCell<Option<OwnedFd>>>,
     ) {
+        let error = json!({"code": code, "message": message});
+        self.end_here("failed", Some(error), workspace).await;
+    }
+
+    /// Ends the running turn from this side (codex did not or cannot): `failed` with
+    /// its `error`, or `cancelled`.
+    async fn end_here(
+        &mut self,
+        status: &'static str,
+        error: Option<Value>,
+        workspace: &Rc<RefCell<Option<OwnedFd>>>,
+    ) {
         let Some(turn) = self.turn.as_ref() else {
             return;
         };
         let mut object = turn.mapper.turn().clone();
-        object["status"] = json!("failed");
-        object["error"] = json!({"code": code, "message": message});
+        object["status"] = json!(status);
+        object["error"] = error.clone().unwrap_or(Value::Null);
         let end = codex_map::TurnEnd {
-            status: "failed",
-            error: Some(json!({"code": code, "message": message})),
+            status,
+            error,
             usage: Totals::default().usage(),
             thread_total: self.totals,
             turn: object.clone(),
         };
-        let event = json!({"type": "agent.session.turn.failed", "session_id": self.session,
+        let kind = match status {
+            "cancelled" => "agent.session.turn.cancelled",
+            _ => "agent.session.turn.failed",
+        };
+        let event = json!({"type": kind, "session_id": self.session,
                            "turn_id": turn.id, "turn": object, "usage": end.usage});
         let mapped = Mapped {
             events: vec![event],
@@ -1118,4 +1220,6 @@ enum Next {
     Command(Option<Command>),
     Message(Option<Message>),
     Idle,
+    /// A cancelled turn has not ended in time.
+    CancelDue,
 }

@@ -98,6 +98,7 @@ use std::collections::HashMap;
 use serde_json::{json, Map, Value};
 
 use super::objects::label;
+use super::records::new_id;
 
 /// What `x_agent_sandbox.compute` says for what codex did.
 const COMPUTE: &str = "codex";
@@ -586,6 +587,15 @@ pub struct EventMapper {
     last_total: Option<Totals>,
     error: Option<Value>,
     ended: bool,
+    /// Our id of each codex item id of this turn: codex keeps the provider's ids, which
+    /// a provider may reuse (in other sessions, in later turns), so every item gets an
+    /// id of ours, unique on this server; codex's stays on the item as
+    /// `x_agent_sandbox.codex_item_id`.
+    ours_of: HashMap<String, String>,
+    /// codex's id of each of ours.
+    codex_of: HashMap<String, String>,
+    /// codex ids whose item completed: one started again is a new item.
+    completed: std::collections::HashSet<String>,
 }
 
 impl EventMapper {
@@ -612,7 +622,58 @@ impl EventMapper {
             last_total: None,
             error: None,
             ended: false,
+            ours_of: HashMap::new(),
+            codex_of: HashMap::new(),
+            completed: std::collections::HashSet::new(),
         }
+    }
+
+    /// Our id for codex's item id `codex` (a new one when that item `starts` again
+    /// after it completed).
+    fn our_id(&mut self, codex: &str, starts: bool) -> String {
+        let again = starts && self.completed.remove(codex);
+        if !again {
+            if let Some(ours) = self.ours_of.get(codex) {
+                return ours.clone();
+            }
+        }
+        let ours = new_id("item_");
+        self.ours_of.insert(codex.to_string(), ours.clone());
+        self.codex_of.insert(ours.clone(), codex.to_string());
+        ours
+    }
+
+    /// `params` with codex's item ids (`itemId`, `item.id`) replaced by ours.
+    fn with_our_ids(&mut self, method: &str, params: &Value) -> Option<Value> {
+        let item_id = params["itemId"].as_str();
+        let nested = params["item"]["id"].as_str();
+        if item_id.is_none() && nested.is_none() {
+            return None;
+        }
+        let mut params = params.clone();
+        if let Some(codex) = item_id {
+            params["itemId"] = json!(self.our_id(codex, false));
+        }
+        if let Some(codex) = nested.map(str::to_string) {
+            params["item"]["id"] = json!(self.our_id(&codex, method == "item/started"));
+            if method == "item/completed" {
+                self.completed.insert(codex);
+            }
+        }
+        Some(params)
+    }
+
+    /// [`session_item`] of an item whose id is ours, labelled with codex's id.
+    fn item_of(&self, item: &Value, done: bool) -> Option<Value> {
+        let mut mapped = session_item(item, &self.turn_id, done)?;
+        if let Some(codex) = self.codex_of.get(str_of(item, "id")) {
+            if str_of(item, "type") == "dynamicToolCall" {
+                // The call id is the model's, which the client answers with.
+                mapped["call_id"] = json!(codex);
+            }
+            mapped["x_agent_sandbox"]["codex_item_id"] = json!(codex);
+        }
+        Some(mapped)
     }
 
     /// The turn object as the events so far left it.
@@ -651,6 +712,8 @@ impl EventMapper {
         if !self.ours(method, params) {
             return out;
         }
+        let translated = self.with_our_ids(method, params);
+        let params = translated.as_ref().unwrap_or(params);
         match method {
             "turn/started" => {
                 self.turn["status"] = json!("in_progress");
@@ -755,7 +818,7 @@ impl EventMapper {
     /// and returns the item's output index: `None` for a user message (it has none) and
     /// for items the SDK has no type for (nothing is emitted).
     fn ensure_added(&mut self, id: &str, item: &Value, out: &mut Mapped) -> Option<u64> {
-        let mapped = session_item(item, &self.turn_id, false)?;
+        let mapped = self.item_of(item, false)?;
         let index = self.index_of(id, item);
         let open = self.open.get_mut(id)?;
         if open.added {
@@ -852,7 +915,7 @@ impl EventMapper {
 
     fn item_completed(&mut self, item: &Value, out: &mut Mapped) {
         let id = str_of(item, "id").to_string();
-        let Some(done) = session_item(item, &self.turn_id, true) else {
+        let Some(done) = self.item_of(item, true) else {
             return;
         };
         if str_of(item, "type") == "userMessage" {
@@ -937,20 +1000,26 @@ impl EventMapper {
         if !self.ours("item/tool/call", params) {
             return None;
         }
-        let pending = tool_call(params, &self.turn_id)?;
-        let codex_item = json!({"type": "dynamicToolCall", "id": pending.call_id,
+        let mut pending = tool_call(params, &self.turn_id)?;
+        let ours = self.our_id(&pending.call_id, false);
+        let codex_item = json!({"type": "dynamicToolCall", "id": ours,
                                 "tool": pending.name, "arguments": pending.arguments,
                                 "status": "inProgress"});
+        if let Some(item) = self.item_of(&codex_item, false) {
+            pending.item = item;
+        }
         let mut out = Mapped::default();
         out.facts.push(Fact::ToolCall(pending.clone()));
-        self.ensure_added(&pending.call_id, &codex_item, &mut out);
+        self.ensure_added(&ours, &codex_item, &mut out);
         Some(out)
     }
 
     /// The client answered call `call_id`: the JSON-RPC result for codex, and the
     /// `function_call_output` item's `item.added` and fact.
     pub fn tool_result(&mut self, call_id: &str, result: &ToolResult) -> (Value, Mapped) {
-        let item = function_call_output_item(call_id, &self.turn_id, result);
+        let mut item = function_call_output_item(call_id, &self.turn_id, result);
+        // The model's call ids may repeat across sessions: the output's id is ours.
+        item["id"] = json!(format!("{}_output", self.our_id(call_id, false)));
         let index = self.next_index;
         self.next_index += 1;
         let event = self.event(
@@ -988,7 +1057,7 @@ impl EventMapper {
                 Stream::Other => {}
             }
             item["status"] = json!("interrupted");
-            let Some(mut done) = session_item(&item, &self.turn_id, true) else {
+            let Some(mut done) = self.item_of(&item, true) else {
                 continue;
             };
             if str_of(&item, "type") == "userMessage" {
@@ -1608,6 +1677,34 @@ mod tests {
         }
         assert_eq!(done_text(&runs[0]), "hello there",);
         assert_eq!(done_text(&runs[1]), "again");
+    }
+
+    /// A provider that reuses ids (here: the same captured session replayed twice, as
+    /// two sessions would see it) never makes two items share an id: ours are unique,
+    /// codex's stays on each item, and every event names the item by our id.
+    #[test]
+    fn items_get_ids_of_ours_whatever_ids_the_provider_reuses() {
+        let mut ours = std::collections::HashSet::new();
+        let mut codex = Vec::new();
+        for _session in 0..2 {
+            for run in replay(fixture("text")) {
+                for item in stored(&run) {
+                    let id = item["id"].as_str().unwrap().to_string();
+                    assert!(id.starts_with("item_"), "{item}");
+                    assert!(ours.insert(id), "an id repeats: {item}");
+                    codex.push(item["x_agent_sandbox"]["codex_item_id"].clone());
+                }
+                let named: std::collections::HashSet<&str> = run
+                    .events
+                    .iter()
+                    .filter_map(|e| e["item_id"].as_str().or(e["item"]["id"].as_str()))
+                    .collect();
+                assert!(named.iter().all(|id| id.starts_with("item_")), "{named:?}");
+            }
+        }
+        let (first, second) = codex.split_at(codex.len() / 2);
+        assert_eq!(first, second, "the provider's ids were the same both times");
+        assert!(first.iter().all(Value::is_string));
     }
 
     fn done_text(run: &Run) -> String {

@@ -201,6 +201,17 @@ fn a_cancel_is_never_lost() {
     sdk(&server, &sandbox, "cancel");
 }
 
+/// A provider that reuses its message ids: every session keeps every assistant item,
+/// under ids of ours (before, other sessions kept none and a later turn replaced an
+/// earlier one's).
+#[test]
+fn item_ids_are_ours_whatever_the_provider_reuses() {
+    let upstream = serve_upstream();
+    let sandbox = Sandbox::new(&upstream);
+    let server = sandbox.server();
+    sdk(&server, &sandbox, "reuse");
+}
+
 #[test]
 fn an_mcp_tool_reaches_its_server_with_the_vaults_bearer() {
     let target = Launch::new("uring")

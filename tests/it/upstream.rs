@@ -9,6 +9,7 @@
 //! | script | the model … |
 //! |---|---|
 //! | `SAY <text>` | answers `<text>` (streamed as deltas on the Responses API) |
+//! | `REUSE <text>` | answers `<text>` as `SAY` does, under the message id every `REUSE` answer has (a provider that reuses ids) |
 //! | `SHELL <command>` | asks the agent to run `<command>` (codex's `exec_command`, qwen's `run_shell_command`), then answers `done` |
 //! | `MCP <tool> <json-args>` | calls the MCP tool `<tool>` (in codex's `mcp__<server>` namespace), then answers `done` |
 //! | `CALL <tool> <json-args>` | calls the function tool `<tool>` the request offers (a codex dynamic tool: a top-level `function`, or one inside a `namespace`), then, once the tool's output is in the input, answers `tool said: <output>` |
@@ -36,7 +37,12 @@ use crate::support::{serve_stub, Stub};
 pub(crate) type Upstream = Stub<Value>;
 
 /// The words a script starts with.
-const KEYWORDS: [&str; 7] = ["SAY ", "SHELL ", "MCP ", "CALL ", "REASON ", "SLOW", "FAIL"];
+const KEYWORDS: [&str; 8] = [
+    "SAY ", "REUSE ", "SHELL ", "MCP ", "CALL ", "REASON ", "SLOW", "FAIL",
+];
+
+/// The message id of every `REUSE` answer: a provider that reuses ids.
+pub(crate) const REUSED_ID: &str = "msg_reused";
 
 /// What a request asks the stub for.
 #[derive(Debug, Default, PartialEq)]
@@ -176,8 +182,16 @@ fn function_call(
 
 /// An assistant message as the Responses API streams one: the item and its part
 /// announced, the text in word-sized deltas, then the finished item.
-fn message(stream: &mut TcpStream, output_index: u32, text: &str) -> std::io::Result<()> {
-    let id = fresh_id("msg_up");
+fn message(
+    stream: &mut TcpStream,
+    output_index: u32,
+    text: &str,
+    reuse: bool,
+) -> std::io::Result<()> {
+    let id = match reuse {
+        true => REUSED_ID.to_string(),
+        false => fresh_id("msg_up"),
+    };
     message_start(stream, output_index, &id, text)?;
     let item = json!({"type": "message", "role": "assistant", "id": id, "status": "completed",
         "content": [{"type": "output_text", "text": text, "annotations": []}]});
@@ -286,7 +300,10 @@ pub(crate) fn respond(mut stream: TcpStream, path: &str, request: &Value) -> std
     )?;
     let text = if is_summary_request(request) {
         "<state_snapshot><primary_request_and_intent>said things</primary_request_and_intent></state_snapshot>".to_string()
-    } else if let Some(t) = script.strip_prefix("SAY ") {
+    } else if let Some(t) = script
+        .strip_prefix("SAY ")
+        .or(script.strip_prefix("REUSE "))
+    {
         t.to_string()
     } else if (script.starts_with("SHELL ") || script.starts_with("MCP ")) && tool_done {
         "done".to_string()
@@ -350,9 +367,9 @@ pub(crate) fn respond(mut stream: TcpStream, path: &str, request: &Value) -> std
         function_call(&mut stream, "exec_command", None, &arguments)?;
     } else if let Some(summary) = script.strip_prefix("REASON ") {
         reasoning(&mut stream, summary)?;
-        message(&mut stream, 1, &text)?;
+        message(&mut stream, 1, &text, false)?;
     } else {
-        message(&mut stream, 0, &text)?;
+        message(&mut stream, 0, &text, script.starts_with("REUSE "))?;
     }
     sse(
         &mut stream,

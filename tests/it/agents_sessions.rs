@@ -212,6 +212,17 @@ fn item_ids_are_ours_whatever_the_provider_reuses() {
     sdk(&server, &sandbox, "reuse");
 }
 
+/// The owner's 64 MiB share fills while a turn runs: the turn ends, the session is idle
+/// and deletable, and what was not kept is said (before, the session stayed in
+/// progress, its stream never said idle, and DELETE was 409 for good).
+#[test]
+fn a_full_store_never_leaves_a_session_stuck() {
+    let upstream = serve_upstream();
+    let sandbox = Sandbox::new(&upstream);
+    let server = sandbox.server();
+    sdk(&server, &sandbox, "full");
+}
+
 #[test]
 fn an_mcp_tool_reaches_its_server_with_the_vaults_bearer() {
     let target = Launch::new("uring")

@@ -283,6 +283,9 @@ pub struct Turn {
     pub items: Vec<String>,
     /// When it started, in milliseconds, for its trace.
     pub started_ms: u64,
+    /// What of it the store refused when it ended (`items`, `artifacts`, `trace`).
+    #[serde(default)]
+    pub not_kept: Vec<String>,
 }
 
 impl Record for Turn {
@@ -317,13 +320,16 @@ impl Object for Turn {
             "error": self.error,
             "subagent_id": self.subagent_id,
             "usage": self.usage,
-            "x_agent_sandbox": with_codex_turn(label("codex", &DIFFERENCES), self.codex_turn_id.as_deref()),
+            "x_agent_sandbox": with_codex_turn(label("codex", &DIFFERENCES), self.codex_turn_id.as_deref(), &self.not_kept),
         })
     }
 }
 
-fn with_codex_turn(mut label: Value, turn: Option<&str>) -> Value {
+fn with_codex_turn(mut label: Value, turn: Option<&str>, not_kept: &[String]) -> Value {
     label["codex_turn_id"] = json!(turn);
+    if !not_kept.is_empty() {
+        label["not_kept"] = json!(not_kept);
+    }
     label
 }
 

@@ -216,6 +216,39 @@ fn gone() -> AgentError {
     )
 }
 
+/// A turn's end as kept: the session as it now is, and the `error` event saying what of
+/// the turn the store refused, if anything.
+struct Ended {
+    session: Session,
+    refusal: Option<Value>,
+}
+
+/// The `error` event (the SDK's `AgentSessionErrorEvent`) for a turn whose `what`
+/// (items, artifacts, trace) the store refused, the first for `why`.
+fn not_kept_error(session: &str, turn: &str, what: &[&str], why: &StoreError) -> Value {
+    let (code, reason) = match why {
+        StoreError::OverQuota(_) => (
+            "agents_store_quota_exceeded",
+            "your share of the agents store is full: delete sessions, responses or files to make room",
+        ),
+        StoreError::TooLarge { .. } => (
+            "agents_object_too_large",
+            "this session holds the most one session may: start a new session",
+        ),
+        _ => ("server_error", "the agents store failed"),
+    };
+    json!({
+        "type": "error",
+        "session_id": session,
+        "error": {
+            "type": if code == "server_error" { "server_error" } else { "invalid_request_error" },
+            "code": code,
+            "param": null,
+            "message": format!("Turn {turn} ended, but its {} were not kept: {reason}.", what.join(", ")),
+        },
+    })
+}
+
 /// Logged when codex did not end a cancelled turn in time.
 fn tracing_cancel(session: &str) {
     crate::log::line(format_args!(
@@ -243,6 +276,9 @@ struct ActiveTurn {
     items: usize,
     /// When a cancel was asked for, and how many interrupts went to codex since.
     cancel: Option<(std::time::Instant, u32)>,
+    /// What of the turn the store refused (items when the owner's share or the
+    /// session's bound was full), said when the turn ends.
+    not_kept: Vec<(&'static str, StoreError)>,
 }
 
 impl ActiveTurn {
@@ -566,6 +602,7 @@ impl Actor {
             codex_turn_id: None,
             items: Vec::new(),
             started_ms,
+            not_kept: Vec::new(),
         };
         let (owner, id) = (self.owner.clone(), self.session.clone());
         let kept_turn = turn.clone();
@@ -617,6 +654,7 @@ impl Actor {
             started: HashMap::new(),
             items: 0,
             cancel: None,
+            not_kept: Vec::new(),
         });
         if let Some(model) = session.agent["model"].as_str() {
             self.model = model.to_string();
@@ -843,11 +881,12 @@ impl Actor {
             })
             .await;
         if let Err(e) = result {
-            // Full: the stream showed the item; the store keeps what it could.
-            crate::log::line(format_args!(
-                "session {}: an item was not kept: {e:?}",
-                self.session
-            ));
+            // Full: the stream showed the item; the turn's end says it was not kept.
+            if let Some(turn) = self.turn.as_mut() {
+                if !turn.not_kept.iter().any(|(what, _)| *what == "items") {
+                    turn.not_kept.push(("items", e));
+                }
+            }
         }
     }
 
@@ -909,7 +948,10 @@ impl Actor {
         if let Some(session) = requires_action {
             self.publish_session("agent.session.requires_action", &session, false);
         }
-        if let Some(session) = end_state {
+        if let Some(Ended { session, refusal }) = end_state {
+            if let Some(event) = refusal {
+                self.publish(event);
+            }
             self.publish_session("agent.session.idle", &session, true);
             if failed {
                 self.announce("agent.session.failed", &session).await;
@@ -1071,7 +1113,7 @@ impl Actor {
         &mut self,
         end: codex_map::TurnEnd,
         workspace: &Rc<RefCell<Option<OwnedFd>>>,
-    ) -> Option<Session> {
+    ) -> Option<Ended> {
         let mut turn = self.turn.take()?;
         self.totals = end.thread_total;
         let status = match end.status {
@@ -1136,19 +1178,21 @@ impl Actor {
         };
         let (owner, sid, tid) = (self.owner.clone(), self.session.clone(), turn.id.clone());
         let (kept_error, kept_usage) = (error.clone(), usage.clone());
-        let stored = self
+        // First, alone: the turn's end and the session back to idle. These only rewrite
+        // records that exist, which no quota refuses, so a full store never leaves a
+        // session in progress (nor its stream without `idle`).
+        let essential = self
             .agents
             .transact(move |t| {
                 let scope = Scope::owner(&owner);
                 let within = Scope::within(&owner, &sid);
-                let turn = t.update::<Turn, _>(within, &tid, |turn| {
+                t.update::<Turn, _>(within, &tid, |turn| {
                     turn.status = status;
                     turn.completed_at = Some(now);
                     turn.error = kept_error;
                     turn.usage = kept_usage.clone();
-                    turn.clone()
                 })?;
-                let session = t.update::<Session, _>(scope, &sid, |s| {
+                t.update::<Session, _>(scope, &sid, |s| {
                     s.status = Status::Idle;
                     s.active_turn = None;
                     s.required_actions.clear();
@@ -1157,22 +1201,63 @@ impl Actor {
                         s.usage = Some(add_usage(s.usage.take(), usage));
                     }
                     s.clone()
-                })?;
-                t.create_all(within, artifacts)?;
-                t.create(within, trace)?;
-                Ok::<_, StoreError>((turn, session))
+                })
             })
             .await;
-        match stored {
-            Ok((_, session)) => Some(session),
+        let session = match essential {
+            Ok(session) => session,
             Err(e) => {
                 crate::log::line(format_args!(
                     "session {}: the turn's end was not kept: {e:?}",
                     self.session
                 ));
-                None
+                return None;
+            }
+        };
+        // Then what the turn made, each on its own: what the store refuses is said.
+        let mut not_kept = std::mem::take(&mut turn.not_kept);
+        let within = (self.owner.clone(), self.session.clone());
+        if !artifacts.is_empty() {
+            let (owner, sid) = within.clone();
+            let kept = self
+                .agents
+                .transact(move |t| t.create_all(Scope::within(&owner, &sid), artifacts))
+                .await;
+            if let Err(e) = kept {
+                not_kept.push(("artifacts", e));
             }
         }
+        let (owner, sid) = within.clone();
+        let kept = self
+            .agents
+            .transact(move |t| t.create(Scope::within(&owner, &sid), trace))
+            .await;
+        if let Err(e) = kept {
+            not_kept.push(("trace", e));
+        }
+        let refusal = match not_kept.is_empty() {
+            true => None,
+            false => {
+                let what: Vec<&str> = not_kept.iter().map(|(w, _)| *w).collect();
+                let (owner, sid, tid) = (within.0, within.1, turn.id.clone());
+                let noted: Vec<String> = what.iter().map(|w| w.to_string()).collect();
+                let _ = self
+                    .agents
+                    .transact(move |t| {
+                        t.update::<Turn, _>(Scope::within(&owner, &sid), &tid, |turn| {
+                            turn.not_kept = noted;
+                        })
+                    })
+                    .await;
+                Some(not_kept_error(
+                    &self.session,
+                    &turn.id,
+                    &what,
+                    &not_kept[0].1,
+                ))
+            }
+        };
+        Some(Ended { session, refusal })
     }
 }
 

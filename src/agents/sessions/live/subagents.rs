@@ -114,6 +114,7 @@ impl Actor {
                 codex_turn_id: params["turn"]["id"].as_str().map(str::to_string),
                 items: Vec::new(),
                 started_ms: now_ms(),
+                not_kept: Vec::new(),
             };
             let (owner, sid, kept, sub) = (
                 self.owner.clone(),

@@ -542,11 +542,13 @@ fn parse_mcp(f: &mut Fields<'_>, set: ToolSet) -> Result<Value, AgentError> {
         })?;
     let transport_value = if kind == "http" {
         let url = transport.required_string("server_url")?;
-        if !(url.starts_with("http://") || url.starts_with("https://")) || url.len() > 2048 {
+        // The same rule as a credential's URL: a bearer (the tool's own, or a vault's)
+        // never travels in clear beyond this machine.
+        if !super::vaults::token_url(&url) {
             return Err(invalid(
                 transport.param("server_url"),
                 format!(
-                    "{} must be an http:// or https:// URL.",
+                    "{} must be an https:// URL (http:// only to a loopback address: a bearer sent in clear stays on this machine).",
                     transport.param("server_url")
                 ),
             ));
@@ -860,7 +862,7 @@ mod tests {
         assert_eq!(refused(json!({}), "agent."), ("agent.model".into(), false));
         // A saved agent's transport has no authorization; a session's does.
         let auth = json!({"model": "m", "tools": [{"type": "mcp", "server_label": "s",
-            "transport": {"type": "http", "server_url": "http://h", "authorization": "Bearer x"}}]});
+            "transport": {"type": "http", "server_url": "https://h", "authorization": "Bearer x"}}]});
         assert_eq!(
             refused(auth.clone(), ""),
             ("tools[0].transport.authorization".into(), true)

@@ -147,8 +147,9 @@ pub fn parse_name(value: &str, param: &str) -> Result<String, AgentError> {
 }
 
 /// Whether `url` may receive a bearer token: `https://`, or `http://` to a loopback
-/// host.
-fn token_url(url: &str) -> bool {
+/// host (a token sent in clear then stays on this machine). Credentials' URLs and every
+/// MCP tool's URL are held to it.
+pub fn token_url(url: &str) -> bool {
     if url.len() > 2048 || url.chars().any(char::is_whitespace) {
         return false;
     }
@@ -519,17 +520,55 @@ pub fn bearer_for<T: Transaction>(
     found.map(|c| token_of(&c)).transpose()
 }
 
-/// The token of credential `credential_id`, which must be in one of `vault_ids` (the
-/// MCP tool's `credential_id`).
+/// The one check of a session's MCP tools against its vaults, run wherever a
+/// session's tools or vaults are set (create, update) and again at every launch: each
+/// http MCP tool's `credential_id` (named by `prefix`, `agent.tools`) must be a
+/// credential of those vaults for exactly the tool's `server_url`.
+pub fn check_mcp_credentials<T: Transaction>(
+    t: &mut T,
+    owner: &str,
+    vault_ids: &[String],
+    tools: &[Value],
+    prefix: &str,
+) -> Result<(), AgentError> {
+    for (i, tool) in tools.iter().enumerate() {
+        if tool["type"] != "mcp" || tool["transport"]["type"] == "stdio" {
+            continue;
+        }
+        if let Some(id) = tool["credential_id"].as_str() {
+            let url = tool["transport"]["server_url"].as_str().unwrap_or_default();
+            let param = format!("{prefix}[{i}].credential_id");
+            credential_token(t, owner, vault_ids, id, url, &param)?;
+        }
+    }
+    Ok(())
+}
+
+/// The token of credential `credential_id` for the MCP server at `server_url`: it must
+/// be in one of `vault_ids` and be for exactly that URL (a trailing `/` aside), or it
+/// is refused naming `param`. A credential reaches only its own server.
 pub fn credential_token<T: Transaction>(
     t: &mut T,
     owner: &str,
     vault_ids: &[String],
     credential_id: &str,
+    server_url: &str,
+    param: &str,
 ) -> Result<String, AgentError> {
     for vault in vault_ids {
         match t.get::<Credential>(Scope::within(owner, vault), credential_id) {
-            Ok(credential) => return token_of(&credential),
+            Ok(credential) => {
+                let own = credential.auth["mcp_server_url"]
+                    .as_str()
+                    .unwrap_or_default();
+                if url_key(own) != url_key(server_url) {
+                    return Err(invalid(
+                        param,
+                        format!("The credential {credential_id} is for {own}, and a credential is sent only to its own mcp_server_url: not to {server_url}. Name a credential for {server_url}, or give the tool that URL."),
+                    ));
+                }
+                return token_of(&credential);
+            }
             Err(StoreError::NotFound | StoreError::ParentNotFound) => continue,
             Err(e) => return Err(e.into()),
         }
@@ -876,6 +915,37 @@ mod tests {
                 .await
                 .unwrap();
             assert_eq!(token.as_deref(), Some("tok-2"));
+            // A credential named by a tool reaches only its own URL.
+            let tool = |url: &str| {
+                json!({"type": "mcp", "transport": {"type": "http", "server_url": url},
+                       "credential_id": id.clone()})
+            };
+            let (vaults, tools) = (vec![vault_id.clone()], vec![tool("https://mcp.test/mcp/")]);
+            agents
+                .transact(move |t| {
+                    check_mcp_credentials(t, "alice", &vaults, &tools, "agent.tools")
+                })
+                .await
+                .unwrap();
+            let (vaults, tools) = (
+                vec![vault_id.clone()],
+                vec![tool("https://mcp.test/mcp"), tool("http://127.0.0.1:9/mcp")],
+            );
+            let elsewhere = agents
+                .transact(move |t| {
+                    check_mcp_credentials(t, "alice", &vaults, &tools, "agent.tools")
+                })
+                .await
+                .unwrap_err();
+            assert_eq!(elsewhere.param(), Some("agent.tools[1].credential_id"));
+            let tools = vec![tool("https://mcp.test/mcp")];
+            let unvaulted = agents
+                .transact(move |t| check_mcp_credentials(t, "alice", &[], &tools, "agent.tools"))
+                .await;
+            assert!(
+                unvaulted.is_err(),
+                "a credential outside the session's vaults is refused"
+            );
             let refused = create_credential(&agents, "alice", &vault_id, "e".into(), json!({}),
                     &json!({"type": "environment_variable", "secret_name": "K", "secret_value": "x", "networking": {"type": "unrestricted"}}))
                 .await

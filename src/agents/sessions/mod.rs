@@ -114,6 +114,13 @@ pub async fn update(
                     ));
                 }
                 let config = open_config(&session)?.overridden(patch);
+                super::vaults::check_mcp_credentials(
+                    t,
+                    &owner,
+                    &session.vault_ids,
+                    &config.tools,
+                    "agent.tools",
+                )?;
                 let agent_id = session.agent["id"].as_str().unwrap_or_default().to_string();
                 session.agent = config.snapshot(&agent_id);
                 session.config = seal_config(&session.id, &config)?;

@@ -58,7 +58,6 @@ pub async fn new_session(
                 })?;
                 out.push(id.to_string());
             }
-            check_vaults(call, agents, &out).await?;
             out
         }
         Some(_) => {
@@ -68,6 +67,7 @@ pub async fn new_session(
             ))
         }
     };
+    check_vaults(call, agents, &vault_ids, &config.tools).await?;
     let changes = plain_changes(args)?;
     Ok(Setup {
         session: NewSession {
@@ -256,14 +256,16 @@ fn agent_changes(map: Map<String, Value>) -> Result<saved::AgentPatch, ApiError>
     Ok(AgentConfig::parse(&map, "agent.", true)?)
 }
 
-/// The vaults a session names must be the caller's.
+/// The vaults a session names must be the caller's, and each MCP tool's credential one
+/// of theirs for that tool's URL.
 async fn check_vaults(
     call: &Call,
     agents: &std::sync::Arc<Agents>,
     ids: &[String],
+    tools: &[Value],
 ) -> Result<(), ApiError> {
     let owner = call.identity.id.clone();
-    let ids = ids.to_vec();
+    let (ids, tools) = (ids.to_vec(), tools.to_vec());
     agents
         .transact(move |t| {
             use crate::agents::records::Transaction;
@@ -271,7 +273,7 @@ async fn check_vaults(
                 t.get::<crate::agents::vaults::Vault>(Scope::owner(&owner), id)
                     .map_err(crate::agents::AgentError::store("vault", id, "vault_ids"))?;
             }
-            Ok::<_, crate::agents::AgentError>(())
+            crate::agents::vaults::check_mcp_credentials(t, &owner, &ids, &tools, "agent.tools")
         })
         .await?;
     Ok(())
@@ -308,7 +310,12 @@ pub async fn codex_agent(
                     .to_string();
                 let token = match credential.as_ref().and_then(Value::as_str) {
                     Some(id) => Some(crate::agents::vaults::credential_token(
-                        t, &owner, &vaults, id,
+                        t,
+                        &owner,
+                        &vaults,
+                        id,
+                        &url,
+                        "agent.tools.credential_id",
                     )?),
                     None if vaults.is_empty() => None,
                     None => crate::agents::vaults::bearer_for(t, &owner, &vaults, &url)?,

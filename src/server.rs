@@ -222,6 +222,7 @@ impl Server {
         let addr = SocketAddr::new(config.host, config.port);
         let (listeners, bound) = runtime::bind_all(addr, config.workers)
             .map_err(|e| format!("cannot listen on {addr}: {e}"))?;
+        let _ = state.services.bound_api.set(bound);
         if let Some(note) = fallback_note {
             crate::log!("{note}");
         }

@@ -49,6 +49,9 @@ pub struct Services {
     configured_pty_port: u16,
     /// The PTY WebSocket's port as bound (`--pty-port 0` picks one), set at startup.
     pub bound_pty_port: std::sync::OnceLock<u16>,
+    /// The API port's address as bound (`--port 0` picks one), set at startup: where
+    /// this machine's own children reach the server (the agents' MCP relay).
+    pub bound_api: std::sync::OnceLock<std::net::SocketAddr>,
     pub started: Instant,
     /// What each group registered for its handlers (see [`super::groups`]).
     pub groups: super::groups::GroupStates,
@@ -255,6 +258,7 @@ impl AppState {
                 write_timeout: config.read_timeout,
                 configured_pty_port: config.pty_port,
                 bound_pty_port: std::sync::OnceLock::new(),
+                bound_api: std::sync::OnceLock::new(),
                 started: Instant::now(),
                 groups,
             },

@@ -179,8 +179,9 @@ fn the_sdk_drives_sessions_on_codex_threads_and_a_restart_resumes_them() {
 
 /// An agent's `mcp` tool connects codex to that server with the bearer the session's
 /// vault holds for its URL (here another agent-sandbox's `/mcp`): the file the model's
-/// tool call wrote is in the other sandbox, and the token is in no answer and in no
-/// environment but that session's app-server's.
+/// tool call wrote is in the other sandbox, and the token is in no answer, and in no
+/// environment or argv a command the model runs can read: codex reaches the server
+/// through the relay, which adds the bearer.
 /// Inputs racing a DELETE answer 202, or 404 once the session is gone: never the 500
 /// of a runner that stopped before it answered.
 #[test]
@@ -232,13 +233,17 @@ fn an_mcp_tool_reaches_its_server_with_the_vaults_bearer() {
     let sandbox = Sandbox::new(&upstream);
     let server = sandbox.server();
     let url = format!("http://{}/mcp", target.addr);
+    // In a file, not the SDK script's environment: the scan below reads every process
+    // it can see, the test's own included.
+    let token_file = sandbox.home.path().join("mcp-target-token");
+    std::fs::write(&token_file, "vault-held-mcp-token").unwrap();
     sdk_with(
         &server,
         &sandbox,
         "mcp",
         &[
             ("MCP_TARGET_URL", &url),
-            ("MCP_TARGET_TOKEN", "vault-held-mcp-token"),
+            ("MCP_TARGET_TOKEN_FILE", token_file.to_str().unwrap()),
         ],
     );
     let written = std::fs::read_to_string(target.base_dir().join("from-session.txt"));
@@ -254,6 +259,25 @@ fn an_mcp_tool_reaches_its_server_with_the_vaults_bearer() {
         !command_env.contains("vault-held-mcp-token"),
         "a command codex ran saw the MCP server's bearer"
     );
+    let processes = std::fs::read(sandbox.base.path().join("processes-seen-by-a-command.txt"))
+        .expect("the command codex ran read the processes it can see");
+    let processes = String::from_utf8_lossy(&processes);
+    assert!(
+        processes.contains("app-server"),
+        "the scan saw codex's app-server: {}",
+        processes.len()
+    );
+    assert!(
+        !processes.contains("vault-held-mcp-token"),
+        "a process the model's commands can read holds the MCP server's bearer: {}",
+        processes
+            .split(['\0', '\n'])
+            .filter(|entry| entry.contains("vault-held-mcp-token"))
+            .collect::<Vec<_>>()
+            .join(" | ")
+    );
+    // The target refuses a request without its token, and the file was written: the
+    // bearer was added on the way, by the relay, never held by codex.
     let environ = std::fs::read(format!("/proc/{}/environ", server.child.id())).unwrap();
     assert!(
         !String::from_utf8_lossy(&environ).contains("vault-held-mcp-token"),

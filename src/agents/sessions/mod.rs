@@ -15,6 +15,7 @@ pub mod inputs;
 pub mod live;
 pub mod outputs;
 pub mod records;
+pub mod relay;
 pub mod trace;
 
 use std::sync::Arc;

@@ -1,8 +1,9 @@
-//! The one outgoing HTTP request of the agents group: a signed webhook POST. Plain
-//! HTTP/1.1 over a monoio `TcpStream` on the calling thread's driver, with rustls for
-//! https (the Mozilla roots of `webpki-roots`, so a container without a CA bundle still
-//! verifies). No redirects are followed (a 3xx is the receiver's answer), the whole
-//! exchange has 5 s, and only the status line is read.
+//! The outgoing HTTP requests of the agents group: a signed webhook POST, and the MCP
+//! relay's exchanges ([`round_trip`]). Plain HTTP/1.1 over a monoio `TcpStream` on the
+//! calling thread's driver, with rustls for https (the Mozilla roots of
+//! `webpki-roots`, so a container without a CA bundle still verifies). No redirects are
+//! followed (a 3xx is the peer's answer). A webhook's exchange has 5 s, and only its
+//! status line is read.
 //!
 //! The destination is checked after resolution: the name is resolved once (on the
 //! blocking pool: `getaddrinfo` blocks), every address must be public unless
@@ -43,9 +44,24 @@ pub struct Target {
 }
 
 impl Target {
+    /// What `Host:` says.
+    pub fn authority(&self) -> &str {
+        &self.authority
+    }
+
     /// Refuses what the reference refuses: another scheme, no host, credentials, a
     /// query or a fragment (where tokens end up in logs), a bad port.
     pub fn parse(url: &str) -> Result<Target, String> {
+        if url.contains('?') || url.contains('#') {
+            return Err("must not contain a query string or fragment".into());
+        }
+        Target::parse_any(url)
+    }
+
+    /// Any http or https URL with a host, a query included (in `path`); for a server
+    /// the caller configured (an MCP server's URL), not for a webhook.
+    pub fn parse_any(url: &str) -> Result<Target, String> {
+        let url = url.split('#').next().unwrap_or_default();
         let (scheme, rest) = if let Some(rest) = url.strip_prefix("https://") {
             (Scheme::Https, rest)
         } else if let Some(rest) = url.strip_prefix("http://") {
@@ -56,15 +72,13 @@ impl Target {
         if url.len() > 2048 || url.chars().any(|c| c.is_whitespace() || c.is_control()) {
             return Err("must be a URL of at most 2048 characters without spaces".into());
         }
-        let (authority, path) = match rest.find('/') {
-            Some(i) => (&rest[..i], &rest[i..]),
-            None => (rest, "/"),
+        let (authority, path) = match rest.find(['/', '?']) {
+            Some(i) if rest.as_bytes()[i] == b'?' => (&rest[..i], format!("/{}", &rest[i..])),
+            Some(i) => (&rest[..i], rest[i..].to_string()),
+            None => (rest, "/".to_string()),
         };
         if authority.contains('@') {
             return Err("must not contain credentials".into());
-        }
-        if url.contains('?') || url.contains('#') {
-            return Err("must not contain a query string or fragment".into());
         }
         let (host, port) = match authority.strip_prefix('[') {
             Some(v6) => {
@@ -93,7 +107,7 @@ impl Target {
             scheme,
             host: host.to_ascii_lowercase(),
             port,
-            path: path.to_string(),
+            path,
             authority: authority.to_string(),
         })
     }
@@ -130,8 +144,9 @@ impl std::fmt::Display for Unreachable {
     }
 }
 
-/// The addresses to connect to, every one checked.
-pub async fn resolve(target: &Target) -> Result<Vec<SocketAddr>, Unreachable> {
+/// The addresses to connect to, every one checked (private ones refused unless
+/// `private_ok`).
+pub async fn resolve(target: &Target, private_ok: bool) -> Result<Vec<SocketAddr>, Unreachable> {
     let (host, port) = (target.host.clone(), target.port);
     let resolved = crate::runtime::file::blocking(move || {
         (host.as_str(), port)
@@ -143,7 +158,7 @@ pub async fn resolve(target: &Target) -> Result<Vec<SocketAddr>, Unreachable> {
         Ok(Ok(addrs)) if !addrs.is_empty() => addrs,
         _ => return Err(Unreachable("the webhook host does not resolve".into())),
     };
-    if !allow_private()
+    if !private_ok
         && addrs
             .iter()
             .any(|a| crate::browser::guard::is_private(a.ip()))
@@ -184,22 +199,127 @@ pub async fn deliver(
 
 async fn exchange(target: &Target, request: Vec<u8>) -> Result<u16, Unreachable> {
     let unreachable = || Unreachable("the webhook receiver could not be reached".into());
-    let addrs = resolve(target).await?;
-    let mut stream = None;
-    for addr in addrs {
-        if let Ok(s) = TcpStream::connect_addr(addr).await {
-            stream = Some(s);
-            break;
-        }
-    }
-    let stream = stream.ok_or_else(unreachable)?;
-    let _ = stream.set_nodelay(true);
+    let stream = connect(target, allow_private()).await?;
     let head = match target.scheme {
-        Scheme::Http => plain(stream, request).await,
-        Scheme::Https => tls(stream, &target.host, request).await,
+        Scheme::Http => plain(stream, request, &head_complete).await,
+        Scheme::Https => tls(stream, &target.host, request, &head_complete).await,
     }
     .map_err(|_| unreachable())?;
     status_of(&head).ok_or_else(|| Unreachable("the webhook receiver's answer is not HTTP".into()))
+}
+
+/// A connection to one of `target`'s checked addresses.
+async fn connect(target: &Target, private_ok: bool) -> Result<TcpStream, Unreachable> {
+    for addr in resolve(target, private_ok).await? {
+        if let Ok(stream) = TcpStream::connect_addr(addr).await {
+            let _ = stream.set_nodelay(true);
+            return Ok(stream);
+        }
+    }
+    Err(Unreachable(format!(
+        "{}:{} could not be reached",
+        target.host, target.port
+    )))
+}
+
+/// An answer, read whole.
+#[derive(Debug, PartialEq, Eq)]
+pub struct Answer {
+    pub status: u16,
+    /// Names in lower case, in arrival order.
+    pub headers: Vec<(String, String)>,
+    pub body: Vec<u8>,
+}
+
+impl Answer {
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers
+            .iter()
+            .find(|(n, _)| n == name)
+            .map(|(_, v)| v.as_str())
+    }
+}
+
+/// Sends `request` (which asks for `Connection: close`) to `target` and reads the whole
+/// answer, until the peer closes or `limit` bytes came; a private destination only
+/// when `private_ok`.
+pub async fn round_trip(
+    target: &Target,
+    request: Vec<u8>,
+    private_ok: bool,
+    limit: usize,
+) -> Result<Answer, Unreachable> {
+    let stream = connect(target, private_ok).await?;
+    let enough = |read: &[u8]| read.len() > limit;
+    let raw = match target.scheme {
+        Scheme::Http => plain(stream, request, &enough).await,
+        Scheme::Https => tls(stream, &target.host, request, &enough).await,
+    }
+    .map_err(|e| Unreachable(format!("the exchange with {} failed: {e}", target.host)))?;
+    if raw.len() > limit {
+        return Err(Unreachable(format!(
+            "{} answered more than {limit} bytes",
+            target.host
+        )));
+    }
+    parse_answer(&raw).ok_or_else(|| Unreachable(format!("{}'s answer is not HTTP", target.host)))
+}
+
+/// A whole HTTP/1.x answer: its status, headers and body (a chunked body decoded, a
+/// `Content-Length` one cut to its length).
+pub fn parse_answer(raw: &[u8]) -> Option<Answer> {
+    let mut headers = [httparse::EMPTY_HEADER; 64];
+    let mut response = httparse::Response::new(&mut headers);
+    let httparse::Status::Complete(at) = response.parse(raw).ok()? else {
+        return None;
+    };
+    let status = response.code?;
+    let headers: Vec<(String, String)> = response
+        .headers
+        .iter()
+        .map(|h| {
+            (
+                h.name.to_ascii_lowercase(),
+                String::from_utf8_lossy(h.value).into_owned(),
+            )
+        })
+        .collect();
+    let rest = &raw[at..];
+    let find = |name: &str| {
+        headers
+            .iter()
+            .find(|(n, _)| n == name)
+            .map(|(_, v)| v.as_str())
+    };
+    let body = if find("transfer-encoding").is_some_and(|t| t.eq_ignore_ascii_case("chunked")) {
+        dechunk(rest)?
+    } else if let Some(length) = find("content-length").and_then(|l| l.trim().parse::<usize>().ok())
+    {
+        rest.get(..length)?.to_vec()
+    } else {
+        rest.to_vec()
+    };
+    Some(Answer {
+        status,
+        headers,
+        body,
+    })
+}
+
+/// A chunked body's bytes.
+fn dechunk(mut rest: &[u8]) -> Option<Vec<u8>> {
+    let mut body = Vec::new();
+    loop {
+        let line_end = memchr::memmem::find(rest, b"\r\n")?;
+        let size_text = std::str::from_utf8(&rest[..line_end]).ok()?;
+        let size = usize::from_str_radix(size_text.split(';').next()?.trim(), 16).ok()?;
+        rest = &rest[line_end + 2..];
+        if size == 0 {
+            return Some(body);
+        }
+        body.extend_from_slice(rest.get(..size)?);
+        rest = rest.get(size + 2..)?;
+    }
 }
 
 /// The status of a response head, once its status line is complete.
@@ -222,11 +342,16 @@ fn head_complete(head: &[u8]) -> bool {
     memchr::memchr(b'\n', head).is_some() || head.len() >= MAX_HEAD
 }
 
-async fn plain(mut stream: TcpStream, request: Vec<u8>) -> std::io::Result<Vec<u8>> {
+/// Sends `request` and reads until the peer closes or `enough` says so.
+async fn plain(
+    mut stream: TcpStream,
+    request: Vec<u8>,
+    enough: &dyn Fn(&[u8]) -> bool,
+) -> std::io::Result<Vec<u8>> {
     let (written, _) = stream.write_all(request).await;
     written?;
     let mut head = Vec::new();
-    while !head_complete(&head) {
+    while !enough(&head) {
         let (read, buf) = stream.read(Vec::with_capacity(4096)).await;
         if read? == 0 {
             break;
@@ -288,7 +413,12 @@ async fn fill(stream: &mut TcpStream, tls: &mut rustls::ClientConnection) -> std
     Ok(true)
 }
 
-async fn tls(mut stream: TcpStream, host: &str, request: Vec<u8>) -> std::io::Result<Vec<u8>> {
+async fn tls(
+    mut stream: TcpStream,
+    host: &str,
+    request: Vec<u8>,
+    enough: &dyn Fn(&[u8]) -> bool,
+) -> std::io::Result<Vec<u8>> {
     let name = rustls::pki_types::ServerName::try_from(host.to_string()).map_err(io_error)?;
     let mut tls = rustls::ClientConnection::new(tls_config(), name).map_err(io_error)?;
     tls.writer().write_all(&request)?;
@@ -304,7 +434,7 @@ async fn tls(mut stream: TcpStream, host: &str, request: Vec<u8>) -> std::io::Re
                 Err(e) => return Err(e),
             }
         }
-        if head_complete(&head) {
+        if enough(&head) {
             return Ok(head);
         }
         if !fill(&mut stream, &mut tls).await? {

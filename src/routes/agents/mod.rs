@@ -14,6 +14,7 @@ mod cli;
 mod conversations;
 mod environments;
 mod files;
+mod mcp_relay;
 mod reference_ids;
 mod resource;
 mod responses;
@@ -63,6 +64,7 @@ pub fn endpoints() -> Vec<Endpoint> {
     endpoints.extend(sessions::endpoints());
     endpoints.extend(webhooks::endpoints());
     endpoints.extend(files::endpoints());
+    endpoints.extend(mcp_relay::endpoints());
     endpoints.extend([
         route(
             Method::Post,

@@ -106,7 +106,21 @@ async fn launch(call: &Call, session: &Session) -> Result<Launch, ApiError> {
         scratch: call.config().state_dir.join("sessions").join(&session.id),
         registry: call.services().children.clone(),
         agent,
+        relay_base: relay_base(call),
     })
+}
+
+/// Where this machine's codex reaches the API port: the bound address, with a wildcard
+/// one (`0.0.0.0`, `::`) read as loopback.
+fn relay_base(call: &Call) -> Option<String> {
+    let mut addr = *call.services().bound_api.get()?;
+    if addr.ip().is_unspecified() {
+        addr.set_ip(match addr {
+            std::net::SocketAddr::V4(_) => std::net::Ipv4Addr::LOCALHOST.into(),
+            std::net::SocketAddr::V6(_) => std::net::Ipv6Addr::LOCALHOST.into(),
+        });
+    }
+    Some(format!("http://{addr}"))
 }
 
 /// An `Idempotency-Key` claimed for one request's inputs; [`KeyClaimed::settle`] says

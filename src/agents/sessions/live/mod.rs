@@ -69,6 +69,9 @@ pub struct Launch {
     /// The agent's whole configuration as codex takes it (`codex_map::thread_plan`),
     /// its MCP servers' bearers resolved from the session's vaults.
     pub agent: Value,
+    /// Where codex reaches this server (`http://host:port`), for the MCP relay; `None`
+    /// before the server is bound (then codex would get the bearers: never started).
+    pub relay_base: Option<String>,
 }
 
 enum Command {
@@ -80,6 +83,8 @@ enum Command {
 #[derive(Default)]
 pub struct Hub {
     pub channels: Channels,
+    /// The MCP relay's open capabilities (see [`super::relay`]).
+    pub relay: super::relay::Relay,
     actors: Mutex<HashMap<String, mpsc::UnboundedSender<Command>>>,
 }
 
@@ -157,6 +162,7 @@ impl Hub {
             plan: None,
             totals: Totals::default(),
             children: HashMap::new(),
+            relayed: Vec::new(),
         };
         monoio::spawn(actor.run(rx, launch));
         match answer.await {
@@ -170,11 +176,13 @@ impl Hub {
         if let Some(actor) = self.actors().remove(session) {
             let _ = actor.unbounded_send(Command::Stop);
         }
+        self.relay.close_session(session);
         self.channels.close(session);
     }
 
     /// Stops every actor (the server is shutting down): their app-servers exit.
     pub fn stop_all(&self) {
+        self.relay.close_all();
         for (_, actor) in self.actors().drain() {
             let _ = actor.unbounded_send(Command::Stop);
         }
@@ -307,6 +315,8 @@ struct Actor {
     totals: Totals,
     /// codex sub-agents (child threads) this session's turns opened, by thread id.
     children: HashMap<String, ChildThread>,
+    /// The MCP relay's capabilities this actor's codex was given, closed when it stops.
+    relayed: Vec<String>,
 }
 
 /// A sub-agent's thread and the turn it runs now.
@@ -335,6 +345,7 @@ impl Actor {
             Err(error) => {
                 // The input that started it hears why; any later one hears what became
                 // of the session (404 once it was deleted), or that it may send again.
+                self.hub.relay.close(&self.relayed);
                 self.hub.finished(&self.session, &mut commands);
                 let mut error = Some(error);
                 while let Ok(command) = commands.try_recv() {
@@ -408,6 +419,7 @@ impl Actor {
                 }
             }
         }
+        self.hub.relay.close(&self.relayed);
         self.hub.finished(&self.session, &mut commands);
         // Inputs queued before it closed: say what became of the session (404 once it
         // was deleted), or that they may be sent again (a new actor takes them).
@@ -444,7 +456,14 @@ impl Actor {
                 (fd, launch.scratch.clone(), "read-only")
             }
         };
-        let mut plan = codex_map::thread_plan(&launch.agent, &cwd_path.to_string_lossy())
+        let mut agent = launch.agent;
+        let Some(base) = launch.relay_base.as_deref() else {
+            return Err(AgentError::Failed(
+                "the server's address is not known yet: send the input again".into(),
+            ));
+        };
+        self.relayed = super::relay::relay_tools(&self.hub.relay, &self.session, base, &mut agent);
+        let mut plan = codex_map::thread_plan(&agent, &cwd_path.to_string_lossy())
             .map_err(|u| AgentError::invalid(u.param, u.message))?;
         let mut env = launch.env;
         for (name, token) in &plan.env {

@@ -4,7 +4,9 @@
 //! transaction is one redb write transaction, committed with [`Durability::Immediate`]
 //! (fsync) when it returns `Ok` and something changed, and aborted (nothing written)
 //! when it returns an error. redb takes one writer at a time, which serialises
-//! transactions.
+//! transactions. A read ([`ObjectStore::read`]) is a redb read transaction: a snapshot
+//! of the last commit, which waits for no writer (nor its fsync); a write in it is
+//! refused.
 //!
 //! Records are kept as their JSON, with their owner, parent, creation order and
 //! evictability beside it; lists are range scans of an index keyed by `(collection,
@@ -23,12 +25,12 @@ use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
 use std::path::Path;
 
 use redb::backends::InMemoryBackend;
-use redb::{
-    Database, DatabaseError, Durability, ReadableTable, StorageError as RedbStorage,
-    TableDefinition, WriteTransaction,
-};
 #[cfg(test)]
-use redb::{ReadableDatabase, ReadableTableMetadata};
+use redb::ReadableTableMetadata;
+use redb::{
+    Database, DatabaseError, Durability, ReadTransaction, ReadableDatabase, ReadableTable,
+    StorageError as RedbStorage, TableDefinition, WriteTransaction,
+};
 
 use super::records::{
     Collection, Limits, ListQuery, ObjectStore, Order, Page, Quota, Record, Scope, StoreError,
@@ -201,9 +203,32 @@ impl DurableStore {
     }
 }
 
-/// A transaction of the [`DurableStore`]: one redb write transaction.
+/// Which redb transaction a store transaction is.
+enum Access {
+    Write(WriteTransaction),
+    Read(ReadTransaction),
+}
+
+/// Runs `$body` with `$table` bound to table `$def` of `$self`'s transaction, whichever
+/// kind it is (both kinds' tables read alike).
+macro_rules! reading {
+    ($self:ident, $def:expr, |$table:ident| $body:block) => {
+        match &$self.txn {
+            Access::Write(txn) => {
+                let $table = txn.open_table($def).or_storage()?;
+                $body
+            }
+            Access::Read(txn) => {
+                let $table = txn.open_table($def).or_storage()?;
+                $body
+            }
+        }
+    };
+}
+
+/// A transaction of the [`DurableStore`]: one redb write transaction, or a read one.
 pub struct DurableTxn<'a> {
-    txn: WriteTransaction,
+    txn: Access,
     limits: Limits,
     /// Something was written: commit (and fsync); otherwise abort, which costs nothing.
     dirty: bool,
@@ -221,25 +246,52 @@ impl ObjectStore for DurableStore {
         txn.set_durability(Durability::Immediate)
             .map_err(|e| StoreError::Storage(e.to_string()))?;
         let mut txn = DurableTxn {
-            txn,
+            txn: Access::Write(txn),
             limits: self.limits,
             dirty: false,
             _store: PhantomData,
         };
         let result = f(&mut txn);
-        match (&result, txn.dirty) {
-            (Ok(_), true) => txn.txn.commit().or_storage()?,
-            _ => txn.txn.abort().or_storage()?,
+        if let Access::Write(write) = txn.txn {
+            match (&result, txn.dirty) {
+                (Ok(_), true) => write.commit().or_storage()?,
+                _ => write.abort().or_storage()?,
+            }
         }
         result
+    }
+
+    fn read<R, E: From<StoreError>>(
+        &self,
+        f: impl FnOnce(&mut DurableTxn<'_>) -> Result<R, E>,
+    ) -> Result<R, E> {
+        let txn = self.db.begin_read().or_storage()?;
+        let mut txn = DurableTxn {
+            txn: Access::Read(txn),
+            limits: self.limits,
+            dirty: false,
+            _store: PhantomData,
+        };
+        f(&mut txn)
     }
 }
 
 impl DurableTxn<'_> {
+    /// The write transaction; a read one refuses every write.
+    fn w(&self) -> Result<&WriteTransaction, StoreError> {
+        match &self.txn {
+            Access::Write(txn) => Ok(txn),
+            Access::Read(_) => Err(StoreError::Storage(
+                "a write in a read transaction (a store defect)".into(),
+            )),
+        }
+    }
+
     fn counter(&self, kind: &str, a: &str, b: &str) -> Result<u64, StoreError> {
-        let table = self.txn.open_table(COUNTERS).or_storage()?;
-        let value = table.get((kind, a, b)).or_storage()?.map(|v| v.value());
-        Ok(value.unwrap_or(0))
+        reading!(self, COUNTERS, |table| {
+            let value = table.get((kind, a, b)).or_storage()?.map(|v| v.value());
+            Ok(value.unwrap_or(0))
+        })
     }
 
     fn add(&mut self, kind: &str, a: &str, b: &str, n: u64) -> Result<(), StoreError> {
@@ -254,7 +306,7 @@ impl DurableTxn<'_> {
 
     fn set(&mut self, kind: &str, a: &str, b: &str, value: u64) -> Result<(), StoreError> {
         self.dirty = true;
-        let mut table = self.txn.open_table(COUNTERS).or_storage()?;
+        let mut table = self.w()?.open_table(COUNTERS).or_storage()?;
         match value {
             0 => table.remove((kind, a, b)).or_storage()?,
             n => table.insert((kind, a, b), n).or_storage()?,
@@ -263,28 +315,30 @@ impl DurableTxn<'_> {
     }
 
     fn meta(&self, name: &str, id: &str) -> Result<Option<Meta>, StoreError> {
-        let table = self.txn.open_table(RECORDS).or_storage()?;
-        let Some(guard) = table.get((name, id)).or_storage()? else {
-            return Ok(None);
-        };
-        let (owner, parent, seq, evictable, json) = guard.value();
-        Ok(Some(Meta {
-            owner: owner.to_string(),
-            parent: (!parent.is_empty()).then(|| parent.to_string()),
-            seq,
-            size: json.len(),
-            evictable,
-        }))
+        reading!(self, RECORDS, |table| {
+            let Some(guard) = table.get((name, id)).or_storage()? else {
+                return Ok(None);
+            };
+            let (owner, parent, seq, evictable, json) = guard.value();
+            Ok(Some(Meta {
+                owner: owner.to_string(),
+                parent: (!parent.is_empty()).then(|| parent.to_string()),
+                seq,
+                size: json.len(),
+                evictable,
+            }))
+        })
     }
 
     fn value<T: Record>(&self, id: &str) -> Result<T, StoreError> {
-        let table = self.txn.open_table(RECORDS).or_storage()?;
-        let guard = table
-            .get((T::collection().name, id))
-            .or_storage()?
-            .ok_or(StoreError::NotFound)?;
-        let (.., json) = guard.value();
-        serde_json::from_str(json).map_err(|e| StoreError::Storage(format!("record {id}: {e}")))
+        reading!(self, RECORDS, |table| {
+            let guard = table
+                .get((T::collection().name, id))
+                .or_storage()?
+                .ok_or(StoreError::NotFound)?;
+            let (.., json) = guard.value();
+            serde_json::from_str(json).map_err(|e| StoreError::Storage(format!("record {id}: {e}")))
+        })
     }
 
     /// Keeps a record, with every index and count.
@@ -300,26 +354,26 @@ impl DurableTxn<'_> {
         let parent = meta.parent.as_deref().unwrap_or("");
         let owner = meta.owner.as_str();
         let value = (owner, parent, meta.seq, meta.evictable, json);
-        self.txn
+        self.w()?
             .open_table(RECORDS)
             .or_storage()?
             .insert((name, id), value)
             .or_storage()?;
-        self.txn
+        self.w()?
             .open_table(LISTED)
             .or_storage()?
             .insert((name, owner, parent, meta.seq), id)
             .or_storage()?;
         match (meta.parent.is_none(), collection.parent) {
             (true, _) => {
-                self.txn
+                self.w()?
                     .open_table(ROOTS)
                     .or_storage()?
                     .insert((name, meta.seq), id)
                     .or_storage()?;
             }
             (false, Some(p)) => {
-                self.txn
+                self.w()?
                     .open_table(KINDS)
                     .or_storage()?
                     .insert(name, p.name)
@@ -344,19 +398,19 @@ impl DurableTxn<'_> {
         self.dirty = true;
         let parent = meta.parent.as_deref().unwrap_or("");
         let owner = meta.owner.as_str();
-        self.txn
+        self.w()?
             .open_table(RECORDS)
             .or_storage()?
             .remove((name, id))
             .or_storage()?;
-        self.txn
+        self.w()?
             .open_table(LISTED)
             .or_storage()?
             .remove((name, owner, parent, meta.seq))
             .or_storage()?;
         let size = meta.size as u64;
         if meta.parent.is_none() {
-            self.txn
+            self.w()?
                 .open_table(ROOTS)
                 .or_storage()?
                 .remove((name, meta.seq))
@@ -381,34 +435,35 @@ impl DurableTxn<'_> {
         order: Order,
         limit: usize,
     ) -> Result<Vec<String>, StoreError> {
-        let table = self.txn.open_table(LISTED).or_storage()?;
-        let range = table
-            .range((name, owner, parent, *seqs.start())..=(name, owner, parent, *seqs.end()))
-            .or_storage()?;
-        let mut ids = Vec::new();
-        let mut push =
-            |entry: Result<(redb::AccessGuard<'_, _>, redb::AccessGuard<'_, &str>), _>| {
-                let (_, id) = entry.or_storage()?;
-                ids.push(id.value().to_string());
-                Ok::<_, StoreError>(ids.len() < limit)
-            };
-        match order {
-            Order::Asc => {
-                for entry in range {
-                    if !push(entry)? {
-                        break;
+        reading!(self, LISTED, |table| {
+            let range = table
+                .range((name, owner, parent, *seqs.start())..=(name, owner, parent, *seqs.end()))
+                .or_storage()?;
+            let mut ids = Vec::new();
+            let mut push =
+                |entry: Result<(redb::AccessGuard<'_, _>, redb::AccessGuard<'_, &str>), _>| {
+                    let (_, id) = entry.or_storage()?;
+                    ids.push(id.value().to_string());
+                    Ok::<_, StoreError>(ids.len() < limit)
+                };
+            match order {
+                Order::Asc => {
+                    for entry in range {
+                        if !push(entry)? {
+                            break;
+                        }
+                    }
+                }
+                Order::Desc => {
+                    for entry in range.rev() {
+                        if !push(entry)? {
+                            break;
+                        }
                     }
                 }
             }
-            Order::Desc => {
-                for entry in range.rev() {
-                    if !push(entry)? {
-                        break;
-                    }
-                }
-            }
-        }
-        Ok(ids)
+            Ok(ids)
+        })
     }
 
     /// Forgets a record and its children.
@@ -419,7 +474,7 @@ impl DurableTxn<'_> {
         id: &str,
     ) -> Result<(), StoreError> {
         let kinds: Vec<String> = {
-            let table = self.txn.open_table(KINDS).or_storage()?;
+            let table = self.w()?.open_table(KINDS).or_storage()?;
             let mut kinds = Vec::new();
             for entry in table.iter().or_storage()? {
                 let (child, parent) = entry.or_storage()?;
@@ -447,7 +502,7 @@ impl DurableTxn<'_> {
         keep: Option<&str>,
     ) -> Result<Option<String>, StoreError> {
         let name = collection.name;
-        let records = self.txn.open_table(RECORDS).or_storage()?;
+        let records = self.w()?.open_table(RECORDS).or_storage()?;
         let evictable = |id: &str| -> Result<bool, StoreError> {
             if Some(id) == keep {
                 return Ok(false);
@@ -457,7 +512,7 @@ impl DurableTxn<'_> {
         };
         match owner {
             Some(owner) => {
-                let table = self.txn.open_table(LISTED).or_storage()?;
+                let table = self.w()?.open_table(LISTED).or_storage()?;
                 let range = table
                     .range((name, owner, "", 0)..=(name, owner, "", u64::MAX))
                     .or_storage()?;
@@ -469,7 +524,7 @@ impl DurableTxn<'_> {
                 }
             }
             None => {
-                let table = self.txn.open_table(ROOTS).or_storage()?;
+                let table = self.w()?.open_table(ROOTS).or_storage()?;
                 for entry in table.range((name, 0)..=(name, u64::MAX)).or_storage()? {
                     let (_, id) = entry.or_storage()?;
                     if evictable(id.value())? {
@@ -688,7 +743,7 @@ impl Transaction for DurableTxn<'_> {
             meta.evictable,
             json.as_str(),
         );
-        self.txn
+        self.w()?
             .open_table(RECORDS)
             .or_storage()?
             .insert((collection.name, id.as_str()), value)
@@ -761,14 +816,13 @@ impl Transaction for DurableTxn<'_> {
         self.check_scope(collection, scope)?;
         match scope.parent {
             None => Ok(self.counter("owned", collection.name, scope.owner)? as usize),
-            Some(parent) => {
-                let table = self.txn.open_table(LISTED).or_storage()?;
+            Some(parent) => reading!(self, LISTED, |table| {
                 let name = collection.name;
                 let range = table
                     .range((name, scope.owner, parent, 0)..=(name, scope.owner, parent, u64::MAX))
                     .or_storage()?;
                 Ok(range.count())
-            }
+            }),
         }
     }
 
@@ -777,7 +831,7 @@ impl Transaction for DurableTxn<'_> {
         // Who holds each record, gathered first: the table is written below.
         let mut held = Vec::new();
         {
-            let table = self.txn.open_table(RECORDS).or_storage()?;
+            let table = self.w()?.open_table(RECORDS).or_storage()?;
             for entry in table.range((name, "")..).or_storage()? {
                 let (key, value) = entry.or_storage()?;
                 let (collection, id) = key.value();

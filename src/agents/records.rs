@@ -273,6 +273,15 @@ pub trait ObjectStore: Send + Sync + 'static {
         f: impl FnOnce(&mut Self::Txn<'_>) -> Result<R, E>,
     ) -> Result<R, E>;
 
+    /// Runs `f`, which only reads, on a snapshot of the last commit: it waits for no
+    /// write transaction (nor its commit's fsync). A write in it is refused.
+    fn read<R, E: From<StoreError>>(
+        &self,
+        f: impl FnOnce(&mut Self::Txn<'_>) -> Result<R, E>,
+    ) -> Result<R, E> {
+        self.transact(f)
+    }
+
     // One record in a transaction of its own, synchronously: for the store's own
     // tests. Everything else goes through `Agents::transact` (the blocking pool), so
     // these do not exist outside tests.

@@ -128,6 +128,22 @@ impl<S: ObjectStore> Agents<S> {
         }
     }
 
+    /// Runs `f`, which only reads, on the blocking pool against a snapshot of the store
+    /// ([`ObjectStore::read`]): it waits for no writer, so reads never queue behind
+    /// commits.
+    pub async fn read<R, E, F>(self: &Arc<Self>, f: F) -> Result<R, E>
+    where
+        F: FnOnce(&mut S::Txn<'_>) -> Result<R, E> + Send + 'static,
+        R: Send + 'static,
+        E: From<StoreError> + Send + 'static,
+    {
+        let agents = Arc::clone(self);
+        match crate::runtime::file::blocking(move || agents.store().read(f)).await {
+            Ok(result) => result,
+            Err(e) => Err(E::from(StoreError::Storage(e.to_string()))),
+        }
+    }
+
     /// Runs `f` as one store transaction from where nothing can await (a `Drop`): on a
     /// worker it is spawned there (and runs on the blocking pool, as
     /// [`Agents::transact`]); on any other thread, which may block, it runs at once.
@@ -154,7 +170,7 @@ impl<S: ObjectStore> Agents<S> {
         id: &str,
     ) -> Result<T, StoreError> {
         let (scope, id) = (Owned::of(scope), id.to_string());
-        self.transact(move |t| t.get(scope.scope(), &id)).await
+        self.read(move |t| t.get(scope.scope(), &id)).await
     }
 
     /// One page of the scope's records of `T`.
@@ -165,7 +181,7 @@ impl<S: ObjectStore> Agents<S> {
     ) -> Result<Page<T>, StoreError> {
         let scope = Owned::of(scope);
         let (after, limit, order) = (query.after.map(str::to_string), query.limit, query.order);
-        self.transact(move |t| {
+        self.read(move |t| {
             let query = ListQuery {
                 after: after.as_deref(),
                 limit,

@@ -95,6 +95,7 @@ store_tests!(
     an_evicting_collection_forgets_the_oldest_finished_records,
     a_grown_record_stays_and_older_ones_make_room,
     the_restart_hook_changes_what_was_in_flight,
+    a_read_sees_the_last_commit_and_writes_nothing,
 );
 
 static NOTES: Collection = Collection {
@@ -254,6 +255,30 @@ fn create_get_update_delete(open: Open) {
     assert_eq!(store.delete::<Note>(A, "n1").unwrap().text, "second");
     assert_eq!(store.get::<Note>(A, "n1"), Err(StoreError::NotFound));
     assert_eq!(store.delete::<Note>(A, "n1"), Err(StoreError::NotFound));
+}
+
+fn a_read_sees_the_last_commit_and_writes_nothing(open: Open) {
+    let store = small(open);
+    store.create(A, note("n1", "first")).unwrap();
+    let seen = store.read(|t| {
+        let one = t.get::<Note>(A, "n1")?;
+        let listed = t.list::<Note>(A, &ListQuery::all())?;
+        let counted = t.count::<Note>(A)?;
+        Ok::<_, StoreError>((one.text, listed.data.len(), counted))
+    });
+    assert_eq!(seen, Ok(("first".to_string(), 1, 1)));
+    // A write inside a read is refused (a defect), and nothing changes.
+    let refused = store.read(|t| t.create(A, note("n2", "second")));
+    assert!(
+        matches!(refused, Err(StoreError::Storage(_))),
+        "{refused:?}"
+    );
+    assert_eq!(store.get::<Note>(A, "n2"), Err(StoreError::NotFound));
+    assert_eq!(
+        store.read(|t| t.get::<Note>(B, "n1")),
+        Err(StoreError::NotFound),
+        "a read keeps owners apart as a write does"
+    );
 }
 
 fn a_foreign_id_is_an_unknown_id(open: Open) {

@@ -267,7 +267,7 @@ async fn check_vaults(
     let owner = call.identity.id.clone();
     let (ids, tools) = (ids.to_vec(), tools.to_vec());
     agents
-        .transact(move |t| {
+        .read(move |t| {
             use crate::agents::records::Transaction;
             for id in &ids {
                 t.get::<crate::agents::vaults::Vault>(Scope::owner(&owner), id)
@@ -291,7 +291,7 @@ pub async fn codex_agent(
     let vaults = session.vault_ids.clone();
     let session = session.clone();
     let found = agents_of(call)?
-        .transact(move |t| {
+        .read(move |t| {
             // Opened on the blocking pool: the first open may read the key file.
             let config = crate::agents::sessions::open_config(&session)?;
             let mut agent = serde_json::to_value(&config)

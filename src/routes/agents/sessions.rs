@@ -423,7 +423,7 @@ async fn events_stream(call: Call) -> Result<Response, ApiError> {
 pub(super) async fn get_session(call: &Call, id: &str) -> Result<Session, ApiError> {
     let (owner, key) = (call.identity.id.clone(), id.to_string());
     agents_of(call)?
-        .transact(move |t| t.get::<Session>(Scope::owner(&owner), &key))
+        .read(move |t| t.get::<Session>(Scope::owner(&owner), &key))
         .await
         .map_err(|e| store_error(e, "session", id, "session_id"))
 }
@@ -453,7 +453,7 @@ async fn page_of<T: Object>(call: &Call, ids: Vec<String>) -> Result<Response, A
     let has_more = start + chosen.len() < ids.len();
     let (owner, session) = (call.identity.id.clone(), session_id(call));
     let records: Vec<T> = agents_of(call)?
-        .transact(move |t| {
+        .read(move |t| {
             let scope = Scope::within(&owner, &session);
             let mut found = Vec::with_capacity(chosen.len());
             for id in &chosen {
@@ -494,7 +494,7 @@ async fn find_turn(call: &Call) -> Result<Turn, ApiError> {
     );
     let shown = id.clone();
     agents_of(call)?
-        .transact(move |t| {
+        .read(move |t| {
             t.get::<Session>(Scope::owner(&owner), &session)
                 .map_err(|e| Lookup(e, "session"))?;
             t.get::<Turn>(Scope::within(&owner, &session), &id)
@@ -515,7 +515,7 @@ async fn find_subagent(call: &Call) -> Result<Subagent, ApiError> {
     );
     let shown = id.clone();
     agents_of(call)?
-        .transact(move |t| {
+        .read(move |t| {
             t.get::<Session>(Scope::owner(&owner), &session)
                 .map_err(|e| Lookup(e, "session"))?;
             t.get::<Subagent>(Scope::within(&owner, &session), &id)
@@ -548,7 +548,7 @@ async fn subagent_turn_of(call: &Call) -> Result<Turn, ApiError> {
     );
     let shown = id.clone();
     let SubagentTurn(turn) = agents_of(call)?
-        .transact(move |t| t.get::<SubagentTurn>(Scope::within(&owner, &session), &id))
+        .read(move |t| t.get::<SubagentTurn>(Scope::within(&owner, &session), &id))
         .await
         .map_err(|e| store_error(e, "turn", &shown, "turn_id"))?;
     if turn.subagent_id.as_deref() != Some(subagent.id.as_str()) {
@@ -573,7 +573,7 @@ async fn artifacts_list(call: Call) -> Result<Response, ApiError> {
     let (owner, session) = (call.identity.id.clone(), session_id(&call));
     let shown = session.clone();
     let (data, has_more) = agents_of(&call)?
-        .transact(move |t| {
+        .read(move |t| {
             let scope = Scope::within(&owner, &session);
             let mut found: Vec<Artifact> = Vec::new();
             let mut cursor = after;
@@ -620,7 +620,7 @@ async fn find_artifact(call: &Call) -> Result<Artifact, ApiError> {
     );
     let shown = id.clone();
     agents_of(call)?
-        .transact(move |t| t.get::<Artifact>(Scope::within(&owner, &session), &id))
+        .read(move |t| t.get::<Artifact>(Scope::within(&owner, &session), &id))
         .await
         .map_err(|e| store_error(e, "artifact", &shown, "artifact_id"))
 }

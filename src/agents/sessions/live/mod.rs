@@ -74,8 +74,16 @@ pub struct Launch {
     pub relay_base: Option<String>,
 }
 
+/// What an actor answers a command's inputs with.
+enum Outcome {
+    Applied(Result<(), AgentError>),
+    /// It stopped before it read them (it idled out, its codex ended): another actor
+    /// is to take them.
+    NotRead(Vec<Input>),
+}
+
 enum Command {
-    Inputs(Vec<Input>, oneshot::Sender<Result<(), AgentError>>),
+    Inputs(Vec<Input>, oneshot::Sender<Outcome>),
     Stop,
 }
 
@@ -107,22 +115,59 @@ impl Hub {
         inputs: Vec<Input>,
         launch: impl FnOnce() -> Result<Launch, AgentError>,
     ) -> Result<(), AgentError> {
-        let (reply, answer) = oneshot::channel();
-        let mut command = Command::Inputs(inputs, reply);
+        let mut launch = Some(launch);
+        let mut inputs = inputs;
+        // An actor that stops before it reads them hands the inputs back: a new one
+        // takes them (twice at most: an actor stops at once only when it idled out).
+        for _ in 0..3 {
+            let (reply, answer) = oneshot::channel();
+            let outcome = self
+                .deliver(
+                    agents,
+                    owner,
+                    session,
+                    Command::Inputs(inputs, reply),
+                    answer,
+                    &mut launch,
+                )
+                .await?;
+            match outcome {
+                Outcome::Applied(result) => return result,
+                Outcome::NotRead(back) => inputs = back,
+            }
+        }
+        Err(gone())
+    }
+
+    /// Hands `command` to the session's actor, starting one (with `launch`, once) if
+    /// none runs, and awaits its `answer`.
+    async fn deliver(
+        self: &Arc<Self>,
+        agents: &Arc<Agents>,
+        owner: &str,
+        session: &Session,
+        mut command: Command,
+        answer: oneshot::Receiver<Outcome>,
+        launch: &mut Option<impl FnOnce() -> Result<Launch, AgentError>>,
+    ) -> Result<Outcome, AgentError> {
+        let heard = |answer: Result<Outcome, oneshot::Canceled>| async move {
+            match answer {
+                Ok(outcome) => Ok(outcome),
+                Err(_) => Err(stopped(agents, owner, &session.id).await),
+            }
+        };
         let running = self.actors().get(&session.id).cloned();
         if let Some(actor) = running {
             match actor.unbounded_send(command) {
-                Ok(()) => {
-                    return match answer.await {
-                        Ok(outcome) => outcome,
-                        Err(_) => Err(stopped(agents, owner, &session.id).await),
-                    }
-                }
+                Ok(()) => return heard(answer.await).await,
                 // It stopped meanwhile: start another.
                 Err(e) => command = e.into_inner(),
             }
         }
-        let launch = launch()?;
+        let launch = match launch.take() {
+            Some(launch) => launch()?,
+            None => return Err(gone()),
+        };
         let (tx, rx) = mpsc::unbounded();
         // Looked up and registered under one lock: two inputs that both found no actor
         // start one, and the second joins it.
@@ -141,34 +186,27 @@ impl Hub {
                 }
             }
         };
-        if joined {
-            return match answer.await {
-                Ok(outcome) => outcome,
-                Err(_) => Err(stopped(agents, owner, &session.id).await),
+        if !joined {
+            let actor = Actor {
+                hub: self.clone(),
+                agents: agents.clone(),
+                owner: owner.to_string(),
+                session: session.id.clone(),
+                app: None,
+                thread: session.thread_id.clone(),
+                turn: None,
+                model: session.agent["model"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .to_string(),
+                plan: None,
+                totals: Totals::default(),
+                children: HashMap::new(),
+                relayed: Vec::new(),
             };
+            monoio::spawn(actor.run(rx, launch));
         }
-        let actor = Actor {
-            hub: self.clone(),
-            agents: agents.clone(),
-            owner: owner.to_string(),
-            session: session.id.clone(),
-            app: None,
-            thread: session.thread_id.clone(),
-            turn: None,
-            model: session.agent["model"]
-                .as_str()
-                .unwrap_or_default()
-                .to_string(),
-            plan: None,
-            totals: Totals::default(),
-            children: HashMap::new(),
-            relayed: Vec::new(),
-        };
-        monoio::spawn(actor.run(rx, launch));
-        match answer.await {
-            Ok(outcome) => outcome,
-            Err(_) => Err(stopped(agents, owner, &session.id).await),
-        }
+        heard(answer.await).await
     }
 
     /// Stops `session`'s actor and ends its streams (the session was deleted).
@@ -354,13 +392,16 @@ impl Actor {
                             Some(error) => error,
                             None => stopped(&self.agents, &self.owner, &self.session).await,
                         };
-                        let _ = reply.send(Err(outcome));
+                        let _ = reply.send(Outcome::Applied(Err(outcome)));
                     }
                 }
                 return;
             }
         };
         let workspace = Rc::new(RefCell::new(workspace_fd));
+        // Stopped by the hub (a delete, shutdown) rather than by itself (idle, codex
+        // gone): then queued inputs hear what became of the session.
+        let mut stopped_by_hub = false;
         loop {
             let idle = self.turn.is_none();
             let cancel_due = self.turn.as_ref().and_then(ActiveTurn::cancel_due);
@@ -388,9 +429,12 @@ impl Actor {
                     let result = self
                         .apply(inputs, &workspace, workspace_path.as_deref())
                         .await;
-                    let _ = reply.send(result);
+                    let _ = reply.send(Outcome::Applied(result));
                 }
-                Next::Command(Some(Command::Stop)) | Next::Command(None) => break,
+                Next::Command(Some(Command::Stop)) | Next::Command(None) => {
+                    stopped_by_hub = true;
+                    break;
+                }
                 Next::Message(Some(Message::Notification { method, params })) => {
                     self.notification(&method, params, &workspace).await;
                 }
@@ -421,11 +465,20 @@ impl Actor {
         }
         self.hub.relay.close(&self.relayed);
         self.hub.finished(&self.session, &mut commands);
-        // Inputs queued before it closed: say what became of the session (404 once it
-        // was deleted), or that they may be sent again (a new actor takes them).
+        // Inputs queued before it closed: a new actor takes them, unless the hub
+        // stopped this one (then they hear what became of the session: 404 once it was
+        // deleted).
         while let Ok(command) = commands.try_recv() {
-            if let Command::Inputs(_, reply) = command {
-                let _ = reply.send(Err(stopped(&self.agents, &self.owner, &self.session).await));
+            if let Command::Inputs(inputs, reply) = command {
+                let outcome = match stopped_by_hub {
+                    false => Outcome::NotRead(inputs),
+                    true => {
+                        Outcome::Applied(Err(
+                            stopped(&self.agents, &self.owner, &self.session).await
+                        ))
+                    }
+                };
+                let _ = reply.send(outcome);
             }
         }
         if let Some(app) = self.app.take() {

@@ -204,6 +204,9 @@ impl DurableStore {
 }
 
 /// Which redb transaction a store transaction is.
+// One lives on the stack per store transaction: its size costs nothing next to the
+// transaction's own work, and boxing the write variant would allocate on every write.
+#[allow(clippy::large_enum_variant)]
 enum Access {
     Write(WriteTransaction),
     Read(ReadTransaction),

@@ -222,6 +222,26 @@ fn a_full_store_never_leaves_a_session_stuck() {
     let sandbox = Sandbox::new(&upstream);
     let server = sandbox.server();
     sdk(&server, &sandbox, "full");
+    // Its one session was deleted: codex's rollout of its thread went with it.
+    let rollouts = rollouts_in(&sandbox.home.path().join("codex").join("sessions"));
+    assert!(rollouts.is_empty(), "a deleted session left {rollouts:?}");
+}
+
+/// The rollout files under `dir`, at any depth.
+fn rollouts_in(dir: &Path) -> Vec<std::path::PathBuf> {
+    let mut found = Vec::new();
+    let mut dirs = vec![dir.to_path_buf()];
+    while let Some(dir) = dirs.pop() {
+        for entry in std::fs::read_dir(&dir).into_iter().flatten().flatten() {
+            let path = entry.path();
+            if path.is_dir() {
+                dirs.push(path);
+            } else if entry.file_name().to_string_lossy().starts_with("rollout-") {
+                found.push(path);
+            }
+        }
+    }
+    found
 }
 
 #[test]

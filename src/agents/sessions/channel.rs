@@ -3,13 +3,17 @@
 //! each event once, to all of them. Nothing is replayed: a stream shows what happens
 //! after it opened (the SDK's helpers open it before they post the input).
 //!
-//! Publishing never waits for a subscriber: each has room for [`BACKLOG`] events, and
-//! one that falls that far behind is dropped (its stream ends), so a stalled client can
-//! neither stall the turn nor make the server buffer without bound.
+//! Publishing never waits for a subscriber: each has room for [`BACKLOG`] events and
+//! [`BACKLOG_BYTES`] of them, and one that falls that far behind is dropped (its stream
+//! ends), so a stalled client can neither stall the turn nor make the server buffer
+//! without bound. A subscription dropped (its client left) frees what it had queued at
+//! once, not at the session's next event.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
 
 use futures_channel::mpsc;
 use serde_json::Value;
@@ -18,6 +22,9 @@ use crate::agents::records::new_id;
 
 /// Events a subscriber may be behind by before it is dropped.
 pub const BACKLOG: usize = 4096;
+/// Bytes of events a subscriber may be behind by before it is dropped (command output
+/// deltas run to 64 KiB each: 4,096 of them would be 256 MiB).
+pub const BACKLOG_BYTES: usize = 16 * 1024 * 1024;
 
 /// One event as published: its type (the SSE event name) and its JSON.
 #[derive(Debug)]
@@ -28,13 +35,53 @@ pub struct Published {
     pub ends_turn: bool,
 }
 
-/// The receiving half of a subscription.
-pub type Subscription = mpsc::Receiver<Arc<Published>>;
+/// The receiving half of a subscription: a stream of the session's events.
+pub struct Subscription {
+    rx: mpsc::Receiver<Arc<Published>>,
+    /// Bytes queued for it and not yet taken.
+    queued: Arc<AtomicUsize>,
+}
+
+impl futures_core::Stream for Subscription {
+    type Item = Arc<Published>;
+
+    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        let next = Pin::new(&mut self.rx).poll_next(cx);
+        if let Poll::Ready(Some(event)) = &next {
+            self.queued.fetch_sub(event.json.len(), Ordering::Relaxed);
+        }
+        next
+    }
+}
+
+#[cfg(test)]
+impl Subscription {
+    /// The next event if one is queued.
+    fn try_recv(&mut self) -> Result<Arc<Published>, mpsc::TryRecvError> {
+        let event = self.rx.try_recv()?;
+        self.queued.fetch_sub(event.json.len(), Ordering::Relaxed);
+        Ok(event)
+    }
+}
+
+impl Drop for Subscription {
+    fn drop(&mut self) {
+        // The queued events live as long as the sender, which the next publish drops:
+        // freed now, whether or not the session publishes again.
+        self.rx.close();
+        while self.rx.try_recv().is_ok() {}
+    }
+}
+
+struct Subscriber {
+    tx: mpsc::Sender<Arc<Published>>,
+    queued: Arc<AtomicUsize>,
+}
 
 #[derive(Default)]
 struct Subscribers {
     next: u64,
-    open: Vec<(u64, mpsc::Sender<Arc<Published>>)>,
+    open: Vec<(u64, Subscriber)>,
 }
 
 /// Every session's subscribers.
@@ -52,12 +99,17 @@ impl Channels {
     /// A new subscriber of `session`'s events.
     pub fn subscribe(&self, session: &str) -> Subscription {
         let (tx, rx) = mpsc::channel(BACKLOG);
+        let queued = Arc::new(AtomicUsize::new(0));
         let mut sessions = self.lock();
         let subscribers = sessions.entry(session.to_string()).or_default();
         subscribers.next += 1;
         let key = subscribers.next;
-        subscribers.open.push((key, tx));
-        rx
+        let subscriber = Subscriber {
+            tx,
+            queued: queued.clone(),
+        };
+        subscribers.open.push((key, subscriber));
+        Subscription { rx, queued }
     }
 
     /// Gives `event` an `event_id` and sends it to every subscriber of `session`.
@@ -73,9 +125,17 @@ impl Channels {
         let mut sessions = self.lock();
         if let Some(subscribers) = sessions.get_mut(session) {
             // A closed or hopelessly behind subscriber is forgotten here.
-            subscribers
-                .open
-                .retain_mut(|(_, tx)| tx.try_send(published.clone()).is_ok());
+            let size = published.json.len();
+            subscribers.open.retain_mut(|(_, subscriber)| {
+                if subscriber.queued.load(Ordering::Relaxed) + size > BACKLOG_BYTES {
+                    return false;
+                }
+                let sent = subscriber.tx.try_send(published.clone()).is_ok();
+                if sent {
+                    subscriber.queued.fetch_add(size, Ordering::Relaxed);
+                }
+                sent
+            });
             if subscribers.open.is_empty() {
                 sessions.remove(session);
             }
@@ -129,5 +189,46 @@ mod tests {
         assert!(got <= BACKLOG + 1, "{got}");
         // The stream ended: the sender was dropped.
         assert!(matches!(slow.try_recv(), Err(mpsc::TryRecvError::Closed)));
+    }
+
+    #[test]
+    fn a_subscriber_too_many_bytes_behind_is_dropped_and_one_that_reads_is_not() {
+        let channels = Channels::default();
+        let mut slow = channels.subscribe("s");
+        let mut reader = channels.subscribe("s");
+        let big = "x".repeat(1024 * 1024);
+        for _ in 0..BACKLOG_BYTES / big.len() + 1 {
+            channels.publish("s", json!({"type": "x", "delta": big}), false);
+            // The reader keeps up: what it took no longer counts against it.
+            assert!(reader.try_recv().is_ok());
+        }
+        let mut got = 0;
+        while slow.try_recv().is_ok() {
+            got += 1;
+        }
+        assert!(got < BACKLOG_BYTES / big.len(), "{got}");
+        assert!(matches!(slow.try_recv(), Err(mpsc::TryRecvError::Closed)));
+        channels.publish("s", json!({"type": "y"}), false);
+        assert_eq!(
+            reader.try_recv().unwrap().kind,
+            "y",
+            "the reader is still there"
+        );
+    }
+
+    #[test]
+    fn a_dropped_subscription_frees_its_queue_at_once() {
+        let channels = Channels::default();
+        let gone = channels.subscribe("s");
+        let mut kept = channels.subscribe("s");
+        channels.publish("s", json!({"type": "x"}), false);
+        let event = kept.try_recv().unwrap();
+        assert_eq!(Arc::strong_count(&event), 2, "also queued for the other");
+        drop(gone);
+        assert_eq!(
+            Arc::strong_count(&event),
+            1,
+            "freed with the subscription, before any next publish"
+        );
     }
 }

@@ -18,6 +18,7 @@ pub mod records;
 pub mod relay;
 pub mod trace;
 
+use std::path::PathBuf;
 use std::sync::Arc;
 
 use serde_json::{Map, Value};
@@ -170,7 +171,7 @@ pub fn open_config(session: &Session) -> Result<AgentConfig, AgentError> {
 
 /// Forgets a session and everything it holds; a session running a turn is refused (the
 /// SDK: "Running execution must be cancelled first").
-pub async fn delete(agents: &Arc<Agents>, owner: &str, id: &str) -> Result<(), AgentError> {
+pub async fn delete(agents: &Arc<Agents>, owner: &str, id: &str) -> Result<Session, AgentError> {
     let (owner, key) = (owner.to_string(), id.to_string());
     agents
         .transact(move |t| {
@@ -189,9 +190,64 @@ pub async fn delete(agents: &Arc<Agents>, owner: &str, id: &str) -> Result<(), A
                 &key,
                 "session_id",
             ))?;
-            Ok(())
+            Ok(session)
         })
         .await
+}
+
+/// What a deleted session leaves on disk, removed: its scratch directory (a session
+/// without a workspace ran there) and codex's rollout files of its thread under
+/// `codex_home/sessions` (`rollout-<time>-<thread id>.jsonl`), so a deleted session's
+/// conversation is gone from the machine too. Runs on the blocking pool; what cannot be
+/// removed is logged, not answered (the session is deleted either way).
+pub async fn remove_leftovers(
+    scratch: PathBuf,
+    codex_home: Option<PathBuf>,
+    thread: Option<String>,
+) {
+    let removed = crate::runtime::file::blocking(move || {
+        let mut failures = Vec::new();
+        match std::fs::remove_dir_all(&scratch) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                failures.push(format!("{}: {e}", scratch.display()))
+            }
+            _ => {}
+        }
+        if let (Some(home), Some(thread)) = (codex_home, thread) {
+            let suffix = format!("-{thread}.jsonl");
+            let mut dirs = vec![home.join("sessions")];
+            // Years, months, days: a few levels, walked without following links.
+            while let Some(dir) = dirs.pop() {
+                let Ok(entries) = std::fs::read_dir(&dir) else {
+                    continue;
+                };
+                for entry in entries.flatten() {
+                    let Ok(kind) = entry.file_type() else {
+                        continue;
+                    };
+                    let name = entry.file_name();
+                    let name = name.to_string_lossy();
+                    if kind.is_dir() {
+                        dirs.push(entry.path());
+                    } else if kind.is_file()
+                        && name.starts_with("rollout-")
+                        && name.ends_with(&suffix)
+                    {
+                        if let Err(e) = std::fs::remove_file(entry.path()) {
+                            failures.push(format!("{}: {e}", entry.path().display()));
+                        }
+                    }
+                }
+            }
+        }
+        failures
+    })
+    .await;
+    for failure in removed.unwrap_or_default() {
+        crate::log::line(format_args!(
+            "a deleted session's leftover was not removed: {failure}"
+        ));
+    }
 }
 
 /// Which sessions a list shows.

@@ -352,10 +352,21 @@ fn page(data: Vec<Value>, has_more: bool) -> Response {
     }))
 }
 
+/// Where the children's codex keeps its threads: `CODEX_HOME`, else `~/.codex`.
+fn codex_home(call: &Call) -> Option<std::path::PathBuf> {
+    let env = call.services().environment.snapshot();
+    let var = |name: &str| {
+        env.iter()
+            .find(|(k, _)| k == name)
+            .map(|(_, v)| std::path::PathBuf::from(v))
+    };
+    var("CODEX_HOME").or_else(|| var("HOME").map(|home| home.join(".codex")))
+}
+
 async fn delete(call: Call) -> Result<Response, ApiError> {
     let id = session_id(&call);
     let agents = agents_of(&call)?;
-    sessions::delete(&agents, &call.identity.id, &id)
+    let deleted = sessions::delete(&agents, &call.identity.id, &id)
         .await
         .map_err(|e| match e {
             crate::agents::AgentError::Busy { .. } => ApiError::new(
@@ -369,6 +380,8 @@ async fn delete(call: Call) -> Result<Response, ApiError> {
             e => ApiError::from(e),
         })?;
     super::session_live::forget(&call, &id)?;
+    let scratch = call.config().state_dir.join("sessions").join(&id);
+    sessions::remove_leftovers(scratch, codex_home(&call), deleted.thread_id).await;
     Ok(Response::ok(&json!({
         "id": id, "object": "agent.session.deleted", "deleted": true,
         "x_agent_sandbox": label("agent-sandbox", &DIFFERENCES),

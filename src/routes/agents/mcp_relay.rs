@@ -19,6 +19,8 @@ pub fn endpoints() -> Vec<Endpoint> {
             .auth_required(false)
             .scopes(&[])
             .extension()
+            // The MCP server's own statuses pass through; 502 when it cannot be reached.
+            .also_answers(&[202, 405, 502])
     };
     vec![
         declare(

@@ -80,6 +80,9 @@ pub const INCOMING_QUEUE: usize = 1024;
 pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(3);
 /// How long `initialize` may take.
 const INITIALIZE_TIMEOUT: Duration = Duration::from_secs(60);
+/// The most any request waits for codex's answer (a `thread/resume` reads the whole
+/// rollout; a `turn/interrupt` waits until the turn aborted).
+pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(120);
 /// How long the pipes may stay open after codex itself exited (a descendant that holds
 /// them): then they are given up.
 const AFTER_EXIT: Duration = Duration::from_secs(2);
@@ -150,6 +153,8 @@ impl RpcError {
     pub const INVALID_REQUEST: i64 = -32600;
     /// The standard code for a failure inside the answering side (for [`AppServer::respond`]).
     pub const INTERNAL_ERROR: i64 = -32603;
+    /// codex did not answer within [`REQUEST_TIMEOUT`].
+    pub const TIMED_OUT: i64 = -32091;
 
     pub fn new(code: i64, message: impl Into<String>) -> RpcError {
         RpcError {
@@ -309,9 +314,23 @@ impl AppServer {
         Ok((server, Incoming { messages }))
     }
 
-    /// Sends a request and waits for its answer. Concurrent requests are fine; dropping
-    /// the future forgets the answer.
+    /// Sends a request and waits for its answer, [`REQUEST_TIMEOUT`] at most (a session's
+    /// actor awaits some of them inline: a codex that stopped answering must not hold
+    /// it). Concurrent requests are fine; dropping the future forgets the answer.
     pub async fn request(&self, method: &str, params: Value) -> Result<Value, RpcError> {
+        match monoio::time::timeout(REQUEST_TIMEOUT, self.request_unbounded(method, params)).await {
+            Ok(answer) => answer,
+            Err(_) => Err(RpcError::new(
+                RpcError::TIMED_OUT,
+                format!(
+                    "codex did not answer {method} within {} s",
+                    REQUEST_TIMEOUT.as_secs()
+                ),
+            )),
+        }
+    }
+
+    async fn request_unbounded(&self, method: &str, params: Value) -> Result<Value, RpcError> {
         let (id, answer) = {
             let mut shared = self.shared.borrow_mut();
             if let Some(ended) = &shared.ended {

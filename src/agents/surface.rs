@@ -121,8 +121,20 @@ impl<S: ObjectStore> Agents<S> {
         R: Send + 'static,
         E: From<StoreError> + Send + 'static,
     {
+        self.on_pool(move |store| store.transact(f)).await
+    }
+
+    /// `run` against the store, on the blocking pool.
+    async fn on_pool<R, E>(
+        self: &Arc<Self>,
+        run: impl FnOnce(&S) -> Result<R, E> + Send + 'static,
+    ) -> Result<R, E>
+    where
+        R: Send + 'static,
+        E: From<StoreError> + Send + 'static,
+    {
         let agents = Arc::clone(self);
-        match crate::runtime::file::blocking(move || agents.store().transact(f)).await {
+        match crate::runtime::file::blocking(move || run(agents.store())).await {
             Ok(result) => result,
             Err(e) => Err(E::from(StoreError::Storage(e.to_string()))),
         }
@@ -137,11 +149,7 @@ impl<S: ObjectStore> Agents<S> {
         R: Send + 'static,
         E: From<StoreError> + Send + 'static,
     {
-        let agents = Arc::clone(self);
-        match crate::runtime::file::blocking(move || agents.store().read(f)).await {
-            Ok(result) => result,
-            Err(e) => Err(E::from(StoreError::Storage(e.to_string()))),
-        }
+        self.on_pool(move |store| store.read(f)).await
     }
 
     /// Runs `f` as one store transaction from where nothing can await (a `Drop`): on a

@@ -177,29 +177,28 @@ fn the_sdk_drives_sessions_on_codex_threads_and_a_restart_resumes_them() {
     );
 }
 
-/// An agent's `mcp` tool connects codex to that server with the bearer the session's
-/// vault holds for its URL (here another agent-sandbox's `/mcp`): the file the model's
-/// tool call wrote is in the other sandbox, and the token is in no answer, and in no
-/// environment or argv a command the model runs can read: codex reaches the server
-/// through the relay, which adds the bearer.
+/// Runs one phase of the SDK script against a server of its own (with its own stub
+/// upstream); the sandbox stays for what the test checks after.
+fn phase_alone(phase: &str) -> Sandbox {
+    let upstream = serve_upstream();
+    let sandbox = Sandbox::new(&upstream);
+    let server = sandbox.server();
+    sdk(&server, &sandbox, phase);
+    sandbox
+}
+
 /// Inputs racing a DELETE answer 202, or 404 once the session is gone: never the 500
 /// of a runner that stopped before it answered.
 #[test]
 fn inputs_racing_a_delete_are_accepted_or_not_found() {
-    let upstream = serve_upstream();
-    let sandbox = Sandbox::new(&upstream);
-    let server = sandbox.server();
-    sdk(&server, &sandbox, "race");
+    phase_alone("race");
 }
 
 /// A cancel sent with its input, right after it, or while it is still being applied ends
 /// the turn cancelled and the session idle within seconds; the next turn runs.
 #[test]
 fn a_cancel_is_never_lost() {
-    let upstream = serve_upstream();
-    let sandbox = Sandbox::new(&upstream);
-    let server = sandbox.server();
-    sdk(&server, &sandbox, "cancel");
+    phase_alone("cancel");
 }
 
 /// A provider that reuses its message ids: every session keeps every assistant item,
@@ -207,10 +206,7 @@ fn a_cancel_is_never_lost() {
 /// earlier one's).
 #[test]
 fn item_ids_are_ours_whatever_the_provider_reuses() {
-    let upstream = serve_upstream();
-    let sandbox = Sandbox::new(&upstream);
-    let server = sandbox.server();
-    sdk(&server, &sandbox, "reuse");
+    phase_alone("reuse");
 }
 
 /// The owner's 64 MiB share fills while a turn runs: the turn ends, the session is idle
@@ -218,10 +214,7 @@ fn item_ids_are_ours_whatever_the_provider_reuses() {
 /// progress, its stream never said idle, and DELETE was 409 for good).
 #[test]
 fn a_full_store_never_leaves_a_session_stuck() {
-    let upstream = serve_upstream();
-    let sandbox = Sandbox::new(&upstream);
-    let server = sandbox.server();
-    sdk(&server, &sandbox, "full");
+    let sandbox = phase_alone("full");
     // Its one session was deleted: codex's rollout of its thread went with it.
     let rollouts = rollouts_in(&sandbox.home.path().join("codex").join("sessions"));
     assert!(rollouts.is_empty(), "a deleted session left {rollouts:?}");
@@ -244,6 +237,11 @@ fn rollouts_in(dir: &Path) -> Vec<std::path::PathBuf> {
     found
 }
 
+/// An agent's `mcp` tool connects codex to that server with the bearer the session's
+/// vault holds for its URL (here another agent-sandbox's `/mcp`): the file the model's
+/// tool call wrote is in the other sandbox, and the token is in no answer, and in no
+/// environment or argv a command the model runs can read: codex reaches the server
+/// through the relay, which adds the bearer.
 #[test]
 fn an_mcp_tool_reaches_its_server_with_the_vaults_bearer() {
     let target = Launch::new("uring")

@@ -15,7 +15,7 @@ use crate::agents::objects::Object;
 use crate::agents::records::{ObjectStore, Scope, StoreError};
 use crate::agents::sessions::channel::Subscription;
 use crate::agents::sessions::inputs::Input;
-use crate::agents::sessions::live::{Hub, Launch};
+use crate::agents::sessions::live::{Hub, Launch, SendError};
 use crate::agents::sessions::records::{KeyClaim, Session};
 use crate::agents::surface::AgentsStore;
 use crate::agents::{AgentError, Runtime};
@@ -41,18 +41,30 @@ pub async fn send(
 ) -> Result<(), ApiError> {
     let session = super::sessions::get_session(call, id).await?;
     let needs_runner = inputs.iter().any(|i| matches!(i, Input::Message(_)));
-    let launch = if needs_runner {
-        Some(launch(call, &session).await?)
-    } else {
-        None
-    };
     let agents = agents_of(call)?;
     let owner = call.identity.id.clone();
-    hub.send(&agents, &owner, &session, inputs, move || {
-        launch.ok_or_else(|| AgentError::invalid("events", "This session runs no turn: send an agent.session.input.message first."))
-    })
-    .await
-    .map_err(|e| match e {
+    // Built only when no actor runs the session: an input to a running one finds
+    // codex, its workspace and its bearers already there.
+    let start = || async {
+        match needs_runner {
+            true => launch(call, &session).await,
+            false => Err(ApiError::from(AgentError::invalid(
+                "events",
+                "This session runs no turn: send an agent.session.input.message first.",
+            ))),
+        }
+    };
+    hub.send(&agents, &owner, &session, inputs, start)
+        .await
+        .map_err(|e| match e {
+            SendError::Launch(error) => error,
+            SendError::Agent(e) => agent_refusal(e),
+        })
+}
+
+/// An actor's refusal of inputs, worded for the SDK.
+fn agent_refusal(e: AgentError) -> ApiError {
+    match e {
         AgentError::Invalid { param, message } if message.starts_with("Unknown pending tool call") => {
             // The SDK's helper matches this code and message exactly (docs/agents-api.md §2.2).
             ApiError::new(400, "invalid_request_error", message)
@@ -67,7 +79,7 @@ pub async fn send(
         .with_code("active_turn_not_steerable")
         .with_header("x-should-retry", "false"),
         e => ApiError::from(e),
-    })
+    }
 }
 
 /// How the session's app-server would start: the codex CLI (installed on first use),

@@ -74,6 +74,14 @@ pub struct Launch {
     pub relay_base: Option<String>,
 }
 
+/// Why inputs were not applied: the session's refusal, or why its actor could not be
+/// started (the caller's own error type: a CLI being installed, a workspace gone).
+#[derive(Debug)]
+pub enum SendError<E> {
+    Agent(AgentError),
+    Launch(E),
+}
+
 /// What an actor answers a command's inputs with.
 enum Outcome {
     Applied(Result<(), AgentError>),
@@ -106,54 +114,55 @@ impl Hub {
     }
 
     /// Hands `inputs` to `session`'s actor (started on this worker if none runs, with
-    /// `launch`) and waits until it has applied them.
-    pub async fn send(
+    /// what `launch` makes: called only then, so an input to a running actor builds no
+    /// launch) and waits until it has applied them.
+    pub async fn send<E, L>(
         self: &Arc<Self>,
         agents: &Arc<Agents>,
         owner: &str,
         session: &Session,
         inputs: Vec<Input>,
-        launch: impl FnOnce() -> Result<Launch, AgentError>,
-    ) -> Result<(), AgentError> {
+        launch: impl FnOnce() -> L,
+    ) -> Result<(), SendError<E>>
+    where
+        L: std::future::Future<Output = Result<Launch, E>>,
+    {
         let mut launch = Some(launch);
         let mut inputs = inputs;
         // An actor that stops before it reads them hands the inputs back: a new one
         // takes them (twice at most: an actor stops at once only when it idled out).
         for _ in 0..3 {
             let (reply, answer) = oneshot::channel();
+            let command = Command::Inputs(inputs, reply);
             let outcome = self
-                .deliver(
-                    agents,
-                    owner,
-                    session,
-                    Command::Inputs(inputs, reply),
-                    answer,
-                    &mut launch,
-                )
+                .deliver(agents, owner, session, command, answer, &mut launch)
                 .await?;
             match outcome {
-                Outcome::Applied(result) => return result,
+                Outcome::Applied(result) => return result.map_err(SendError::Agent),
                 Outcome::NotRead(back) => inputs = back,
             }
         }
-        Err(gone())
+        Err(SendError::Agent(gone()))
     }
 
     /// Hands `command` to the session's actor, starting one (with `launch`, once) if
     /// none runs, and awaits its `answer`.
-    async fn deliver(
+    async fn deliver<E, L>(
         self: &Arc<Self>,
         agents: &Arc<Agents>,
         owner: &str,
         session: &Session,
         mut command: Command,
         answer: oneshot::Receiver<Outcome>,
-        launch: &mut Option<impl FnOnce() -> Result<Launch, AgentError>>,
-    ) -> Result<Outcome, AgentError> {
+        launch: &mut Option<impl FnOnce() -> L>,
+    ) -> Result<Outcome, SendError<E>>
+    where
+        L: std::future::Future<Output = Result<Launch, E>>,
+    {
         let heard = |answer: Result<Outcome, oneshot::Canceled>| async move {
             match answer {
                 Ok(outcome) => Ok(outcome),
-                Err(_) => Err(stopped(agents, owner, &session.id).await),
+                Err(_) => Err(SendError::Agent(stopped(agents, owner, &session.id).await)),
             }
         };
         let running = self.actors().get(&session.id).cloned();
@@ -165,8 +174,8 @@ impl Hub {
             }
         }
         let launch = match launch.take() {
-            Some(launch) => launch()?,
-            None => return Err(gone()),
+            Some(launch) => launch().await.map_err(SendError::Launch)?,
+            None => return Err(SendError::Agent(gone())),
         };
         let (tx, rx) = mpsc::unbounded();
         // Looked up and registered under one lock: two inputs that both found no actor
@@ -180,7 +189,8 @@ impl Hub {
             match sent {
                 Ok(()) => true,
                 Err(command) => {
-                    tx.unbounded_send(command).map_err(|_| gone())?;
+                    tx.unbounded_send(command)
+                        .map_err(|_| SendError::Agent(gone()))?;
                     actors.insert(session.id.clone(), tx);
                     false
                 }

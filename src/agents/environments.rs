@@ -1115,20 +1115,23 @@ pub async fn create_template<S: ObjectStore>(
         files: Vec::new(),
         sealed: String::new(),
     };
-    template.seal(&body.config)?;
-    let object = template.object();
+    let config = body.config;
     let (owner, id) = (owner.to_string(), template.id.clone());
     agents
         .transact(move |t| {
+            // Sealed here, on the blocking pool: the key's first use reads (or makes and
+            // fsyncs) its file.
+            template.seal(&config)?;
+            let object = template.object();
             t.create(Scope::owner(&owner), template)
                 .map_err(AgentError::store(
                     "environment template",
                     &id,
                     "environment_template_id",
-                ))
+                ))?;
+            Ok::<_, AgentError>(object)
         })
-        .await?;
-    Ok(object)
+        .await
 }
 
 /// Replaces what the body names.

@@ -42,7 +42,10 @@ struct Key {
 
 /// Where the key comes from, set once when the agents group is built.
 static STATE_DIR: OnceLock<PathBuf> = OnceLock::new();
-static KEY: OnceLock<Result<Key, String>> = OnceLock::new();
+/// The key once loaded. A failure is not kept: the next use tries again (a state
+/// directory mounted late, a permission fixed), so a transient error does not last until
+/// a restart.
+static KEY: OnceLock<Key> = OnceLock::new();
 
 /// Names the state directory the key file lives in. The key itself is read on first
 /// use, so a server that never seals anything creates no key file.
@@ -123,21 +126,25 @@ fn key_file(dir: &Path) -> Result<[u8; 32], String> {
 }
 
 fn key() -> Result<&'static Key, String> {
-    let loaded = KEY.get_or_init(|| {
-        if let Some(text) = crate::process::secrets::get(KEY_VAR) {
-            return parse_key(&text).map(make_key);
-        }
+    if let Some(key) = KEY.get() {
+        return Ok(key);
+    }
+    let loaded = if let Some(text) = crate::process::secrets::get(KEY_VAR) {
+        parse_key(&text).map(make_key)?
+    } else {
         match STATE_DIR.get() {
-            Some(dir) => key_file(dir).map(make_key),
+            Some(dir) => key_file(dir).map(make_key)?,
             // Unit tests: a key of this process alone.
             None => {
                 let mut key = [0u8; 32];
                 let _ = rustix::rand::getrandom(&mut key, rustix::rand::GetRandomFlags::empty());
-                Ok(make_key(key))
+                make_key(key)
             }
         }
-    });
-    loaded.as_ref().map_err(Clone::clone)
+    };
+    // Two first uses at once load the same key (the file's creation is exclusive); the
+    // first one kept wins either way.
+    Ok(KEY.get_or_init(|| loaded))
 }
 
 /// Why a sealed value could not be made or opened. The message never holds the value.

@@ -694,8 +694,8 @@ pub async fn create_credential<S: ObjectStore>(
     let auth = parse_auth(auth)?;
     let now = now_unix();
     let id = new_id("cred_");
-    let sealed = seal::seal_json(&binding(&id), &auth.secret).map_err(sealing_failed)?;
-    let credential = Credential {
+    let secret = auth.secret;
+    let mut credential = Credential {
         id,
         vault_id: vault_id.to_string(),
         name,
@@ -703,13 +703,17 @@ pub async fn create_credential<S: ObjectStore>(
         created_at: now,
         updated_at: now,
         auth: auth.public,
-        sealed,
+        sealed: String::new(),
         expires: auth.expires,
     };
     let object = credential.object();
     let (owner, vault) = (owner.to_string(), vault_id.to_string());
     agents
         .transact(move |t| {
+            // Sealed here, on the blocking pool: the key's first use reads (or makes and
+            // fsyncs) its file.
+            credential.sealed =
+                seal::seal_json(&binding(&credential.id), &secret).map_err(sealing_failed)?;
             let within = Scope::within(&owner, &vault);
             let stored = AgentError::store("vault", &vault, VAULT);
             t.get::<Vault>(Scope::owner(&owner), &vault)

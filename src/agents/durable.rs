@@ -1,10 +1,11 @@
 //! The agents' [`ObjectStore`]: every record in one redb database, the file
 //! `<state_dir>/agents.redb` of the running server (see [`super::store`]), or redb's
 //! in-memory backend when that file cannot be opened (and in unit tests). A store
-//! transaction is one redb write transaction, committed with [`Durability::Immediate`]
-//! (fsync) when it returns `Ok` and something changed, and aborted (nothing written)
-//! when it returns an error. redb takes one writer at a time, which serialises
-//! transactions. A read ([`ObjectStore::read`]) is a redb read transaction: a snapshot
+//! transaction is one redb write transaction, committed when it returns `Ok` and
+//! something changed, and aborted (nothing written) when it returns an error; its caller
+//! hears of it once it is durable, which commits made at the same time share (group
+//! commit: one fsync for all of them, see [`Syncs`]). redb takes one writer at a time,
+//! which serialises transactions. A read ([`ObjectStore::read`]) is a redb read transaction: a snapshot
 //! of the last commit, which waits for no writer (nor its fsync); a write in it is
 //! refused.
 //!
@@ -99,7 +100,33 @@ fn names(collection: &'static Collection) -> (&'static str, Option<&'static str>
 pub struct DurableStore {
     db: Database,
     limits: Limits,
+    syncs: Syncs,
 }
+
+/// Group commit. Each write transaction commits without waiting for the disk
+/// (`Durability::None`); before its caller hears of it, one transaction with
+/// `Durability::Immediate` (whose fsync makes every commit before it durable) runs for
+/// all the commits made meanwhile: the first caller to find none running starts it,
+/// the others wait for it. Writers that come while one fsync runs share the next one.
+#[derive(Default)]
+struct Syncs {
+    state: std::sync::Mutex<SyncState>,
+    done: std::sync::Condvar,
+}
+
+#[derive(Default)]
+struct SyncState {
+    /// Commits made so far (not yet durable, or durable).
+    committed: u64,
+    /// Of those, how many a durable commit covers.
+    durable: u64,
+    /// A durable commit is running.
+    syncing: bool,
+}
+
+/// The counter the durable commit of a group writes (a commit with nothing changed is
+/// not guaranteed to reach the disk).
+const SYNC_ROW: (&str, &str, &str) = ("sync", "", "");
 
 /// Why the store's file could not be opened.
 #[derive(Debug)]
@@ -192,7 +219,57 @@ impl DurableStore {
         txn.open_table(KINDS).or_storage()?;
         txn.open_table(COUNTERS).or_storage()?;
         txn.commit().or_storage()?;
-        Ok(DurableStore { db, limits })
+        Ok(DurableStore {
+            db,
+            limits,
+            syncs: Syncs::default(),
+        })
+    }
+
+    /// Returns once the commit this thread has just made is durable (see [`Syncs`]).
+    fn made_durable(&self) -> Result<(), StoreError> {
+        let lock = || self.syncs.state.lock().unwrap_or_else(|e| e.into_inner());
+        let mut state = lock();
+        state.committed += 1;
+        let mine = state.committed;
+        loop {
+            if state.durable >= mine {
+                return Ok(());
+            }
+            if !state.syncing {
+                state.syncing = true;
+                let covers = state.committed;
+                drop(state);
+                let synced = self.sync_commit();
+                state = lock();
+                state.syncing = false;
+                if synced.is_ok() {
+                    state.durable = state.durable.max(covers);
+                }
+                self.syncs.done.notify_all();
+                // A failed fsync is this caller's answer; a waiter tries again.
+                synced?;
+                continue;
+            }
+            state = self
+                .syncs
+                .done
+                .wait(state)
+                .unwrap_or_else(|e| e.into_inner());
+        }
+    }
+
+    /// One durable commit: every commit before it is on disk when it returns.
+    fn sync_commit(&self) -> Result<(), StoreError> {
+        let mut txn = self.db.begin_write().or_storage()?;
+        txn.set_durability(Durability::Immediate)
+            .map_err(|e| StoreError::Storage(e.to_string()))?;
+        {
+            let mut table = txn.open_table(COUNTERS).or_storage()?;
+            let next = table.get(SYNC_ROW).or_storage()?.map_or(0, |v| v.value()) + 1;
+            table.insert(SYNC_ROW, next).or_storage()?;
+        }
+        txn.commit().or_storage()
     }
 
     /// How many records the file holds (all collections).
@@ -246,7 +323,8 @@ impl ObjectStore for DurableStore {
         f: impl FnOnce(&mut DurableTxn<'_>) -> Result<R, E>,
     ) -> Result<R, E> {
         let mut txn = self.db.begin_write().or_storage()?;
-        txn.set_durability(Durability::Immediate)
+        // Durable once the group's commit is: `made_durable` below, before returning.
+        txn.set_durability(Durability::None)
             .map_err(|e| StoreError::Storage(e.to_string()))?;
         let mut txn = DurableTxn {
             txn: Access::Write(txn),
@@ -257,7 +335,10 @@ impl ObjectStore for DurableStore {
         let result = f(&mut txn);
         if let Access::Write(write) = txn.txn {
             match (&result, txn.dirty) {
-                (Ok(_), true) => write.commit().or_storage()?,
+                (Ok(_), true) => {
+                    write.commit().or_storage()?;
+                    self.made_durable()?;
+                }
                 _ => write.abort().or_storage()?,
             }
         }

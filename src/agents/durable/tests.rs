@@ -738,6 +738,44 @@ fn resp(id: String) -> Resp {
     }
 }
 
+/// Writers at the same time share durable commits (group commit), and every commit that
+/// returned is in the file after a reopen.
+#[test]
+fn concurrent_writers_share_durable_commits_and_lose_nothing() {
+    let dir = state_dir();
+    let path = dir.join("agents.redb");
+    let limits = Limits {
+        object_bytes: usize::MAX,
+        owner_bytes: usize::MAX,
+    };
+    let store = std::sync::Arc::new(DurableStore::open(&path, limits).unwrap());
+    let writers: Vec<_> = (0..8)
+        .map(|w| {
+            let store = store.clone();
+            std::thread::spawn(move || {
+                for i in 0..40 {
+                    store.create(A, resp(format!("w{w}-{i:03}"))).unwrap();
+                }
+            })
+        })
+        .collect();
+    for writer in writers {
+        writer.join().unwrap();
+    }
+    let syncs = store
+        .read(|t| t.counter(SYNC_ROW.0, SYNC_ROW.1, SYNC_ROW.2))
+        .unwrap();
+    assert!(
+        (1..=320).contains(&syncs),
+        "{syncs} durable commits for 320 writes"
+    );
+    drop(store);
+    let reopened = DurableStore::open(&path, Limits::default()).unwrap();
+    assert_eq!(reopened.read(|t| t.count::<Resp>(A)).unwrap(), 320);
+    drop(reopened);
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
 /// Not a test of its own: the writer `kill -9` stops in the test below. It creates
 /// notes, one transaction each, printing each id once its commit returned.
 #[test]

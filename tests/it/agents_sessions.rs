@@ -44,7 +44,15 @@ impl Sandbox {
     }
 
     fn server(&self) -> Server {
-        Launch::new("uring")
+        self.server_with(&[])
+    }
+
+    fn server_with(&self, extra: &[(&str, &str)]) -> Server {
+        let mut launch = Launch::new("uring");
+        for (name, value) in extra {
+            launch = launch.env(name, value);
+        }
+        launch
             .base_dir(self.base.path())
             .env("ABX_SERVER_ENABLED_GROUPS", "agents")
             .env("ABX_SERVER_POLICY", self.policy.to_str().unwrap())
@@ -199,6 +207,17 @@ fn inputs_racing_a_delete_are_accepted_or_not_found() {
 #[test]
 fn a_cancel_is_never_lost() {
     phase_alone("cancel");
+}
+
+/// A session's codex idles out after 1 s (`ABX_AGENTS_SESSION_IDLE_SECONDS`): inputs
+/// sent around that moment are each applied and run a turn on the resumed thread; none
+/// gets the 500 of an actor that stopped before it read it.
+#[test]
+fn inputs_as_codex_idles_out_are_applied() {
+    let upstream = serve_upstream();
+    let sandbox = Sandbox::new(&upstream);
+    let server = sandbox.server_with(&[("ABX_AGENTS_SESSION_IDLE_SECONDS", "1")]);
+    sdk(&server, &sandbox, "idle");
 }
 
 /// A provider that reuses its message ids: every session keeps every assistant item,

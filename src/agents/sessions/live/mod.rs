@@ -10,7 +10,7 @@
 //! POST answers 202) once the actor has applied it: the turn record and the user's
 //! message are stored, or the steer, cancel or tool result has reached codex.
 //!
-//! An actor that sees no command and runs no turn for [`IDLE`] stops its app-server;
+//! An actor that sees no command and runs no turn for [`idle`] stops its app-server;
 //! the next input starts a new one, which resumes the thread (`thread/resume`: codex
 //! keeps threads on disk, under `CODEX_HOME`). A server restart is the same, with the
 //! turn that was running marked failed when the store opens.
@@ -45,8 +45,22 @@ use crate::process::ChildRegistry;
 
 mod subagents;
 
-/// How long an actor with nothing to do keeps its app-server.
+/// How long an actor with nothing to do keeps its app-server, by default.
 pub const IDLE: Duration = Duration::from_secs(600);
+
+/// `ABX_AGENTS_SESSION_IDLE_SECONDS` (a positive integer), else [`IDLE`]: a sandbox
+/// short of memory lets idle codex processes go sooner; the next input resumes the
+/// thread either way.
+pub fn idle() -> Duration {
+    static IDLE_SET: std::sync::OnceLock<Duration> = std::sync::OnceLock::new();
+    *IDLE_SET.get_or_init(|| {
+        std::env::var("ABX_AGENTS_SESSION_IDLE_SECONDS")
+            .ok()
+            .and_then(|v| v.trim().parse::<u64>().ok())
+            .filter(|v| *v > 0)
+            .map_or(IDLE, Duration::from_secs)
+    })
+}
 /// After a cancel, how long codex may take to end the turn before the interrupt is
 /// sent again (codex drops one that comes before its turn has started)...
 const CANCEL_RESEND: Duration = Duration::from_secs(2);
@@ -421,7 +435,7 @@ impl Actor {
                 let message = incoming.next();
                 let wait = match cancel_due {
                     Some(due) => due.saturating_duration_since(std::time::Instant::now()),
-                    None if idle => IDLE,
+                    None if idle => self::idle(),
                     None => Duration::from_secs(86_400),
                 };
                 let timeout = monoio::time::sleep(wait);

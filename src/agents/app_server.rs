@@ -209,6 +209,8 @@ pub struct AppServer {
     outbox: Option<mpsc::UnboundedSender<Vec<u8>>>,
     stop: Option<oneshot::Sender<()>>,
     done: Option<oneshot::Receiver<()>>,
+    /// How long a request waits for its answer ([`REQUEST_TIMEOUT`]; tests shorten it).
+    request_timeout: Duration,
     /// The process group (tests signal it).
     #[cfg(test)]
     pgid: i32,
@@ -287,6 +289,7 @@ impl AppServer {
             outbox: Some(outbox),
             stop: Some(stop_tx),
             done: Some(done),
+            request_timeout: REQUEST_TIMEOUT,
             #[cfg(test)]
             pgid,
         };
@@ -318,13 +321,14 @@ impl AppServer {
     /// actor awaits some of them inline: a codex that stopped answering must not hold
     /// it). Concurrent requests are fine; dropping the future forgets the answer.
     pub async fn request(&self, method: &str, params: Value) -> Result<Value, RpcError> {
-        match monoio::time::timeout(REQUEST_TIMEOUT, self.request_unbounded(method, params)).await {
+        let within = self.request_timeout;
+        match monoio::time::timeout(within, self.request_unbounded(method, params)).await {
             Ok(answer) => answer,
             Err(_) => Err(RpcError::new(
                 RpcError::TIMED_OUT,
                 format!(
-                    "codex did not answer {method} within {} s",
-                    REQUEST_TIMEOUT.as_secs()
+                    "codex did not answer {method} within {} ms",
+                    within.as_millis()
                 ),
             )),
         }
@@ -1126,6 +1130,36 @@ pub(crate) mod tests {
                     );
                 }
             }
+            server.shutdown().await;
+        });
+    }
+
+    /// A codex that stops answering: a request gives up after the timeout (120 s in
+    /// service, shortened here) instead of holding its caller, and the next one too.
+    #[test]
+    fn a_request_codex_never_answers_times_out() {
+        let home = Home::new("silent");
+        let script = home.0.join("fake-codex");
+        std::fs::write(
+            &script,
+            "#!/bin/sh\nread line\nprintf '{\"id\":0,\"result\":{}}\\n'\nexec cat > /dev/null\n",
+        )
+        .unwrap();
+        std::fs::set_permissions(&script, std::os::unix::fs::PermissionsExt::from_mode(0o755))
+            .unwrap();
+        run(async {
+            let mut launch = home.launch();
+            launch.program = script.clone();
+            let registry = Arc::new(ChildRegistry::default());
+            let (mut server, _incoming) = AppServer::start(launch, &registry, "t").await.unwrap();
+            server.request_timeout = Duration::from_millis(300);
+            let started = std::time::Instant::now();
+            let error = server.request("thread/start", json!({})).await.unwrap_err();
+            assert_eq!(error.code, RpcError::TIMED_OUT, "{}", error.message);
+            assert!(error.message.contains("thread/start"), "{}", error.message);
+            assert!(started.elapsed() < Duration::from_secs(5));
+            let again = server.request("turn/start", json!({})).await.unwrap_err();
+            assert_eq!(again.code, RpcError::TIMED_OUT);
             server.shutdown().await;
         });
     }

@@ -757,6 +757,15 @@ pub(crate) mod tests {
     pub(crate) struct Home(pub PathBuf);
 
     impl Home {
+        /// A stand-in for codex: the shell `script`, executable, in this home.
+        fn fake_codex(&self, script: &str) -> PathBuf {
+            let path = self.0.join("fake-codex");
+            std::fs::write(&path, script).unwrap();
+            std::fs::set_permissions(&path, std::os::unix::fs::PermissionsExt::from_mode(0o755))
+                .unwrap();
+            path
+        }
+
         pub(crate) fn new(tag: &str) -> Home {
             Home::with_provider(tag, "http://127.0.0.1:9/v1")
         }
@@ -1139,14 +1148,9 @@ pub(crate) mod tests {
     #[test]
     fn a_request_codex_never_answers_times_out() {
         let home = Home::new("silent");
-        let script = home.0.join("fake-codex");
-        std::fs::write(
-            &script,
+        let script = home.fake_codex(
             "#!/bin/sh\nread line\nprintf '{\"id\":0,\"result\":{}}\\n'\nexec cat > /dev/null\n",
-        )
-        .unwrap();
-        std::fs::set_permissions(&script, std::os::unix::fs::PermissionsExt::from_mode(0o755))
-            .unwrap();
+        );
         run(async {
             let mut launch = home.launch();
             launch.program = script.clone();
@@ -1170,20 +1174,13 @@ pub(crate) mod tests {
     #[test]
     fn framing_skips_what_is_not_json_and_refuses_an_endless_line() {
         let home = Home::new("framing");
-        let script = home.0.join("fake-codex");
-        std::fs::write(
-            &script,
-            format!(
+        let script = home.fake_codex(&format!(
                 "#!/bin/sh\nread line\nprintf '{{\"id\":0,\"result\":{{}}}}\\n'\nread line\n\
                  printf 'not json\\n{{\"method\":\"a/b\",\"params\":{{\"x\":1}}}}\\n'\n\
                  printf '{{\"method\":\"c/d\",'; sleep 0.2; printf '\"params\":{{\"y\":2}}}}\\n'\n\
                  echo 'fake complaint' >&2\nsleep 0.2\nhead -c {} /dev/zero | tr '\\000' a\nsleep 30\n",
-                MAX_LINE + 1024
-            ),
-        )
-        .unwrap();
-        std::fs::set_permissions(&script, std::os::unix::fs::PermissionsExt::from_mode(0o755))
-            .unwrap();
+            MAX_LINE + 1024
+        ));
         run(async {
             let mut launch = home.launch();
             launch.program = script.clone();

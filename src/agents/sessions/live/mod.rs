@@ -612,6 +612,20 @@ impl Actor {
     }
 
     /// Changes the session record; `f` says whether the change is worth an event.
+    /// Changes the stored turn `turn_id` of this session with `f`. What cannot be kept
+    /// is not the caller's to answer: the events already said it.
+    async fn update_turn(&self, turn_id: &str, f: impl FnOnce(&mut Turn) + Send + 'static) {
+        let (owner, session, tid) = (
+            self.owner.clone(),
+            self.session.clone(),
+            turn_id.to_string(),
+        );
+        let _ = self
+            .agents
+            .transact(move |t| t.update::<Turn, _>(Scope::within(&owner, &session), &tid, f))
+            .await;
+    }
+
     async fn update_session(
         &self,
         f: impl FnOnce(&mut Session) -> bool + Send + 'static,
@@ -780,15 +794,7 @@ impl Actor {
                 if let Some(turn) = self.turn.as_mut() {
                     turn.codex_turn = codex.clone();
                 }
-                let (owner, session, tid) =
-                    (self.owner.clone(), self.session.clone(), turn_id.clone());
-                let _ = self
-                    .agents
-                    .transact(move |t| {
-                        t.update::<Turn, _>(Scope::within(&owner, &session), &tid, |turn| {
-                            turn.codex_turn_id = codex;
-                        })
-                    })
+                self.update_turn(&turn_id, |turn| turn.codex_turn_id = codex)
                     .await;
             }
             Err(e) => {
@@ -906,11 +912,7 @@ impl Actor {
         let app = self.app.clone().ok_or_else(gone)?;
         app.respond(call.request, Ok(answer));
         let call_id = call_id.to_string();
-        let (owner, sid, tid) = (
-            self.owner.clone(),
-            self.session.clone(),
-            turn_id.to_string(),
-        );
+        let tid = turn_id.to_string();
         let (session, _) = self
             .update_session(move |s| {
                 s.required_actions
@@ -922,13 +924,7 @@ impl Actor {
             })
             .await?;
         if !waiting {
-            let _ = self
-                .agents
-                .transact(move |t| {
-                    t.update::<Turn, _>(Scope::within(&owner, &sid), &tid, |turn| {
-                        turn.status = TurnStatus::InProgress
-                    })
-                })
+            self.update_turn(&tid, |turn| turn.status = TurnStatus::InProgress)
                 .await;
         }
         self.apply_mapped(mapped, None).await;
@@ -1009,11 +1005,7 @@ impl Actor {
         let mut requires_action = None;
         for call in calls {
             let action = call.required_action.clone();
-            let (owner, sid, tid) = (
-                self.owner.clone(),
-                self.session.clone(),
-                self.turn.as_ref().map(|t| t.id.clone()).unwrap_or_default(),
-            );
+            let tid = self.turn.as_ref().map(|t| t.id.clone()).unwrap_or_default();
             if let Ok((session, _)) = self
                 .update_session(move |s| {
                     s.required_actions.push(action);
@@ -1024,13 +1016,7 @@ impl Actor {
             {
                 requires_action = Some(session);
             }
-            let _ = self
-                .agents
-                .transact(move |t| {
-                    t.update::<Turn, _>(Scope::within(&owner, &sid), &tid, |turn| {
-                        turn.status = TurnStatus::Waiting
-                    })
-                })
+            self.update_turn(&tid, |turn| turn.status = TurnStatus::Waiting)
                 .await;
         }
         let failed = ended.as_ref().is_some_and(|end| end.status == "failed");
@@ -1335,15 +1321,8 @@ impl Actor {
             true => None,
             false => {
                 let what: Vec<&str> = not_kept.iter().map(|(w, _)| *w).collect();
-                let (owner, sid, tid) = (within.0, within.1, turn.id.clone());
                 let noted: Vec<String> = what.iter().map(|w| w.to_string()).collect();
-                let _ = self
-                    .agents
-                    .transact(move |t| {
-                        t.update::<Turn, _>(Scope::within(&owner, &sid), &tid, |turn| {
-                            turn.not_kept = noted;
-                        })
-                    })
+                self.update_turn(&turn.id, |kept| kept.not_kept = noted)
                     .await;
                 Some(not_kept_error(
                     &self.session,

@@ -54,13 +54,14 @@ pub struct Cli {
 }
 
 impl Runtime {
-    /// Every declared runtime, in the order `/v1/agents/runtimes` lists them.
+    /// Every declared runtime, in the order `/v1/agents/runtimes` lists them (the
+    /// reference's).
     pub const ALL: [Runtime; 5] = [
         Runtime::Codex,
         Runtime::QwenCode,
         Runtime::ClaudeCode,
-        Runtime::Cursor,
         Runtime::Command,
+        Runtime::Cursor,
     ];
 
     pub fn name(self) -> &'static str {

@@ -38,6 +38,9 @@ pub struct Accepted {
     path_params: Vec<(String, String)>,
     identity: Arc<Identity>,
     catalog: super::state::CatalogRef,
+    /// The request's places under the endpoint's `max_concurrency` and `max_processes`,
+    /// held until the answer (a streamed one to its end) is out.
+    slots: Vec<Slot>,
 }
 
 impl ApiService {
@@ -130,6 +133,62 @@ impl ApiService {
                 return Err(self.decorate(found.index, render(error, style)));
             }
         }
+        // concurrency
+        let mut slots = Vec::new();
+        let decision = &catalog.decisions[found.index];
+        if let Some(most) = decision.knob_u64("max_concurrency") {
+            match Slot::take(found.index, &identity.id, most) {
+                Some(slot) => slots.push(slot),
+                None => {
+                    let error = ApiError::new(
+                        429,
+                        "RateLimited",
+                        format!(
+                            "Too many concurrent requests: endpoint '{}' serves {most} at once for '{}'; retry in 1 s",
+                            endpoint.spec.id, identity.id
+                        ),
+                    )
+                    .with_code("concurrency_limited")
+                    .with_field("endpoint", endpoint.spec.id.clone())
+                    .with_field("retry_after", 1)
+                    .with_header("Retry-After", "1");
+                    audit::refused(
+                        catalog,
+                        found.index,
+                        &identity.id,
+                        429,
+                        Some("concurrency_limited"),
+                    );
+                    return Err(self.decorate(found.index, render(error, style)));
+                }
+            }
+        }
+        // `max_processes` on `shell` and `shell_stream`: the commands the endpoint runs at
+        // once, for every caller together (`process_start` counts its process table).
+        if let Some(most) = decision
+            .knob_u64("max_processes")
+            .filter(|_| endpoint.spec.id != "process_start")
+        {
+            match Slot::take(found.index, "", most) {
+                Some(slot) => slots.push(slot),
+                None => {
+                    let error = ApiError::new(
+                        429,
+                        "ResourceError",
+                        format!("Process limit reached ({most})"),
+                    )
+                    .with_code("process_limit");
+                    audit::refused(
+                        catalog,
+                        found.index,
+                        &identity.id,
+                        429,
+                        Some("process_limit"),
+                    );
+                    return Err(self.decorate(found.index, render(error, style)));
+                }
+            }
+        }
         // A body over the limit is refused from its header alone, after the caller is
         // known (an unauthenticated caller learns nothing of the limits, as on the
         // reference) and before anything reads it: it is never read.
@@ -155,6 +214,7 @@ impl ApiService {
             path_params: found.params,
             identity,
             catalog: catalog_ref.clone(),
+            slots,
         })
     }
 
@@ -165,11 +225,25 @@ impl ApiService {
         let catalog_ref = self.state.catalog();
         let catalog = &**catalog_ref;
         let (path, query) = split_target(&head.target);
-        let found = catalog.endpoints.iter().position(|e| {
-            e.spec.listener == Listener::Pty
-                && e.spec.path == path
-                && matches!(e.serve, Serve::Upgrade(_))
-        });
+        let on_port = |i: &usize| {
+            let e = &catalog.endpoints[*i];
+            e.spec.listener == Listener::Pty && matches!(e.serve, Serve::Upgrade(_))
+        };
+        let all = 0..catalog.endpoints.len();
+        let found = all
+            .clone()
+            .filter(on_port)
+            .find(|i| catalog.endpoints[*i].spec.path == path)
+            .or_else(|| {
+                // The reference's terminal server answers on every path of its port (its
+                // own tests open `ws://host:port/?session_id=`): with one socket on the
+                // port, any path is that socket.
+                let mut sockets = all.filter(on_port);
+                match (sockets.next(), sockets.next()) {
+                    (Some(index), None) => Some(index),
+                    _ => None,
+                }
+            });
         let Some(index) = found else {
             return Plan::Answer(
                 render(ApiError::not_found_path(&path), ErrorStyle::Contract).closing(),
@@ -252,7 +326,7 @@ impl ApiService {
             Ok(bytes) => bytes,
             Err(why) => {
                 let error = ApiError::bad_request(format!("invalid WebSocket handshake: {why}"))
-                    .with_code("websocket_handshake_invalid");
+                    .with_code("agents.websocket_handshake_invalid");
                 return Plan::Answer(
                     self.decorate(index, render(error, style))
                         .header("Sec-WebSocket-Version", "13")
@@ -424,13 +498,20 @@ impl Service for ApiService {
         let style = endpoint.spec.errors;
         let id = endpoint.spec.id.clone();
         let open_sink = open_sink.clone();
+        let mut accepted = accepted;
+        let slots = std::mem::take(&mut accepted.slots);
         let call = self.call(accepted, head.clone(), Vec::new());
         // A raw body the handler refuses is still on the wire; the connection closes
         // rather than read it.
         match guarded(move || open_sink(call)).await {
             Ok(Ok(sink)) => Plan::Stream {
                 limit,
-                sink: Box::new(SinkAnswers { sink, style, id }),
+                sink: Box::new(SinkAnswers {
+                    sink,
+                    style,
+                    id,
+                    slots,
+                }),
             },
             Ok(Err(error)) => Plan::Answer(
                 self.decorate(index, render(with_endpoint(error, &id), style))
@@ -472,13 +553,19 @@ impl Service for ApiService {
                 );
             }
         };
+        let mut accepted = accepted;
+        let slots = std::mem::take(&mut accepted.slots);
         let call = self.call(accepted, head, body);
-        self.invoke(index, handler, call).await
+        let response = self.invoke(index, handler, call).await;
+        hold_until_sent(response, slots)
     }
 
     fn refuse(&self, error: ProtocolError, head: Option<&RequestHead>) -> Response {
         let mut api = ApiError::new(error.status, "ValueError", error.message);
         api.code = error.code;
+        if let Some(limit) = error.limit {
+            api = api.with_field("limit", limit);
+        }
         // A refusal of a request whose route is known is worded as that route words its
         // errors (OpenAI's envelope under /v1), with its headers.
         let route = head.and_then(|head| {
@@ -508,6 +595,83 @@ impl Service for ApiService {
         .with_code("resource_exhausted")
         .with_header("Retry-After", "1");
         render(api, ErrorStyle::Contract).closing()
+    }
+}
+
+/// A place under an endpoint's `max_concurrency` for one identity (as the reference
+/// counts: per identity and endpoint, across every worker); dropping it frees it.
+struct Slot {
+    key: (usize, String),
+}
+
+type InFlightCounts = std::collections::HashMap<(usize, String), u64>;
+
+fn in_flight_counts() -> std::sync::MutexGuard<'static, InFlightCounts> {
+    static COUNTS: std::sync::OnceLock<std::sync::Mutex<InFlightCounts>> =
+        std::sync::OnceLock::new();
+    COUNTS
+        .get_or_init(Default::default)
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+}
+
+impl Slot {
+    /// A place among `most`, or `None` when they are all taken.
+    fn take(index: usize, identity: &str, most: u64) -> Option<Slot> {
+        let key = (index, identity.to_string());
+        let mut counts = in_flight_counts();
+        let count = counts.entry(key.clone()).or_insert(0);
+        if *count >= most {
+            return None;
+        }
+        *count += 1;
+        Some(Slot { key })
+    }
+}
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        let mut counts = in_flight_counts();
+        if let Some(count) = counts.get_mut(&self.key) {
+            *count = count.saturating_sub(1);
+            if *count == 0 {
+                counts.remove(&self.key);
+            }
+        }
+    }
+}
+
+/// A streamed answer keeps `slots` until its last piece is out (or the connection
+/// drops it); a full one frees them now, as it is written at once.
+fn hold_until_sent(mut response: Response, slots: Vec<Slot>) -> Response {
+    if slots.is_empty() {
+        return response;
+    }
+    if let crate::http::response::Body::Stream(inner) = response.body {
+        response.body = crate::http::response::Body::Stream(Box::new(HoldingSlots {
+            inner,
+            _slots: slots,
+        }));
+    }
+    response
+}
+
+struct HoldingSlots {
+    inner: Box<dyn crate::http::response::BodyStream>,
+    _slots: Vec<Slot>,
+}
+
+impl crate::http::response::BodyStream for HoldingSlots {
+    fn length(&self) -> Option<u64> {
+        self.inner.length()
+    }
+
+    fn next(&mut self, buf: Vec<u8>) -> LocalFuture<'_, std::io::Result<Option<Vec<u8>>>> {
+        self.inner.next(buf)
+    }
+
+    fn ready(&mut self) -> Option<Vec<u8>> {
+        self.inner.ready()
     }
 }
 
@@ -661,6 +825,7 @@ struct SinkAnswers {
     sink: Box<dyn RawSink>,
     style: ErrorStyle,
     id: String,
+    slots: Vec<Slot>,
 }
 
 /// A sink's panic is a 500 for its request, as a handler's is; the engine then aborts
@@ -679,12 +844,18 @@ impl BodySink for SinkAnswers {
 
     fn finish(self: Box<Self>) -> LocalFuture<'static, Response> {
         Box::pin(async move {
-            let SinkAnswers { sink, style, id } = *self;
-            match guarded(move || sink.finish()).await {
+            let SinkAnswers {
+                sink,
+                style,
+                id,
+                slots,
+            } = *self;
+            let response = match guarded(move || sink.finish()).await {
                 Ok(Ok(response)) => response,
                 Ok(Err(error)) => render(with_endpoint(error, &id), style),
                 Err(message) => render(panicked(&id, &message), style),
-            }
+            };
+            hold_until_sent(response, slots)
         })
     }
 

@@ -48,7 +48,7 @@ impl std::fmt::Display for BrowserError {
             | BrowserError::Protocol(m) => f.write_str(m),
             BrowserError::Timeout => f.write_str("the operation timed out"),
             BrowserError::Abandoned => f.write_str("the caller went away"),
-            BrowserError::NoMatch(selector) => write!(f, "No element matches selector: {selector}"),
+            BrowserError::NoMatch(selector) => write!(f, "Selector not found: no element matches {selector}"),
             BrowserError::InvalidSelector(m) => write!(f, "Invalid selector: {m}"),
             BrowserError::Script(m) => write!(f, "Evaluation failed: {m}"),
             BrowserError::Busy(waiting) => write!(

@@ -219,6 +219,50 @@ pub struct Followed {
     pub stat: Option<rustix::fs::Stat>,
 }
 
+/// Where the caller's path really leads beneath the base, every symlink followed (as
+/// the reference's `realpath`): the longest part that exists is resolved by the kernel
+/// (confined beneath the base), the part that does not yet exist is appended as
+/// written. A path that leads outside the base is refused (403 `path_not_allowed`).
+/// The policy's path rules are checked on this too, so a link inside an allowed
+/// directory cannot lead a caller into a denied one.
+pub async fn real_path(base: &BaseDir, caller: CallerPath) -> Result<CallerPath, FsError> {
+    let base = base.clone();
+    let shown = caller.display();
+    blocking(move || -> Result<CallerPath, FsError> {
+        let beneath = base.open()?;
+        let mut existing = caller.rel.clone();
+        let mut missing: Vec<std::ffi::OsString> = Vec::new();
+        loop {
+            match beneath.open(&existing, OFlags::PATH, Mode::empty()) {
+                Ok(fd) => {
+                    let mut rel = beneath
+                        .rel_of(fd.as_fd())
+                        .ok_or_else(|| base.not_allowed(&caller.input))?;
+                    for name in missing.iter().rev() {
+                        rel.push(name);
+                    }
+                    return Ok(CallerPath {
+                        shown: base.path().join(&rel),
+                        rel,
+                        input: caller.input.clone(),
+                    });
+                }
+                Err(resolve::OpenError::Escape) => return Err(base.not_allowed(&caller.input)),
+                Err(e) if e.is_missing() => match existing.file_name() {
+                    Some(name) => {
+                        missing.push(name.to_owned());
+                        existing.pop();
+                    }
+                    None => return Ok(caller),
+                },
+                Err(e) => return Err(base.open_error(e, &caller)),
+            }
+        }
+    })
+    .await
+    .map_err(|e| FsError::io(e, shown))?
+}
+
 /// `stat` of the caller's path, following a symlink as the reference's `realpath`
 /// does: the answer names the target. A link leading outside the base is refused like
 /// any outside path (403 `path_not_allowed`).

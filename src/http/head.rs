@@ -44,6 +44,8 @@ pub struct ProtocolError {
     pub message: String,
     /// A machine-readable code where the contract names one (`payload_too_large`).
     pub code: Option<&'static str>,
+    /// The limit a body went over, which the answer names (`limit`, as the reference).
+    pub limit: Option<u64>,
 }
 
 impl ProtocolError {
@@ -52,6 +54,7 @@ impl ProtocolError {
             status: 400,
             message: message.into(),
             code: None,
+            limit: None,
         }
     }
 
@@ -62,6 +65,7 @@ impl ProtocolError {
                 "Request head too large: at most {MAX_HEAD_BYTES} bytes and {MAX_HEADERS} header lines"
             ),
             code: None,
+            limit: None,
         }
     }
 
@@ -70,6 +74,7 @@ impl ProtocolError {
             status: 413,
             message: format!("Request body too large: the limit is {limit} bytes"),
             code: Some("payload_too_large"),
+            limit: Some(limit),
         }
     }
 }
@@ -170,6 +175,7 @@ fn extract(parsed: &httparse::Request<'_, '_>) -> Result<RequestHead, ProtocolEr
                             "Transfer-Encoding '{value}' is not supported; use chunked"
                         ),
                         code: None,
+                        limit: None,
                     });
                 }
                 head.chunked = true;
@@ -182,6 +188,7 @@ fn extract(parsed: &httparse::Request<'_, '_>) -> Result<RequestHead, ProtocolEr
                         status: 417,
                         message: format!("Expectation '{value}' cannot be met"),
                         code: None,
+                        limit: None,
                     });
                 }
             }

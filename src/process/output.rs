@@ -46,6 +46,9 @@ pub struct OutputLog {
     /// hold far more memory than the cap says (0: the text alone, as `/process`'s
     /// contract counts it).
     event_overhead: usize,
+    /// The last event whose head was cut to fit the cap on its own: a reader from at
+    /// or before it has lost text too.
+    last_cut: Option<u64>,
 }
 
 /// What a caller reads from a cursor.
@@ -54,7 +57,8 @@ pub struct OutputPage {
     pub events: Vec<OutputEvent>,
     /// The cursor for the next read.
     pub next: u64,
-    /// Events at or after the requested cursor were discarded unread.
+    /// Events at or after the requested cursor were discarded unread, or one of them lost
+    /// its head to the cap.
     pub dropped: bool,
 }
 
@@ -66,6 +70,7 @@ impl OutputLog {
             bytes: 0,
             cap,
             event_overhead: 0,
+            last_cut: None,
         }
     }
 
@@ -89,6 +94,7 @@ impl OutputLog {
                 cut += 1;
             }
             data.drain(..cut);
+            self.last_cut = Some(self.next_seq);
         }
         let cost = data.len() + self.event_overhead;
         while self.bytes + cost > self.cap {
@@ -137,7 +143,7 @@ impl OutputLog {
         OutputPage {
             next: events.last().map_or(self.next_seq, |e| e.seq + 1),
             events,
-            dropped: since < first_held,
+            dropped: since < first_held || self.last_cut.is_some_and(|cut| since <= cut),
         }
     }
 }
@@ -294,6 +300,22 @@ mod tests {
         let page = log.read(0);
         let texts: Vec<&str> = page.events.iter().map(|e| e.data.as_str()).collect();
         assert_eq!((texts, page.dropped), (vec!["22222", "33333"], true));
+    }
+
+    /// One piece larger than the cap keeps its tail, and a reader from before it is
+    /// told text was lost (a policy's small max_output_bytes meets this at once).
+    #[test]
+    fn a_piece_cut_to_the_cap_counts_as_dropped() {
+        let mut log = OutputLog::new(4);
+        log.push(Stream::Stdout, "ab".into());
+        assert!(!log.read(0).dropped);
+        log.push(Stream::Stdout, "123456".into());
+        let page = log.read(0);
+        let texts: Vec<&str> = page.events.iter().map(|e| e.data.as_str()).collect();
+        assert_eq!((texts, page.dropped), (vec!["3456"], true));
+        assert!(log.read(1).dropped, "the cut piece itself lost its head");
+        log.push(Stream::Stdout, "x".into());
+        assert!(!log.read(2).dropped, "a reader after it lost nothing");
     }
 
     #[test]

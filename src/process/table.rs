@@ -67,9 +67,19 @@ impl ProcessTable {
     }
 
     /// Promises a row to a process about to start, dropping exited rows first when the
-    /// table is full.
-    pub fn reserve(&self) -> Result<Slot<'_>, TableFull> {
+    /// table is full. `running_at_most` (a policy's `max_processes`) bounds the
+    /// processes still running, as the reference counts them; exited rows kept for
+    /// their output do not count against it.
+    pub fn reserve(&self, running_at_most: usize) -> Result<Slot<'_>, TableFull> {
         let mut rows = self.lock();
+        let running = rows
+            .by_pid
+            .values()
+            .filter(|m| m.exited_at().is_none())
+            .count();
+        if running + rows.reserved >= running_at_most {
+            return Err(TableFull);
+        }
         let now = Instant::now();
         rows.by_pid.retain(|_, m| !m.expired(now));
         if rows.by_pid.len() + rows.reserved >= MAX_PROCESSES {
@@ -103,7 +113,8 @@ impl ProcessTable {
         mut child: Child,
         owner: &str,
         command: String,
-        capture: bool,
+        // The bytes of output kept (oldest dropped first), or `None`: not captured.
+        capture: Option<usize>,
         timeout: Option<Duration>,
     ) -> io::Result<Arc<Managed>> {
         let outputs = Outputs::of(&mut child)?;
@@ -115,7 +126,7 @@ impl ProcessTable {
             state: Mutex::new(Shared {
                 exit: None,
                 exited_at: None,
-                output: capture.then(|| OutputLog::new(OUTPUT_CAP_BYTES)),
+                output: capture.map(OutputLog::new),
                 read_through: 0,
                 stdin: match child.stdin.take() {
                     Some(fd) => StdinState::Open(fd),

@@ -167,6 +167,9 @@ pub struct NewSession {
     pub env: Vec<(OsString, OsString)>,
     /// The working directory, opened beneath the base directory.
     pub cwd: OwnedFd,
+    /// The most sessions that may be live with this one (a policy's `max_sessions`,
+    /// never above [`MAX_SESSIONS`]).
+    pub most: usize,
 }
 
 /// Why a session could not be created.
@@ -191,8 +194,9 @@ impl Sessions {
         request: NewSession,
         children: &Arc<ChildRegistry>,
     ) -> Result<Arc<Session>, CreateError> {
+        let most = request.most.min(MAX_SESSIONS);
         // Counted again on insertion; this early check spares a spawn.
-        if lock(&self.table).len() >= MAX_SESSIONS {
+        if lock(&self.table).len() >= most {
             return Err(CreateError::Full);
         }
         let (master, slave_path) = open_pty().map_err(CreateError::Io)?;
@@ -216,7 +220,7 @@ impl Sessions {
             .unwrap_or(0.0);
         let session = {
             let mut table = lock(&self.table);
-            if table.len() >= MAX_SESSIONS {
+            if table.len() >= most {
                 // Another create won the last place meanwhile; `child` is dropped and
                 // killed here.
                 return Err(CreateError::Full);

@@ -43,6 +43,12 @@ pub fn endpoints() -> Vec<Endpoint> {
             Param::body("path", "string", false)
                 .invalid("path: must be a string")
                 .doc("A path the call would name: checked against the base directory and the endpoint's paths and extension rules."),
+            Param::body("paths", "array", false)
+                .invalid("'paths' must be a list of strings")
+                .doc("Several paths the call would name, each checked as path is."),
+            Param::body("op", "string", false)
+                .invalid("'op' must be read, write, delete or exec")
+                .doc("What the call would do with the paths (read, write, delete or exec); by default what the endpoint does. A write or delete is refused where the paths rule is read_only."),
             Param::body("command", "string", false)
                 .invalid("command: must be a string")
                 .doc("A command line the call would run: checked against the endpoint's commands rule."),
@@ -138,6 +144,16 @@ async fn capabilities(call: Call) -> Result<Response, ApiError> {
             )
         })
         .collect();
+    // The server's own warnings are its configuration: shown to an identity that holds
+    // every scope, not to a narrow one (as the reference shows a narrow identity none).
+    let holds_everything = identity.scopes.iter().any(|s| s == "*");
+    let mut warnings: Vec<String> = Vec::new();
+    if holds_everything {
+        warnings.extend(catalog.warnings.iter().cloned().chain(base_missing));
+        if catalog.auth.per_identity() {
+            warnings.push("identity holds the wildcard scope '*'".to_string());
+        }
+    }
     let document = json!({
         "api_version": API_VERSION,
         "server_version": env!("CARGO_PKG_VERSION"),
@@ -151,7 +167,7 @@ async fn capabilities(call: Call) -> Result<Response, ApiError> {
             "configured": catalog.policy.configured,
         },
         "endpoints": endpoints,
-        "warnings": catalog.warnings.iter().cloned().chain(base_missing).collect::<Vec<_>>(),
+        "warnings": warnings,
     });
     Ok(Response::ok(&document))
 }
@@ -163,9 +179,28 @@ const ENDPOINT_REQUIRED: &str =
 async fn capabilities_check(call: Call) -> Result<Response, ApiError> {
     // `command` is read after the endpoint and path checks, as before the fields were
     // declared: an unknown endpoint is answered before a bad command.
-    let args = call.args_of(&call.params_named(&["endpoint", "path"]))?;
+    let args = call.args_of(&call.params_named(&["endpoint", "path", "paths", "op"]))?;
     let endpoint = args.string("endpoint");
     let path = args.str("path").map(str::to_string);
+    // Every field is checked before the endpoint is looked up, as on the reference.
+    let mut paths: Vec<String> = path.into_iter().collect();
+    if let Some(listed) = args.value("paths") {
+        let listed = listed
+            .as_array()
+            .filter(|items| items.iter().all(Value::is_string))
+            .ok_or_else(|| ApiError::bad_request("'paths' must be a list of strings"))?;
+        paths.extend(listed.iter().filter_map(Value::as_str).map(str::to_string));
+    }
+    let mutating = match args.str("op") {
+        None => None,
+        Some("read" | "exec") => Some(false),
+        Some("write" | "delete") => Some(true),
+        Some(_) => {
+            return Err(ApiError::bad_request(
+                "'op' must be read, write, delete or exec",
+            ))
+        }
+    };
     let catalog = call.catalog();
     let Some((index, _)) = catalog.endpoint(&endpoint) else {
         return Ok(Response::ok(&json!({
@@ -185,7 +220,7 @@ async fn capabilities_check(call: Call) -> Result<Response, ApiError> {
             "rule": access.rule,
         })));
     }
-    if let Some(path) = &path {
+    for path in &paths {
         if let Err(refusal) = call.services().base.confine(path) {
             let refusal = crate::routes::shared::fs_error(refusal);
             let rule = if catalog.policy.base_dir.is_some() {
@@ -213,10 +248,15 @@ async fn capabilities_check(call: Call) -> Result<Response, ApiError> {
             "rule": rule,
         })))
     };
-    if let Some(path) = &path {
+    for path in &paths {
         if let Ok(caller) = call.services().base.confine(path) {
-            if let Some(error) = crate::routes::shared::paths_refusal(decision, &endpoint, &caller)
-            {
+            let refusal = match mutating {
+                Some(mutating) => {
+                    crate::routes::shared::paths_refusal_for(decision, &endpoint, &caller, mutating)
+                }
+                None => crate::routes::shared::paths_refusal(decision, &endpoint, &caller),
+            };
+            if let Some(error) = refusal {
                 return refused(error, format!("policy:endpoints.{endpoint}.paths"));
             }
             if let Some((error, knob)) =

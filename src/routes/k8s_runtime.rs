@@ -22,7 +22,7 @@ use crate::fs::{BaseDir, CallerPath, FsError};
 use crate::http::multipart::{self, Event, Scanner};
 use crate::http::{LocalFuture, Response};
 use crate::routes::shared::{
-    check_extension, command_refusal, confine, fs_error, refused_overwrite, run_program,
+    check_extension, command_refusal, confine_followed, fs_error, refused_overwrite, run_program,
     working_dir, ProgramRun,
 };
 use crate::runtime::{blocking, AsyncFile, FileStream};
@@ -178,7 +178,7 @@ fn path_param(call: &Call) -> String {
 /// `GET /download/{path}`: the bytes, as `application/octet-stream`.
 async fn download(call: Call) -> Result<Response, ApiError> {
     let input = path_param(&call);
-    let caller = confine(&call, &input)?;
+    let caller = confine_followed(&call, &input).await?;
     let services = call.services();
     let opened = open_file(&services.base, &caller, false)
         .await
@@ -198,7 +198,7 @@ async fn download(call: Call) -> Result<Response, ApiError> {
 /// the link itself (a file), so a listing never reads outside.
 async fn list(call: Call) -> Result<Response, ApiError> {
     let input = path_param(&call);
-    let caller = confine(&call, &input)?;
+    let caller = confine_followed(&call, &input).await?;
     let base = call.services().base.clone();
     let shown = caller.display();
     let entries = blocking(move || list_dir(&base, &caller))
@@ -254,7 +254,7 @@ fn list_dir(base: &BaseDir, caller: &CallerPath) -> Result<Vec<Value>, FsError> 
 /// `os.path.exists` does, but only beneath the base: one that leads outside is 403.
 async fn exists(call: Call) -> Result<Response, ApiError> {
     let input = path_param(&call);
-    let caller = confine(&call, &input)?;
+    let caller = confine_followed(&call, &input).await?;
     let base = call.services().base.clone();
     let shown = caller.display();
     let found = blocking(move || -> Result<bool, FsError> {
@@ -326,7 +326,7 @@ impl MultipartUpload {
                 let filename = filename.filter(|f| !f.is_empty()).ok_or_else(|| {
                     ApiError::bad_request("the part 'file' has no filename (the target path)")
                 })?;
-                let caller = confine(&self.call, &filename)?;
+                let caller = confine_followed(&self.call, &filename).await?;
                 check_extension(&self.call, &caller)?;
                 let services = self.call.services();
                 let mut upload = Upload::open(&services.base, caller, services.driver)

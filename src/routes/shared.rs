@@ -71,6 +71,66 @@ pub(crate) fn confine(call: &Call, input: &str) -> Result<crate::fs::CallerPath,
     }
 }
 
+/// [`confine`], then, when the endpoint has a `paths` rule, the same rule on where the
+/// path really leads (symlinks followed, `fs::tree::real_path`): a link inside an
+/// allowed directory that leads into a denied one, or out of the allowed ones, is
+/// refused as that place would be (as the reference's realpath check does). Without a
+/// rule this is `confine` alone, with no extra system call.
+pub(crate) async fn confine_followed(
+    call: &Call,
+    input: &str,
+) -> Result<crate::fs::CallerPath, ApiError> {
+    let caller = confine(call, input)?;
+    let decision = call.decision();
+    let no_symlinks = decision.knob_str("paths.symlinks") == Some("never");
+    if !no_symlinks
+        && decision.knob_list("paths.allow").is_none()
+        && decision.knob_list("paths.deny").is_none()
+    {
+        return Ok(caller);
+    }
+    let real = crate::fs::tree::real_path(&call.services().base, caller.clone())
+        .await
+        .map_err(fs_error)?;
+    if real.rel != caller.rel {
+        let id = &call.spec().id;
+        if no_symlinks {
+            return Err(ApiError::new(
+                403,
+                "PolicyDenied",
+                format!(
+                    "Symlinks are not allowed here: '{}' leads through a symlink (policy endpoints.{id}.paths.symlinks: never)",
+                    caller.input
+                ),
+            )
+            .with_code("symlink_denied"));
+        }
+        if let Some(refusal) = paths_refusal(decision, id, &real) {
+            return Err(refusal);
+        }
+    }
+    Ok(caller)
+}
+
+/// A variable the server keeps secret (an identity's `token_env`) set for a child: 403
+/// `env_var_not_allowed`, as the reference refuses it (the child's environment never
+/// holds the secret, and a caller may not plant a value under its name either).
+pub(crate) fn protected_env_refusal<'a>(
+    call: &Call,
+    mut names: impl Iterator<Item = &'a str>,
+) -> Option<ApiError> {
+    let secrets = call.catalog().policy.token_env_names();
+    let name = names.find(|name| secrets.iter().any(|s| s == name))?;
+    Some(
+        ApiError::new(
+            403,
+            "PolicyDenied",
+            format!("Environment variable '{name}' is protected"),
+        )
+        .with_code("env_var_not_allowed"),
+    )
+}
+
 /// What the endpoint's `paths` rule keeps a caller from seeing in a listing, search or
 /// archive: every entry it would refuse if named on its own (the reference leaves such
 /// entries out, `.env` under the `hardened` preset). `None` without a `paths` rule.
@@ -153,6 +213,17 @@ pub(crate) fn paths_refusal(
     id: &str,
     caller: &crate::fs::CallerPath,
 ) -> Option<ApiError> {
+    paths_refusal_for(decision, id, caller, mutates(id))
+}
+
+/// [`paths_refusal`] for an operation that writes (`mutating`) or not, whatever the
+/// endpoint usually does (`/capabilities/check` with its `op`).
+pub(crate) fn paths_refusal_for(
+    decision: &crate::app::policy::Decision,
+    id: &str,
+    caller: &crate::fs::CallerPath,
+    mutating: bool,
+) -> Option<ApiError> {
     let allow = decision.knob_list("paths.allow");
     let deny = decision.knob_list("paths.deny");
     let read_only = decision.knob_bool("paths.read_only") == Some(true);
@@ -204,7 +275,7 @@ pub(crate) fn paths_refusal(
             );
         }
     }
-    if read_only && mutates(id) {
+    if read_only && mutating {
         return refusal(
             "read_only",
             format!("This endpoint is read-only (policy endpoints.{id}.paths.read_only): '{}' cannot be changed", caller.input),
@@ -257,7 +328,7 @@ pub(crate) fn command_refusal(
 pub(crate) async fn working_dir(call: &Call, cwd: Option<&str>) -> Result<OwnedFd, ApiError> {
     let base = &call.services().base;
     let input = cwd.unwrap_or(".");
-    let caller = confine(call, input)?;
+    let caller = confine_followed(call, input).await?;
     match crate::fs::tree::open_dir(base, &caller).await {
         Ok(fd) => Ok(fd),
         // The base directory, made if missing: a caller who sent no cwd is never refused
@@ -427,8 +498,25 @@ pub(crate) fn refused_overwrite(error: crate::fs::FsError, overwrite: bool) -> A
                     "File exists: '{path}' (the policy sets overwrite: false for this endpoint)"
                 ),
             )
+            .with_code("file_exists")
         }
         _ => fs_error(error),
+    }
+}
+
+/// The policy's `limits.max_bytes` on a download (of the whole file, whatever range is
+/// asked): 413 `payload_too_large` with the limit, in the reference's words, before a
+/// byte is sent.
+pub fn over_policy_limit(call: &Call, size: u64) -> Result<(), ApiError> {
+    match call.decision().knob_u64("max_bytes") {
+        Some(limit) if size > limit => Err(ApiError::new(
+            413,
+            "ValueError",
+            format!("File size {size} exceeds limit {limit}"),
+        )
+        .with_code("payload_too_large")
+        .with_field("limit", limit)),
+        _ => Ok(()),
     }
 }
 
@@ -446,6 +534,7 @@ pub async fn raw_bytes(
         .map_err(fs_error)?;
     let shown = caller.display();
     let size = opened.stat.st_size as u64;
+    over_policy_limit(call, size)?;
     let etag = format!(
         "\"{:x}-{:x}-{:x}.{:x}\"",
         opened.stat.st_ino, size, opened.stat.st_mtime, opened.stat.st_mtime_nsec

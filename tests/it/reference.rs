@@ -10,7 +10,12 @@
 //!   refuses the request itself;
 //! - `tests/fixtures/reference_answers.py` sends both servers the same requests on the
 //!   same fixture trees and compares the answers; the differences must be exactly the
-//!   table `docs/api.md` keeps (section 11.1).
+//!   table `docs/api.md` keeps (section 11.1);
+//! - the reference's own tests (`tests/test_server` of its sdist, fetched by
+//!   `scripts/tools`) run against the binary through `tests/fixtures/reference_suite/`:
+//!   every one that starts a server must pass, but those `expected.json` lists (not
+//!   applicable: they test the reference's Python process; or a documented difference,
+//!   which must still fail).
 //!
 //! The fixtures print one JSON line per method or difference; a failure shows them all.
 
@@ -318,4 +323,82 @@ fn reference_diff_groups() {
 #[test]
 fn reference_diff_local_and_plain_token() {
     differential_local_and_plain_token("uring")
+}
+
+/// The reference's own tests against the binary (`tests/fixtures/reference_suite/`).
+#[test]
+fn reference_own_tests() {
+    let expected: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(fixture("reference_suite/expected.json")).unwrap(),
+    )
+    .unwrap();
+    let pins = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("src/pins.env"))
+        .unwrap();
+    let version = pins
+        .lines()
+        .find_map(|l| l.strip_prefix("AGENT_SANDBOX_SERVER_VERSION="))
+        .unwrap()
+        .trim();
+    let sdist = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join(".tools/reference-src")
+        .join(format!("agent_sandbox_server-{version}"));
+    let _ = tools();
+    let scratch = TempDir::new("reference-suite");
+    let results = scratch.path().join("results.json");
+    let mut command = Command::new(&tools().reference_python);
+    command
+        .current_dir(&sdist)
+        .args(["-m", "pytest", "-p", "abx_shim", "-p", "no:cacheprovider"])
+        .args(["-p", "no:warnings", "-q", "tests/test_server"])
+        .env("PYTHONPATH", fixture("reference_suite"))
+        .env("ABX_SHIM_BINARY", crate::support::MAIN_BIN)
+        .env("ABX_SHIM_RESULTS", &results)
+        .env("TMPDIR", scratch.path())
+        .env_remove("ABX_SERVER_TOKEN");
+    for prefix in expected["not_applicable"].as_object().unwrap().keys() {
+        command.arg("--deselect").arg(prefix);
+    }
+    let output = command.output().expect("run pytest in the reference venv");
+    let outcomes: serde_json::Map<String, serde_json::Value> =
+        serde_json::from_str(&std::fs::read_to_string(&results).unwrap_or_else(|e| {
+            panic!(
+                "pytest wrote no results ({e}):\n{}\n{}",
+                String::from_utf8_lossy(&output.stdout),
+                String::from_utf8_lossy(&output.stderr)
+            )
+        }))
+        .unwrap();
+    let differs = expected["differs"].as_object().unwrap();
+    let mut problems = Vec::new();
+    let mut drove = 0;
+    for (id, outcome) in &outcomes {
+        let failed = outcome["outcome"] == "failed";
+        if outcome["drove"] != true {
+            continue;
+        }
+        drove += 1;
+        match (differs.contains_key(id), failed) {
+            (false, true) => problems.push(format!(
+                "{id} failed:\n{}",
+                outcome["message"].as_str().unwrap_or_default()
+            )),
+            (true, false) => problems.push(format!(
+                "{id} passes now: remove it from expected.json's differs, and its row from the docs"
+            )),
+            _ => {}
+        }
+    }
+    for id in differs.keys() {
+        if outcomes.get(id).is_none_or(|o| o["drove"] != true) {
+            problems.push(format!(
+                "{id} is listed as a difference but did not run against the server"
+            ));
+        }
+    }
+    assert!(
+        problems.is_empty() && drove >= 280,
+        "{} of the reference's tests that drove the server went wrong ({drove} drove it):\n{}",
+        problems.len(),
+        problems.join("\n\n")
+    );
 }

@@ -178,9 +178,18 @@ fn a_reference_document_governs_every_route(driver: &'static str) {
         call(&server, "plain-secret", "GET", "/files/list?path=.", None).status,
         401
     );
-    let warnings = caps["warnings"].to_string();
+    // The server's warnings are shown to an identity holding every scope, never to a
+    // narrow one (as on the reference, which shows a narrow identity none).
+    assert_eq!(
+        caps["warnings"],
+        json!([]),
+        "a narrow identity sees no warnings"
+    );
+    let admin_caps = call(&server, "admin-secret", "GET", "/capabilities", None).json();
+    let warnings = admin_caps["warnings"].to_string();
     assert!(
-        warnings.contains("ABX_SERVER_TOKEN is not accepted"),
+        warnings.contains("ABX_SERVER_TOKEN is not accepted")
+            && warnings.contains("identity holds the wildcard scope '*'"),
         "{warnings}"
     );
 
@@ -503,8 +512,322 @@ fn plain_token_and_anonymous_identities(driver: &'static str) {
     );
 }
 
+/// The knobs the reference declares on the run, terminal and watch routes, each applied
+/// (they stopped the server before, "not applied by endpoint"), and the common
+/// `max_concurrency`, counted until a streamed answer ends.
+fn the_reference_knobs_are_applied(driver: &'static str) {
+    let policy = json!({
+        "auth": {"tokens": [
+            {"id": "admin", "scopes": ["*"], "token_sha256": sha256_hex("admin-secret")},
+            {"id": "other", "scopes": ["*"], "token_env": "OTHER_TOKEN"}
+        ]},
+        "endpoints": {
+            "pty_create_session": {
+                "limits": {"max_sessions": 1},
+                "params": {"shells": ["/bin/sh"], "env_deny": ["NOT_FOR_TERMINALS"]}
+            },
+            "process_start": {"limits": {"max_processes": 1, "timeout_seconds": 1, "max_output_bytes": 60}},
+            "shell": {"limits": {"max_concurrency": 1}},
+            "shell_stream": {"limits": {"max_processes": 1}},
+            "files_watch": {"limits": {"max_duration_seconds": 1}}
+        }
+    });
+    let server = Launch::new(driver)
+        .env("ABX_SERVER_POLICY", &policy.to_string())
+        .env("OTHER_TOKEN", "other-secret")
+        .start();
+    let admin = |method: &str, path: &str, body: Option<Value>| {
+        call(&server, "admin-secret", method, path, body)
+    };
+
+    // pty_create_session: shells, env_deny, token_env names, ABX_*, max_sessions.
+    for (body, status, code) in [
+        (json!({"shell": "/bin/bash"}), 403, "shell_not_allowed"),
+        (
+            json!({"shell": "/bin/sh", "env": {"NOT_FOR_TERMINALS": "1"}}),
+            403,
+            "env_var_not_allowed",
+        ),
+        (
+            json!({"shell": "/bin/sh", "env": {"OTHER_TOKEN": "x"}}),
+            403,
+            "env_var_not_allowed",
+        ),
+        (
+            json!({"shell": "/bin/sh", "env": {"ABX_ANYTHING": "x"}}),
+            403,
+            "env_var_denied",
+        ),
+    ] {
+        let reply = admin("POST", "/pty/sessions", Some(body.clone()));
+        assert_eq!(
+            (reply.status, reply.json()["code"].clone()),
+            (status, json!(code)),
+            "{body}: {}",
+            reply.text()
+        );
+    }
+    let first = admin("POST", "/pty/sessions", Some(json!({"shell": "/bin/sh"})));
+    assert_eq!(first.status, 200, "{}", first.text());
+    let second = admin("POST", "/pty/sessions", Some(json!({"shell": "/bin/sh"})));
+    assert_eq!(second.status, 429, "{}", second.text());
+    assert!(second.json()["error"]
+        .as_str()
+        .unwrap()
+        .contains("Session limit"));
+
+    // A token_env name in a command's env is protected on the run routes too.
+    let reply = admin(
+        "POST",
+        "/shell",
+        Some(json!({"command": "true", "env": {"OTHER_TOKEN": "x"}})),
+    );
+    assert_eq!(
+        (reply.status, reply.json()["code"].clone()),
+        (403, json!("env_var_not_allowed")),
+        "{}",
+        reply.text()
+    );
+
+    // process_start: max_processes 1, and timeout_seconds ends a process nobody gave a
+    // timeout, which frees its place.
+    let started = admin(
+        "POST",
+        "/process/start",
+        Some(json!({"command": "sleep 30"})),
+    );
+    assert_eq!(started.status, 200, "{}", started.text());
+    let pid = started.json()["pid"].as_i64().unwrap();
+    let refused = admin(
+        "POST",
+        "/process/start",
+        Some(json!({"command": "sleep 30"})),
+    );
+    assert_eq!(refused.status, 429, "{}", refused.text());
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        let state = admin("GET", &format!("/process/{pid}"), None).json()["state"].clone();
+        if state == "exited" {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "timeout_seconds did not end {pid}"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    // max_output_bytes: the oldest captured output is dropped past 60 bytes.
+    let line = "a".repeat(49);
+    let started = admin(
+        "POST",
+        "/process/start",
+        Some(
+            json!({"command": format!("sh -c 'for i in 1 2 3 4 5; do echo {line}; done'"), "capture_output": true}),
+        ),
+    );
+    assert_eq!(started.status, 200, "{}", started.text());
+    let pid = started.json()["pid"].as_i64().unwrap();
+    let output = loop {
+        let output = admin("GET", &format!("/process/{pid}/output?wait=1"), None).json();
+        if output["state"] == "exited" {
+            break output;
+        }
+    };
+    let kept: usize = output["events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["data"].as_str().unwrap().len())
+        .sum();
+    assert!(kept <= 60 && output["dropped"] == true, "{output}");
+
+    // max_concurrency on shell: a second call while one runs is 429; then it is free.
+    let addr = server.addr;
+    std::thread::scope(|scope| {
+        let slow = scope.spawn(|| {
+            post_closing(
+                addr,
+                "admin-secret",
+                "/shell",
+                json!({"command": "sleep 2"}),
+            )
+        });
+        std::thread::sleep(std::time::Duration::from_millis(500));
+        let busy = admin("POST", "/shell", Some(json!({"command": "true"})));
+        assert_eq!(
+            (busy.status, busy.json()["code"].clone()),
+            (429, json!("concurrency_limited")),
+            "{}",
+            busy.text()
+        );
+        assert_eq!(slow.join().unwrap(), 200);
+    });
+    assert_eq!(
+        admin("POST", "/shell", Some(json!({"command": "true"}))).status,
+        200
+    );
+
+    // max_processes on shell_stream holds its place until the stream has ended.
+    std::thread::scope(|scope| {
+        let slow = scope.spawn(|| {
+            post_closing(
+                addr,
+                "admin-secret",
+                "/shell/stream",
+                json!({"command": "sleep 2"}),
+            )
+        });
+        std::thread::sleep(std::time::Duration::from_millis(500));
+        let busy = admin("POST", "/shell/stream", Some(json!({"command": "true"})));
+        assert_eq!(busy.status, 429, "{}", busy.text());
+        assert!(busy.json()["error"]
+            .as_str()
+            .unwrap()
+            .contains("Process limit reached (1)"));
+        assert_eq!(slow.join().unwrap(), 200);
+    });
+    assert_eq!(
+        admin("POST", "/shell/stream", Some(json!({"command": "true"}))).status,
+        200
+    );
+
+    // files_watch: max_duration_seconds cuts the caller's timeout.
+    let started = std::time::Instant::now();
+    let watched = admin("GET", "/files/watch?path=.&timeout=60", None);
+    assert_eq!(watched.status, 200);
+    assert!(
+        started.elapsed() < std::time::Duration::from_secs(10)
+            && watched.text().contains("event: end"),
+        "{}",
+        watched.text()
+    );
+}
+
+/// A POST on a connection of its own, read to its end (the server closes it as asked):
+/// its status.
+fn post_closing(addr: std::net::SocketAddr, token: &str, path: &str, body: Value) -> u16 {
+    use std::io::{Read, Write};
+    let body = body.to_string();
+    let mut stream = std::net::TcpStream::connect(addr).unwrap();
+    write!(
+        stream,
+        "POST {path} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {token}\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    )
+    .unwrap();
+    let mut answer = String::new();
+    let _ = stream.read_to_string(&mut answer);
+    answer
+        .split(' ')
+        .nth(1)
+        .and_then(|code| code.parse().ok())
+        .unwrap_or(0)
+}
+
+/// `/capabilities/check` takes the reference's `paths` and `op` and checks them first.
+fn check_takes_paths_and_op(driver: &'static str) {
+    let policy =
+        json!({"endpoints": {"files_stat": {"paths": {"read_only": true, "deny": ["*.pem"]}}}});
+    let server = Launch::new(driver)
+        .env("ABX_SERVER_POLICY", &policy.to_string())
+        .start();
+    for bad in [
+        json!({"endpoint": "x", "paths": "no"}),
+        json!({"endpoint": "x", "paths": [1]}),
+        json!({"endpoint": "x", "op": "fly"}),
+    ] {
+        assert_eq!(
+            server.post_json("/capabilities/check", bad.clone()).0,
+            400,
+            "{bad}"
+        );
+    }
+    let (_, answer) = server.post_json(
+        "/capabilities/check",
+        json!({"endpoint": "files_stat", "paths": ["a.txt", "key.pem"]}),
+    );
+    assert_eq!(answer["code"], "path_denied", "{answer}");
+    let (_, answer) = server.post_json(
+        "/capabilities/check",
+        json!({"endpoint": "files_stat", "path": "a.txt", "op": "write"}),
+    );
+    assert_eq!(answer["code"], "read_only", "{answer}");
+    let (_, answer) = server.post_json(
+        "/capabilities/check",
+        json!({"endpoint": "files_stat", "path": "a.txt", "op": "read"}),
+    );
+    assert_eq!(answer["allowed"], true, "{answer}");
+}
+
+/// Every limit and param the reference declares, on each endpoint that declares it, is
+/// one this build applies: a document naming it starts (`--check-policy`).
+#[test]
+fn every_knob_the_reference_declares_is_applied() {
+    let table = std::process::Command::new(&crate::support::tools().reference_python)
+        .args(["-c", "import json\nfrom agent_sandbox.server import endpoints as E\nprint(json.dumps({n: {'limits': sorted(e.spec.limits), 'params': sorted(e.spec.params)} for n, e in E.ENDPOINTS.items()}))"])
+        .output()
+        .unwrap();
+    assert!(
+        table.status.success(),
+        "{}",
+        String::from_utf8_lossy(&table.stderr)
+    );
+    let table: Value = serde_json::from_slice(&table.stdout).unwrap();
+    let scratch = TempDir::new("knobs");
+    let mut refused = Vec::new();
+    let mut checked = 0;
+    for (endpoint, knobs) in table.as_object().unwrap() {
+        for section in ["limits", "params"] {
+            for knob in knobs[section].as_array().unwrap() {
+                let knob = knob.as_str().unwrap();
+                let value = match knob {
+                    "overwrite" => json!(false),
+                    "block_private_networks" => json!(true),
+                    "allowed_signals" => json!([15]),
+                    "timeout_seconds" | "max_duration_seconds" => json!(5),
+                    k if k.starts_with("allow_")
+                        || k.starts_with("deny_")
+                        || k.starts_with("url_")
+                        || ["env_deny", "shells", "languages"].contains(&k) =>
+                    {
+                        json!(["x"])
+                    }
+                    _ => json!(100),
+                };
+                let document = json!({
+                    "groups": {"dev_tools": true, "browser": true, "agents": true},
+                    "endpoints": {endpoint: {section: {knob: value}}}
+                });
+                let path = scratch.path().join("policy.json");
+                std::fs::write(&path, document.to_string()).unwrap();
+                let output = std::process::Command::new(crate::support::MAIN_BIN)
+                    .arg("--check-policy")
+                    .arg(&path)
+                    .env_remove("ABX_SERVER_POLICY")
+                    .env("ABX_SERVER_BASE_DIR", scratch.path())
+                    .output()
+                    .unwrap();
+                checked += 1;
+                if !output.status.success() {
+                    refused.push(format!(
+                        "{endpoint}.{section}.{knob}: {}",
+                        String::from_utf8_lossy(&output.stderr).trim()
+                    ));
+                }
+            }
+        }
+    }
+    assert!(
+        checked > 100,
+        "only {checked} knobs in the reference's table"
+    );
+    assert!(refused.is_empty(), "refused:\n{}", refused.join("\n"));
+}
+
 on_both_drivers!(
     a_reference_document_governs_every_route,
     sources_and_refusals,
     plain_token_and_anonymous_identities,
+    the_reference_knobs_are_applied,
+    check_takes_paths_and_op,
 );

@@ -91,7 +91,12 @@ pub const PARAMS: [(&str, Kind); 14] = [
 ];
 
 /// Knobs the dispatcher applies to every endpoint, whatever the endpoint enforces.
-pub const EVERY_ENDPOINT: [&str; 3] = ["rate_limit", "rate_per_minute", "max_request_bytes"];
+pub const EVERY_ENDPOINT: [&str; 4] = [
+    "rate_limit",
+    "rate_per_minute",
+    "max_request_bytes",
+    "max_concurrency",
+];
 
 /// This server's name for the reference's `section.key` on `endpoint`, as
 /// (knob, sub-key): `params.allow_commands` is `commands.allow`.

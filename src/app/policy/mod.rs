@@ -536,10 +536,10 @@ impl Policy {
             if layer.rank != RANK_POLICY {
                 continue;
             }
+            let at = layer.origin.trim_start_matches("policy:");
             let Selector::Exact(id) = &layer.selector else {
                 continue;
             };
-            let at = layer.origin.trim_start_matches("policy:");
             let Some(endpoint) = endpoints
                 .iter()
                 .find(|e| e.id == *id || e.aliases.iter().any(|a| a == id))
@@ -568,17 +568,6 @@ impl Policy {
                         endpoint.id
                     ));
                 }
-            }
-            if layer
-                .rule
-                .knobs
-                .get("paths")
-                .and_then(|p| p.get("symlinks"))
-                == Some(&Value::from("never"))
-            {
-                return Err(format!(
-                    "{at}.paths.symlinks: 'never' is not supported by this build; 'within' (the default: a symlink may lead anywhere beneath the allowed directories) is what it enforces"
-                ));
             }
         }
         Ok(warnings)
@@ -928,9 +917,11 @@ fn parse_identities(
             Some(Value::String(id)) if !id.trim().is_empty() => id.clone(),
             _ => return Err(format!("{at}.id must be a non-empty string")),
         };
-        if id == "anonymous" || id == crate::app::auth::SERVER_IDENTITY {
+        // `server` stays free: with identities `ABX_SERVER_TOKEN` is not accepted, so no
+        // other holder can take that name, and the reference's own documents use it.
+        if id == "anonymous" {
             return Err(format!(
-                "{at}.id: '{id}' is reserved (the caller without a credential, and the ABX_SERVER_TOKEN holder)"
+                "{at}.id: 'anonymous' is reserved (the caller without a credential)"
             ));
         }
         if identities.iter().any(|known| known.id == id) {

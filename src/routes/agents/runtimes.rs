@@ -54,6 +54,9 @@ async fn runtimes(call: Call) -> Result<Response, ApiError> {
             false => None,
         };
         let usable = status.as_ref().and_then(|s| s.usable.as_ref());
+        // The reference repeats `implemented` in its label.
+        let mut runtime_label = label(runtime.name(), &[]);
+        runtime_label["implemented"] = json!(runtime.implemented());
         let cli = runtime.cli();
         let program = usable.map(|u| u.program.display().to_string());
         data.push(json!({
@@ -86,7 +89,7 @@ async fn runtimes(call: Call) -> Result<Response, ApiError> {
             "cli": cli.as_ref().map(|c| c.program),
             "pinned_version": cli.as_ref().map(|c| c.version),
             "install": runtime.install_command(),
-            "x_agent_sandbox": label(runtime.name(), &[]),
+            "x_agent_sandbox": runtime_label,
         }));
     }
     Ok(Response::ok(

@@ -389,21 +389,31 @@ async fn navigate(call: Call) -> Result<Response, ApiError> {
     let allow_private = decision
         .knob_bool("allow_private_networks")
         .unwrap_or(false);
-    if !block_private && !allow_private {
-        match guard::check_default(&url) {
-            Err(Refusal::Invalid(message)) => {
-                return Err(ApiError::bad_request(message).with_code("url_invalid"))
-            }
-            Err(Refusal::Denied(message)) => {
-                return Err(ApiError::new(403, "PolicyDenied", message)
-                    .with_code("url_denied")
-                    .with_field("endpoint", "browser_navigate"))
-            }
-            Ok(()) => {}
+    // The policy's URL rules are checked first, as on the reference: with any rule, a
+    // URL that is not http(s) is theirs to refuse (403 `url_not_allowed`).
+    let has_rules = allow.is_some() || deny.is_some() || block_private;
+    if allow.is_some() || deny.is_some() {
+        // URL lists speak of http(s) pages: any other scheme (file:, javascript:,
+        // ftp:) is outside them, as on the reference; so is what is no URL at all.
+        let lower = url.trim().to_ascii_lowercase();
+        let rest = lower
+            .strip_prefix("https://")
+            .or_else(|| lower.strip_prefix("http://"));
+        let host = rest.map(|r| r.split(['/', '?', '#']).next().unwrap_or(""));
+        // about:blank reaches no network (docs/policy.md).
+        if host.is_none_or(str::is_empty) && lower != "about:blank" {
+            return Err(url_refused(format!(
+                "URL {url} is refused: only http(s) URLs with a host are allowed where the policy sets url_allow or url_deny"
+            )));
         }
     }
     match guard::check(&url, allow.as_deref(), deny.as_deref(), block_private) {
-        Err(Refusal::Invalid(message)) => return Err(ApiError::bad_request(message)),
+        Err(Refusal::Invalid(message)) if has_rules => return Err(url_refused(message)),
+        // Without rules the default check below words it, unless it is off.
+        Err(Refusal::Invalid(message)) if allow_private => {
+            return Err(ApiError::bad_request(message).with_code("url_invalid"))
+        }
+        Err(Refusal::Invalid(_)) => {}
         Err(Refusal::Denied(message)) => return Err(url_refused(message)),
         Ok(Verdict::Allowed) => {}
         Ok(Verdict::Resolve { host, port }) => {
@@ -431,6 +441,19 @@ async fn navigate(call: Call) -> Result<Response, ApiError> {
                 ))
             })?;
             guard::check_resolved(&url, &host, &addresses, &local).map_err(url_refused)?;
+        }
+    }
+    if !block_private && !allow_private {
+        match guard::check_default(&url) {
+            Err(Refusal::Invalid(message)) => {
+                return Err(ApiError::bad_request(message).with_code("url_invalid"))
+            }
+            Err(Refusal::Denied(message)) => {
+                return Err(ApiError::new(403, "PolicyDenied", message)
+                    .with_code("url_denied")
+                    .with_field("endpoint", "browser_navigate"))
+            }
+            Ok(()) => {}
         }
     }
     run(&call, Op::Navigate { url, wait_until }, timeout).await

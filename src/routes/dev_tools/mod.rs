@@ -28,7 +28,7 @@ pub fn endpoints() -> Vec<Endpoint> {
     vec![
         Endpoint::new(Method::Post, "/code/run", Group::DevTools, handler(code_run))
             .id("code_run").scopes(&["devtools:run"])
-            .enforces(&["paths", "timeout_seconds", "languages"])
+            .enforces(&["paths", "timeout_seconds", "max_output_bytes", "languages"])
             .changes()
             .summary("Run a snippet of Python, Node.js or bash and answer with its output.")
             .params(&[
@@ -140,7 +140,12 @@ async fn code_run(call: Call) -> Result<Response, ApiError> {
         cwd,
         &[],
         Duration::from_secs_f64(timeout),
-        CODE_MAX_OUTPUT,
+        // The policy's max_output_bytes lowers the cut of each stream.
+        call.decision()
+            .knob_u64("max_output_bytes")
+            .map_or(CODE_MAX_OUTPUT, |most| {
+                most.min(CODE_MAX_OUTPUT as u64) as usize
+            }),
     )
     .await?;
     let elapsed_ms = round_to(started.elapsed().as_secs_f64() * 1000.0, 2);
@@ -340,8 +345,25 @@ async fn git_diff(call: Call) -> Result<Response, ApiError> {
     let mut numstat = args.clone();
     numstat.extend(["--numstat", "-z"]);
     let mut pathspec = vec!["--"];
-    if let Some(file) = fields.str("file") {
-        pathspec.push(file);
+    match fields.str("file") {
+        Some(file) => {
+            // The file is a path like any other: the paths rule sees it where it lies.
+            let under = fields.str("path").unwrap_or(".").trim_end_matches('/');
+            crate::routes::shared::confine_followed(&call, &format!("{under}/{file}")).await?;
+            pathspec.push(file);
+        }
+        // git's output cannot be filtered path by path: with deny rules, a whole-tree
+        // diff could show a denied file's content, so one file must be named (as on
+        // the reference).
+        None if call.decision().knob_list("paths.deny").is_some() => {
+            return Err(ApiError::new(
+                403,
+                "PolicyDenied",
+                "A 'file' filter is required while path deny rules are configured",
+            )
+            .with_code("path_denied"));
+        }
+        None => {}
     }
     args.extend(&pathspec);
     numstat.extend(&pathspec);

@@ -32,10 +32,15 @@ pub async fn archive(call: Call) -> Result<Response, ApiError> {
     };
     // Each member root passes the same checks as any file route's path, and is named
     // as that check resolved it (relative to the policy's allowed directory, if any).
-    let inputs: Vec<String> = inputs
-        .iter()
-        .map(|input| crate::routes::shared::confine(&call, input).map(|c| c.display()))
-        .collect::<Result<_, _>>()?;
+    let mut confined = Vec::with_capacity(inputs.len());
+    for input in &inputs {
+        confined.push(
+            crate::routes::shared::confine_followed(&call, input)
+                .await?
+                .display(),
+        );
+    }
+    let inputs: Vec<String> = confined;
     let hidden = crate::routes::shared::hidden_by_policy(&call);
     let args = call.args_of(&call.params_named(&["format"]))?;
     let name = args.str("format").unwrap_or_default();

@@ -69,7 +69,7 @@ pub fn endpoints() -> Vec<Endpoint> {
             handler(transfer::download),
         )
         .id("download").extension().scopes(&["files:read"])
-        .enforces(&["paths"])
+        .enforces(&["paths", "max_bytes"])
         .kept_locked_down()
         .returns(schema::download())
         .also_answers(&[503])
@@ -229,7 +229,7 @@ pub fn endpoints() -> Vec<Endpoint> {
             handler(transfer::download_stream),
         )
         .id("files_download_stream").scopes(&["files:read"])
-        .enforces(&["paths"])
+        .enforces(&["paths", "max_bytes"])
         .kept_locked_down()
         .returns(schema::download_stream())
         .also_answers(&[206, 304, 416])
@@ -274,7 +274,7 @@ pub fn endpoints() -> Vec<Endpoint> {
             handler(watch::watch),
         )
         .id("files_watch").scopes(&["files:read"])
-        .enforces(&["paths"])
+        .enforces(&["paths", "max_duration_seconds"])
         .kept_locked_down()
         .summary("Server-sent events for changes below a directory.")
         .streaming(true)
@@ -290,7 +290,7 @@ pub fn endpoints() -> Vec<Endpoint> {
                 .above(0.0)
                 .default("300")
                 .invalid("timeout must be a positive number of seconds")
-                .doc("Seconds until the stream ends with a timeout event, clamped to 0.1-86400."),
+                .doc("Seconds until the stream ends with a timeout event, clamped to 0.1-86400 (and to the policy's max_duration_seconds)."),
         ])
         .limit("max_entries", crate::fs::watch::MAX_TRACKED),
     ]

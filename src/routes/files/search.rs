@@ -9,7 +9,7 @@ use crate::api::ApiError;
 use crate::app::Call;
 use crate::fs::tree;
 use crate::http::Response;
-use crate::routes::shared::{confine, fs_error};
+use crate::routes::shared::{confine_followed, fs_error};
 
 pub const DEFAULT_DEPTH: i64 = 5;
 pub const DEFAULT_RESULTS: i64 = 100;
@@ -25,7 +25,7 @@ pub async fn search(call: Call) -> Result<Response, ApiError> {
     let pattern = take_string(&mut args, "pattern");
     let max_depth = args.int("max_depth").unwrap_or(DEFAULT_DEPTH);
     let max_results = args.int("max_results").unwrap_or(DEFAULT_RESULTS);
-    let root = confine(&call, &input)?;
+    let root = confine_followed(&call, &input).await?;
     // A policy can lower the depth, the number of results and the time, never raise them.
     let decision = call.decision();
     let depth_cap = decision

@@ -19,7 +19,9 @@ use crate::fs::upload_body::{UploadBodyError, UploadScanner};
 use crate::fs::write::{write_atomic, Upload};
 use crate::fs::FsError;
 use crate::http::{LocalFuture, Response, JSON_CONTENT_TYPE};
-use crate::routes::shared::{check_extension, confine, fs_error, raw_bytes, refused_overwrite};
+use crate::routes::shared::{
+    check_extension, confine_followed, fs_error, over_policy_limit, raw_bytes, refused_overwrite,
+};
 use crate::runtime::{blocking, AsyncFile, Base64FileStream};
 
 /// Bodies and payloads above this are parsed, decoded and encoded on the blocking pool,
@@ -185,7 +187,7 @@ impl JsonUpload {
         if empty && self.call.spec().id == "files_upload_stream" {
             return Err(ApiError::bad_request("Missing or invalid 'content_base64'"));
         }
-        let caller = confine(&self.call, &input)?;
+        let caller = confine_followed(&self.call, &input).await?;
         check_extension(&self.call, &caller)?;
         if let Some(failed) = self.failed.take() {
             // The temporary file lives in the base directory, but what the caller was
@@ -303,7 +305,7 @@ pub async fn open_raw_upload(call: Call) -> Result<Box<dyn RawSink>, ApiError> {
         })
         .collect();
     let input = take_string(&mut call.args_of(&query)?, "path");
-    let caller = confine(&call, &input)?;
+    let caller = confine_followed(&call, &input).await?;
     check_extension(&call, &caller)?;
     let services = call.services();
     let mut upload = Upload::open(&services.base, caller, services.driver)
@@ -372,10 +374,11 @@ fn file_too_large(message: String) -> ApiError {
 async fn download_json(call: &Call, input: String, with_bytes: bool) -> Result<Response, ApiError> {
     let services = call.services();
     let limit = services.max_upload_size;
-    let caller = confine(call, &input)?;
+    let caller = confine_followed(call, &input).await?;
     let opened: Opened = open_file(&services.base, &caller, true)
         .await
         .map_err(fs_error)?;
+    over_policy_limit(call, opened.stat.st_size as u64)?;
     let shown = caller.display();
     if let Some(data) = opened.small.filter(|d| d.len() as u64 <= limit) {
         return Ok(Response::raw(
@@ -432,7 +435,7 @@ pub async fn download_stream(call: Call) -> Result<Response, ApiError> {
     if !wants_raw {
         return download_json(&call, input, true).await;
     }
-    let caller = confine(&call, &input)?;
+    let caller = confine_followed(&call, &input).await?;
     raw_bytes(&call, &caller, "ValueError").await
 }
 

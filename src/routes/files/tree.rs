@@ -8,7 +8,7 @@ use crate::app::Call;
 use crate::fs::resolve::{self, Kind};
 use crate::fs::{tree, CallerPath};
 use crate::http::{Response, JSON_CONTENT_TYPE};
-use crate::routes::shared::{confine, fs_error};
+use crate::routes::shared::{confine, confine_followed, fs_error};
 use crate::timefmt::iso8601_utc;
 
 /// `GET /files/list`.
@@ -16,7 +16,7 @@ pub async fn list(call: Call) -> Result<Response, ApiError> {
     let mut args = call.args()?;
     let input = take_string(&mut args, "path");
     let recursive = args.flag("recursive");
-    let caller = confine(&call, &input)?;
+    let caller = confine_followed(&call, &input).await?;
     // Levels listed: the directory's own entries, and with `recursive` down to
     // LIST_MAX_DEPTH, or the policy's lower max_depth.
     let levels = if recursive {
@@ -48,7 +48,7 @@ pub async fn list(call: Call) -> Result<Response, ApiError> {
 /// `GET /files/stat`: 200 even when nothing is there.
 pub async fn stat(call: Call) -> Result<Response, ApiError> {
     let input = take_string(&mut call.args()?, "path");
-    let caller = confine(&call, &input)?;
+    let caller = confine_followed(&call, &input).await?;
     let followed = tree::stat_followed(&call.services().base, caller.clone())
         .await
         .map_err(fs_error)?;
@@ -97,7 +97,7 @@ fn stat_document(caller: &CallerPath, found: Option<&rustix::fs::Stat>) -> Value
 /// `POST /files/mkdir`.
 pub async fn mkdir(call: Call) -> Result<Response, ApiError> {
     let input = named_path(&mut call.args()?, "path")?;
-    let caller = confine(&call, &input)?;
+    let caller = confine_followed(&call, &input).await?;
     let shown = caller.display();
     tree::mkdir(&call.services().base, caller)
         .await
@@ -133,7 +133,7 @@ async fn refuse_hidden_inside(call: &Call, caller: &crate::fs::CallerPath) -> Re
 /// `DELETE /files`.
 pub async fn delete(call: Call) -> Result<Response, ApiError> {
     let input = take_string(&mut call.args()?, "path");
-    let caller = confine(&call, &input)?;
+    let caller = confine_followed(&call, &input).await?;
     refuse_hidden_inside(&call, &caller).await?;
     let shown = caller.display();
     tree::delete(&call.services().base, caller)
@@ -156,7 +156,7 @@ pub async fn move_path(call: Call) -> Result<Response, ApiError> {
         };
         let mut args = call.args_of(std::slice::from_ref(param))?;
         let input = named_path(&mut args, field).map_err(prefix)?;
-        let caller = confine(&call, &input).map_err(prefix)?;
+        let caller = confine_followed(&call, &input).await.map_err(prefix)?;
         // Into the base directory is fine; moving the base itself away is not.
         if field == "source" {
             tree::refuse_base(base, &caller)

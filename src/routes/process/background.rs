@@ -10,7 +10,7 @@ use crate::api::ApiError;
 use crate::app::Call;
 use crate::http::Response;
 use crate::process::run::timeout_duration;
-use crate::process::table::{Managed, StdinError, TableFull, MAX_PROCESSES};
+use crate::process::table::{Managed, StdinError, TableFull, MAX_PROCESSES, OUTPUT_CAP_BYTES};
 use crate::process::ProcessTable;
 use crate::routes::shared::working_dir;
 
@@ -34,17 +34,34 @@ pub async fn start(call: Call) -> Result<Response, ApiError> {
     let timeout = args
         .sent("timeout")
         .then(|| timeout_duration(request.timeout_secs()));
+    // The policy's timeout_seconds bounds every background process, asked for or not.
+    let timeout = match call.decision().knob_seconds("timeout_seconds") {
+        Some(cap) => Some(timeout.map_or(Duration::from_secs_f64(cap), |asked| {
+            asked.min(Duration::from_secs_f64(cap))
+        })),
+        None => timeout,
+    };
     let argv = split(&request.command, 400)?;
     check_command(&call, &argv).await?;
+    if let Some(refusal) = crate::routes::shared::protected_env_refusal(
+        &call,
+        request.env.iter().map(|(name, _)| name.as_str()),
+    ) {
+        return Err(refusal);
+    }
     // A bad cwd is 403 even when the table is full.
     let cwd = working_dir(&call, request.cwd.as_deref()).await?;
     let table = call.group_state::<ProcessTable>()?;
-    let slot = table.reserve().map_err(|TableFull| {
+    let most = call
+        .decision()
+        .knob_u64("max_processes")
+        .map_or(MAX_PROCESSES, |most| (most as usize).min(MAX_PROCESSES));
+    let slot = table.reserve(most).map_err(|TableFull| {
         ApiError::new(
             429,
             "ResourceError",
             format!(
-                "Too many processes: at most {MAX_PROCESSES} may run at once; wait for one to exit or signal one"
+                "Too many processes: at most {most} may run at once; wait for one to exit or signal one"
             ),
         )
     })?;
@@ -55,7 +72,14 @@ pub async fn start(call: Call) -> Result<Response, ApiError> {
             child,
             &call.identity.id,
             request.command.clone(),
-            capture,
+            // The policy's max_output_bytes lowers what is kept of the output.
+            capture.then(|| {
+                call.decision()
+                    .knob_u64("max_output_bytes")
+                    .map_or(OUTPUT_CAP_BYTES, |most| {
+                        (most as usize).min(OUTPUT_CAP_BYTES)
+                    })
+            }),
             timeout,
         )
         .map_err(|e| crate::api::errno::os_error(&e, None))?;
@@ -114,7 +138,7 @@ pub async fn get(call: Call) -> Result<Response, ApiError> {
 
 /// The refusal for a `signal` that is not one of [`ALLOWED_SIGNALS`].
 pub const SIGNAL_INVALID: &str =
-    "signal must be one of 2 (SIGINT), 9 (SIGKILL), 15 (SIGTERM), 18 (SIGCONT), 20 (SIGTSTP)";
+    "Signal not allowed: signal must be one of 2 (SIGINT), 9 (SIGKILL), 15 (SIGTERM), 18 (SIGCONT), 20 (SIGTSTP)";
 
 /// `POST /process/{pid}/signal`.
 pub async fn signal(call: Call) -> Result<Response, ApiError> {

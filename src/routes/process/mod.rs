@@ -51,7 +51,13 @@ pub fn endpoints() -> Vec<Endpoint> {
         )
         .id("shell")
         .scopes(&["process:run"])
-        .enforces(&["paths", "timeout_seconds", "max_output_bytes", "commands"])
+        .enforces(&[
+            "paths",
+            "timeout_seconds",
+            "max_output_bytes",
+            "max_processes",
+            "commands",
+        ])
         .changes()
         .summary("Run a command (shlex-split, no shell) and return its output and exit code.")
         .returns(schema::shell())
@@ -67,7 +73,13 @@ pub fn endpoints() -> Vec<Endpoint> {
         )
         .id("shell_stream")
         .scopes(&["process:run"])
-        .enforces(&["paths", "timeout_seconds", "max_output_bytes", "commands"])
+        .enforces(&[
+            "paths",
+            "timeout_seconds",
+            "max_output_bytes",
+            "max_processes",
+            "commands",
+        ])
         .changes()
         .summary("Run a command and stream its output lines as server-sent events.")
         .streaming(true)
@@ -83,7 +95,13 @@ pub fn endpoints() -> Vec<Endpoint> {
         )
         .id("process_start")
         .scopes(&["process:run"])
-        .enforces(&["paths", "commands"])
+        .enforces(&[
+            "paths",
+            "commands",
+            "timeout_seconds",
+            "max_output_bytes",
+            "max_processes",
+        ])
         .changes()
         .summary("Start a background process, optionally capturing output and keeping stdin open.")
         .returns(schema::started())

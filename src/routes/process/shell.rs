@@ -34,6 +34,12 @@ pub async fn shell(call: Call) -> Result<Response, ApiError> {
     // Python's shlex failure escapes the handler here: the contract's 500.
     let argv = split(&request.command, 500)?;
     check_command(&call, &argv).await?;
+    if let Some(refusal) = crate::routes::shared::protected_env_refusal(
+        &call,
+        request.env.iter().map(|(name, _)| name.as_str()),
+    ) {
+        return Err(refusal);
+    }
     let child = spawn(&call, argv, &request, false, true).await?;
     let timeout = timeout_duration(request.timeout_secs());
     let max_output = call
@@ -71,6 +77,12 @@ pub async fn shell_stream(call: Call) -> Result<Response, ApiError> {
     let request = request.with_timeout(seconds);
     let argv = split(&request.command, 400)?;
     check_command(&call, &argv).await?;
+    if let Some(refusal) = crate::routes::shared::protected_env_refusal(
+        &call,
+        request.env.iter().map(|(name, _)| name.as_str()),
+    ) {
+        return Err(refusal);
+    }
     let (mut tx, rx) = sse::channel(64);
     // A program that cannot start is said on the stream, as the reference says it (the
     // client reads the stream's `error` event, not a JSON answer).

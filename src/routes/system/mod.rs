@@ -387,7 +387,7 @@ async fn packages(call: Call) -> Result<Response, ApiError> {
         "npm" => &["npm", "list", "--json", "--depth=0", "--loglevel=silent"],
         _ => {
             return Err(ApiError::bad_request(format!(
-                "Unknown package manager: {manager} (use pip or npm)"
+                "Unsupported package manager: {manager} (use pip or npm)"
             )))
         }
     };

@@ -40,7 +40,7 @@ pub fn endpoints() -> Vec<Endpoint> {
         Endpoint::new(Method::Post, "/pty/sessions", Group::Terminal, handler(create))
             .id("pty_create_session")
             .formerly("pty_create").scopes(&["terminal:use"])
-            .enforces(&["paths"])
+            .enforces(&["paths", "max_sessions", "env_deny", "shells"])
             .changes()
             .summary("Start a shell on a new terminal; answers its WebSocket URL.")
             .params(&[
@@ -147,6 +147,7 @@ async fn create(call: Call) -> Result<Response, ApiError> {
     let cols = dimension(&args, "cols");
     let rows = dimension(&args, "rows");
     let overrides = env_overrides(args.pairs("env"))?;
+    refuse_by_policy(&call, &shell, &overrides)?;
     // Besides the contract's three (stripped below from every source), the caller's
     // `env` loses every other variable that loads code, the list the other routes refuse:
     // a terminal's program could otherwise be made to load an uploaded library, or under
@@ -168,7 +169,18 @@ async fn create(call: Call) -> Result<Response, ApiError> {
     kill_off_the_loop(sessions.take_idle()).await;
     let session = sessions
         .create(
-            NewSession { owner: call.identity.id.clone(), shell: shell.clone(), cols, rows, env, cwd },
+            NewSession {
+                owner: call.identity.id.clone(),
+                shell: shell.clone(),
+                cols,
+                rows,
+                env,
+                cwd,
+                most: call
+                    .decision()
+                    .knob_u64("max_sessions")
+                    .map_or(MAX_SESSIONS, |most| most as usize),
+            },
             &services.children,
         )
         .await
@@ -176,7 +188,12 @@ async fn create(call: Call) -> Result<Response, ApiError> {
             CreateError::Full => ApiError::new(
                 429,
                 "ResourceError",
-                format!("Too many terminal sessions: at most {MAX_SESSIONS}; delete one first (DELETE /pty/sessions/<id>)"),
+                format!(
+                    "Session limit reached: at most {} terminal sessions; delete one first (DELETE /pty/sessions/<id>)",
+                    call.decision()
+                        .knob_u64("max_sessions")
+                        .map_or(MAX_SESSIONS, |most| (most as usize).min(MAX_SESSIONS))
+                ),
             ),
             CreateError::Io(error) => crate::routes::shared::spawn_error(&error, &shell),
         })?;
@@ -201,6 +218,60 @@ async fn create(call: Call) -> Result<Response, ApiError> {
         "ws_url": ws_url,
         "pid": session.pid,
     })))
+}
+
+/// What the policy and the server's own rules refuse of a new terminal, in the
+/// reference's order and words: an `ABX_*` variable (403 `env_var_denied`), a shell the
+/// policy's `shells` leaves out (403 `shell_not_allowed`), a variable its `env_deny`
+/// names or an identity's `token_env` (403 `env_var_not_allowed`).
+fn refuse_by_policy(
+    call: &Call,
+    shell: &str,
+    overrides: &[(String, String)],
+) -> Result<(), ApiError> {
+    if let Some((name, _)) = overrides
+        .iter()
+        .find(|(name, _)| name.to_ascii_uppercase().starts_with("ABX_"))
+    {
+        return Err(ApiError::new(
+            403,
+            "PolicyDenied",
+            format!("Environment variable '{name}' cannot be overwritten"),
+        )
+        .with_code("env_var_denied"));
+    }
+    let decision = call.decision();
+    if let Some(shells) = decision.knob_list("shells") {
+        if !shells.contains(&shell) {
+            return Err(ApiError::new(
+                403,
+                "PolicyDenied",
+                format!("Shell '{shell}' is not permitted by policy"),
+            )
+            .with_code("shell_not_allowed"));
+        }
+    }
+    let denied = decision.knob_list("env_deny").unwrap_or_default();
+    let secrets = call.catalog().policy.token_env_names();
+    let mut blocked: Vec<&str> = overrides
+        .iter()
+        .map(|(name, _)| name.as_str())
+        .filter(|name| denied.contains(name) || secrets.iter().any(|s| s == name))
+        .collect();
+    if !blocked.is_empty() {
+        blocked.sort_unstable();
+        let listed: Vec<String> = blocked.iter().map(|n| format!("'{n}'")).collect();
+        return Err(ApiError::new(
+            403,
+            "PolicyDenied",
+            format!(
+                "Environment variable(s) not allowed: [{}]",
+                listed.join(", ")
+            ),
+        )
+        .with_code("env_var_not_allowed"));
+    }
+    Ok(())
 }
 
 /// The caller's variables: a name must be non-empty without `=`, and neither may

@@ -10,6 +10,12 @@
 //! POST answers 202) once the actor has applied it: the turn record and the user's
 //! message are stored, or the steer, cancel or tool result has reached codex.
 //!
+//! What the actor decides is [`core::Core`]'s, a state machine without I/O; this module is
+//! its shell: one loop that always selects on the hub's commands, codex's messages, RPC
+//! answers and the core's next deadline, feeds each to the core and carries out the
+//! effects it answers with, in order. No RPC is awaited inline (answers are awaited on
+//! tasks of their own, so codex's messages keep being read), and each has a deadline.
+//!
 //! An actor that sees no command and runs no turn for [`idle`] stops its app-server;
 //! the next input starts a new one, which resumes the thread (`thread/resume`: codex
 //! keeps threads on disk, under `CODEX_HOME`). A server restart is the same, with the

@@ -568,7 +568,7 @@ impl Core {
     fn started(&mut self, now: Now, started: Started, out: &mut Vec<Effect>) {
         self.plan = Some(started.plan);
         let mut params = started.thread_params;
-        let (id, effect) = match self.thread.clone() {
+        let (_, effect) = match self.thread.clone() {
             Some(thread) => {
                 params["threadId"] = json!(thread);
                 params["excludeTurns"] = json!(true);
@@ -580,7 +580,6 @@ impl Core {
             }
             None => self.rpc(now, "thread/start", params, Purpose::ThreadStart),
         };
-        let _ = id;
         out.push(effect);
     }
 
@@ -613,7 +612,7 @@ impl Core {
                 turn_id,
                 call_id,
                 result,
-            } => self.tool_result(now, &turn_id, &call_id, result, out),
+            } => self.tool_result(&turn_id, &call_id, result, out),
         }
     }
 
@@ -695,7 +694,6 @@ impl Core {
                 steps.push(Step::Emit(effect));
             }
             None => steps.extend(self.end_here(
-                now,
                 "failed",
                 Some(json!({
                 "code": "connection_failed", "message": "codex app-server is not running"})),
@@ -755,13 +753,11 @@ impl Core {
 
     fn tool_result(
         &mut self,
-        now: Now,
         turn_id: &str,
         call_id: &str,
         result: ToolResult,
         out: &mut Vec<Effect>,
     ) {
-        let _ = now;
         let unknown =
             || AgentError::invalid("events", format!("Unknown pending tool call: {call_id}"));
         let Some(turn) = self.turn.as_mut().filter(|t| !t.ended) else {
@@ -979,8 +975,7 @@ impl Core {
 
     /// Ends the running turn from this side (codex did not or cannot): `failed` with
     /// its `error`, or `cancelled`.
-    fn end_here(&mut self, now: Now, status: &'static str, error: Option<Value>) -> Vec<Step> {
-        let _ = now;
+    fn end_here(&mut self, status: &'static str, error: Option<Value>) -> Vec<Step> {
         let Some(turn) = self.turn.as_ref().filter(|t| !t.ended) else {
             return Vec::new();
         };
@@ -1181,7 +1176,7 @@ impl Core {
                 if self.turn.as_ref().is_some_and(|t| t.id == turn) {
                     let error = json!({"code": "server_error",
                                        "message": format!("codex refused the turn: {}", e.message)});
-                    let steps = self.end_here(now, "failed", Some(error));
+                    let steps = self.end_here("failed", Some(error));
                     self.script.extend(steps);
                 }
             }
@@ -1218,7 +1213,7 @@ impl Core {
 
     fn exited(&mut self, now: Now, why: String) {
         let error = json!({"code": "connection_failed", "message": why});
-        let steps = self.end_here(now, "failed", Some(error));
+        let steps = self.end_here("failed", Some(error));
         self.script.extend(steps);
         // No answer will come: each RPC fails now, in the order they were sent.
         let mut ids: Vec<RpcId> = self.rpcs.keys().copied().collect();
@@ -1254,13 +1249,12 @@ impl Core {
                 );
             }
         }
-        if let Some((at, sent)) = self
+        if let Some((_, sent)) = self
             .turn
             .as_ref()
             .filter(|t| !t.ended && t.cancel_due().is_some_and(|due| due <= now.at))
             .and_then(|t| t.cancel)
         {
-            let _ = at;
             if sent < 2 {
                 let steps: Vec<Step> = self.interrupt(now).into_iter().collect();
                 self.script.extend(steps);
@@ -1271,7 +1265,7 @@ impl Core {
                     CANCEL_GIVE_UP.as_secs()
                 );
                 self.script.push_back(Step::Emit(Effect::Log(line)));
-                let steps = self.end_here(now, "cancelled", None);
+                let steps = self.end_here("cancelled", None);
                 self.script.extend(steps);
                 self.script.push_back(Step::Stop(LeftoverKind::HandBack));
             }
@@ -2046,7 +2040,7 @@ mod tests {
     #[test]
     fn a_codex_that_exits_mid_turn_fails_the_turn_and_hands_queued_inputs_back() {
         let mut d = Driver::ready("thread_1");
-        let begun = d.say(1, "SAY hello");
+        d.say(1, "SAY hello");
         d.say(2, "SAY queued");
         let exited = names(&d.feed(CoreInput::Exited {
             why: "codex app-server exited: boom".into(),
@@ -2066,7 +2060,6 @@ mod tests {
             answer_1 < answer_2 && answer_2 < position(&exited, "stop"),
             "{exited:?}"
         );
-        let _ = begun;
         assert_eq!(d.core.deadline(), None);
     }
 

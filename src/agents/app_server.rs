@@ -317,9 +317,8 @@ impl AppServer {
         Ok((server, Incoming { messages }))
     }
 
-    /// Sends a request and waits for its answer, [`REQUEST_TIMEOUT`] at most (a session's
-    /// actor awaits some of them inline: a codex that stopped answering must not hold
-    /// it). Concurrent requests are fine; dropping the future forgets the answer.
+    /// Sends a request and waits for its answer, [`REQUEST_TIMEOUT`] at most (a codex
+    /// that stopped answering must not hold its caller). Concurrent requests are fine; dropping the future forgets the answer.
     pub async fn request(&self, method: &str, params: Value) -> Result<Value, RpcError> {
         let within = self.request_timeout;
         match monoio::time::timeout(within, self.request_unbounded(method, params)).await {
@@ -331,6 +330,56 @@ impl AppServer {
                     within.as_millis()
                 ),
             )),
+        }
+    }
+
+    /// [`AppServer::request`] as a future that does not borrow the server, for a caller
+    /// that must keep reading [`Incoming`] while it waits (the session actor awaits it
+    /// on a task of its own). The server may be shut down meanwhile: the answer then
+    /// fails with [`RpcError::EXITED`].
+    pub fn request_detached(
+        &self,
+        method: &str,
+        params: Value,
+    ) -> impl std::future::Future<Output = Result<Value, RpcError>> + 'static {
+        let shared = self.shared.clone();
+        let within = self.request_timeout;
+        let method = method.to_string();
+        let registered = {
+            let mut state = shared.borrow_mut();
+            match &state.ended {
+                Some(ended) => Err(ended.clone()),
+                None => {
+                    let id = state.next_id;
+                    state.next_id += 1;
+                    let (tx, rx) = oneshot::channel();
+                    state.pending.insert(id, tx);
+                    Ok((id, rx))
+                }
+            }
+        };
+        if let Ok((id, _)) = &registered {
+            self.send(json!({"id": id, "method": method, "params": params}));
+        }
+        async move {
+            let (id, answer) = registered?;
+            let _forget = Forget {
+                shared: &shared,
+                id,
+            };
+            match monoio::time::timeout(within, answer).await {
+                Ok(Ok(answer)) => answer,
+                Ok(Err(_)) => Err(shared.borrow().ended.clone().unwrap_or_else(|| {
+                    RpcError::new(RpcError::EXITED, "codex app-server is gone")
+                })),
+                Err(_) => Err(RpcError::new(
+                    RpcError::TIMED_OUT,
+                    format!(
+                        "codex did not answer {method} within {} ms",
+                        within.as_millis()
+                    ),
+                )),
+            }
         }
     }
 

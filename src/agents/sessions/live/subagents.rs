@@ -2,26 +2,23 @@
 //! `spawn_agent`, and every thread of a session's app-server but the session's own is
 //! one (codex sends no `thread/started` for them; a new thread's first `turn/started`
 //! says so). Each becomes a subagent record, its turns and items kept apart from the
-//! root agent's, and its events are published on the session's stream.
+//! root agent's, and its events are published on the session's stream. The core
+//! decides when a thread is one (and asks codex its name); this is what the shell does
+//! with it.
 
 use serde_json::{json, Value};
 
-use super::{now_ms, truncated, Actor, ChildThread};
+use super::core::truncated;
+use super::{now_ms, Actor, ChildThread};
 use crate::agents::codex_map::{EventMapper, Fact, Totals};
 use crate::agents::objects::{now_unix, Object};
 use crate::agents::records::{new_id, Scope, StoreError, Transaction};
 use crate::agents::sessions::records::{Subagent, SubagentItem, SubagentTurn, Turn, TurnStatus};
 
 impl Actor {
-    /// Keeps sub-agent thread `thread` as a subagent of the session and announces it.
-    async fn open_subagent(&mut self, thread: &str, now: u64) {
-        let read = match self.app.clone() {
-            Some(app) => app
-                .request("thread/read", json!({"threadId": thread}))
-                .await
-                .unwrap_or(Value::Null),
-            None => Value::Null,
-        };
+    /// Keeps sub-agent thread `thread` (`name`d so by codex) as a subagent of the
+    /// session and announces it.
+    pub(super) async fn open_subagent(&mut self, thread: &str, name: Option<String>, now: u64) {
         let session = self.load().await.ok();
         let subagent = Subagent {
             // The codex thread id, as the parent's subagent call items name it.
@@ -33,7 +30,7 @@ impl Actor {
                 .unwrap_or_default(),
             opened_at: now,
             closed_at: None,
-            name: read["thread"]["agentNickname"].as_str().map(str::to_string),
+            name,
             instructions: None,
             thread_id: thread.to_string(),
             turns: Vec::new(),
@@ -64,18 +61,13 @@ impl Actor {
         self.publish(json!({"type": "agent.session.subagent.active", "subagent": object}));
     }
 
-    /// What a sub-agent's thread says: its opening (a subagent of the session), its
-    /// turns and items (kept apart from the root agent's), its closing.
+    /// What an open sub-agent's thread says: its turns and items (kept apart from the
+    /// root agent's), its closing.
     pub(super) async fn child_notification(&mut self, method: &str, params: &Value) {
         let now = now_unix();
         let Some(thread) = params["threadId"].as_str().map(str::to_string) else {
             return;
         };
-        // One app-server runs one session: every other thread in it is a sub-agent its
-        // turns opened (codex sends no `thread/started` for those; its first turn says so).
-        if method == "turn/started" && !self.children.contains_key(&thread) {
-            self.open_subagent(&thread, now).await;
-        }
         let Some(child) = self.children.get(&thread) else {
             return;
         };

@@ -112,6 +112,23 @@ impl OutputLog {
         self.next_seq += 1;
     }
 
+    /// What the events at or after `since` count against the cap (all that is held
+    /// when `since` is older than the oldest kept).
+    pub fn held_from(&self, since: u64) -> usize {
+        let first_held = self.events.front().map_or(self.next_seq, |e| e.seq);
+        let skip = since.saturating_sub(first_held) as usize;
+        self.events
+            .iter()
+            .skip(skip)
+            .map(|e| e.data.len() + self.event_overhead)
+            .sum()
+    }
+
+    /// The most the log holds (texts and per-event overhead).
+    pub fn cap(&self) -> usize {
+        self.cap
+    }
+
     /// The sequence number the next event will get.
     pub fn next_seq(&self) -> u64 {
         self.next_seq

@@ -22,7 +22,7 @@ use std::collections::HashMap;
 use std::ffi::{CString, OsString};
 use std::io;
 use std::os::fd::{AsFd, OwnedFd};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
@@ -38,6 +38,21 @@ pub const MAX_SESSIONS: usize = 10;
 pub const IDLE_REAP: Duration = Duration::from_secs(1800);
 /// Output kept per session for clients that connect later or fall behind.
 pub const OUTPUT_LOG_BYTES: usize = 1024 * 1024;
+/// How long an attached reader may hold a terminal's output back without taking any
+/// before it is evicted (its socket closed with 4008) and the others go on, by default.
+pub const STALL: Duration = Duration::from_secs(30);
+
+/// `ABX_PTY_STALL_SECONDS` (a positive integer), else [`STALL`].
+pub fn stall() -> Duration {
+    static SET: std::sync::OnceLock<Duration> = std::sync::OnceLock::new();
+    *SET.get_or_init(|| {
+        std::env::var("ABX_PTY_STALL_SECONDS")
+            .ok()
+            .and_then(|v| v.trim().parse::<u64>().ok())
+            .filter(|v| *v > 0)
+            .map_or(STALL, Duration::from_secs)
+    })
+}
 /// What one log entry costs beyond its text (entry and allocation), counted against
 /// the log's size so a program writing a byte at a time cannot hold more memory.
 const LOG_EVENT_OVERHEAD: usize = 64;
@@ -67,6 +82,48 @@ pub struct Session {
     pub changed: Notify,
     exited: AtomicBool,
     last_activity: Mutex<Instant>,
+    /// The attached sockets, each with how far it has taken the output. The terminal is
+    /// read only while the log has room for a piece without dropping what the slowest
+    /// of them has not taken: a program that writes faster than its readers take waits
+    /// on its full terminal, and a reader that keeps reading loses nothing.
+    followers: Mutex<Vec<Arc<Follower>>>,
+    /// Bumped when a follower takes output or leaves.
+    consumed: Notify,
+}
+
+/// One attached reader's place in a session's output.
+pub struct Follower {
+    /// The sequence number of the next output it has not taken.
+    cursor: AtomicU64,
+    /// Set when it held the terminal back for [`stall`] without taking anything: it is
+    /// no longer waited for, and its socket is closed.
+    evicted: AtomicBool,
+}
+
+/// A follower's registration, undone when dropped (the socket closed).
+pub struct Following {
+    session: Arc<Session>,
+    follower: Arc<Follower>,
+}
+
+impl Following {
+    /// It has taken everything before `next`.
+    pub fn took(&self, next: u64) {
+        self.follower.cursor.store(next, Ordering::SeqCst);
+        self.session.consumed.notify();
+    }
+
+    /// Whether it held the terminal back too long and must close.
+    pub fn evicted(&self) -> bool {
+        self.follower.evicted.load(Ordering::SeqCst)
+    }
+}
+
+impl Drop for Following {
+    fn drop(&mut self) {
+        lock(&self.session.followers).retain(|f| !Arc::ptr_eq(f, &self.follower));
+        self.session.consumed.notify();
+    }
 }
 
 /// What a session looks like in the HTTP API.
@@ -101,6 +158,64 @@ impl Session {
     /// [`OutputLog::read_at_most`]).
     pub fn read(&self, since: u64, max_bytes: usize) -> OutputPage {
         lock(&self.output).read_at_most(since, max_bytes)
+    }
+
+    /// Registers an attached reader that starts from the oldest output kept.
+    pub fn follow(self: &Arc<Self>) -> Following {
+        let follower = Arc::new(Follower {
+            cursor: AtomicU64::new(0),
+            evicted: AtomicBool::new(false),
+        });
+        lock(&self.followers).push(follower.clone());
+        Following {
+            session: self.clone(),
+            follower,
+        }
+    }
+
+    /// Waits until `wanted` more bytes fit in the log without dropping output an
+    /// attached reader has not taken. A reader that takes nothing for [`stall`] while
+    /// the terminal waits on it is evicted (its socket closes with 4008) and no longer
+    /// waited for. Without attached readers the log keeps the newest output, as before.
+    async fn room_for(&self, wanted: usize) {
+        let mut slowest_since: Option<(u64, Instant)> = None;
+        loop {
+            let seen = self.consumed.version();
+            let lowest = lock(&self.followers)
+                .iter()
+                .filter(|f| !f.evicted.load(Ordering::SeqCst))
+                .map(|f| f.cursor.load(Ordering::SeqCst))
+                .min();
+            let Some(lowest) = lowest else {
+                return;
+            };
+            {
+                let log = lock(&self.output);
+                if log.held_from(lowest) + wanted <= log.cap() {
+                    return;
+                }
+            }
+            let since = match slowest_since {
+                Some((cursor, since)) if cursor == lowest => since,
+                _ => {
+                    let now = Instant::now();
+                    slowest_since = Some((lowest, now));
+                    now
+                }
+            };
+            let left = stall().saturating_sub(since.elapsed());
+            if left.is_zero() {
+                for follower in lock(&self.followers).iter() {
+                    if follower.cursor.load(Ordering::SeqCst) == lowest {
+                        follower.evicted.store(true, Ordering::SeqCst);
+                    }
+                }
+                self.changed.notify();
+                slowest_since = None;
+                continue;
+            }
+            let _ = monoio::time::timeout(left, self.consumed.changed(seen)).await;
+        }
     }
 
     /// Marks the session as used now (it is not idle).
@@ -246,6 +361,8 @@ impl Sessions {
                 changed: Notify::default(),
                 exited: AtomicBool::new(false),
                 last_activity: Mutex::new(Instant::now()),
+                followers: Mutex::new(Vec::new()),
+                consumed: Notify::default(),
             });
             table.insert(id, session.clone());
             session
@@ -328,6 +445,7 @@ async fn follow(session: Arc<Session>, mut child: Child, ready: Readiness) {
     // more than a log's worth, since a background job may still be writing.
     let mut drained = 0;
     while drained < OUTPUT_LOG_BYTES {
+        session.room_for(piece.len() + LOG_EVENT_OVERHEAD).await;
         match rustix::io::read(&session.master, &mut piece[..]) {
             Ok(n) if n > 0 => {
                 drained += n;
@@ -356,6 +474,10 @@ async fn read_until_closed(
     let mut gathered = String::new();
     let mut reads_without_waiting = 0u32;
     loop {
+        if gathered.is_empty() {
+            // What one gathering may append: up to a piece, plus the read that ends it.
+            session.room_for(2 * piece.len() + LOG_EVENT_OVERHEAD).await;
+        }
         match rustix::io::read(&session.master, &mut *piece) {
             Ok(0) => break,
             Ok(n) => {

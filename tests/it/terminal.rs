@@ -701,7 +701,88 @@ fn the_socket_needs_the_terminal_scope(driver: &'static str) {
     read_output_until(&mut ws, "scoped-42");
 }
 
+/// A reader slower than the program loses nothing: the terminal is read only as fast as
+/// the attached socket takes its output (issue #39 item 2). About 24 MB, far beyond the
+/// 1 MiB log, read with a pause every few messages; every line arrives, in order, and no
+/// `dropped` event is sent.
+fn a_slow_reader_loses_no_output(driver: &'static str) {
+    let server = Server::start(driver);
+    let id = new_session(&server);
+    let mut ws = connect(&server, &id);
+    next_event(&mut ws);
+    const LAST: u64 = 3_000_000;
+    type_text(&mut ws, &format!("seq 1 {LAST}; echo DONE-$((6*7))\n"));
+    let numbers = lines_until_done(&mut ws, true);
+    assert_whole_sequence(&numbers, LAST);
+}
+
+/// The numbers `seq` printed, read until the `DONE-42` that follows it; with `slowly`,
+/// with a pause every few messages. A `dropped` event fails.
+fn lines_until_done(ws: &mut Socket, slowly: bool) -> Vec<u64> {
+    let deadline = Instant::now() + Duration::from_secs(240);
+    let mut output = String::new();
+    let mut messages = 0u64;
+    while !output.contains("DONE-42") {
+        assert!(Instant::now() < deadline, "the output did not end in time");
+        match ws.read().unwrap() {
+            Message::Text(text) => {
+                let message: Value = serde_json::from_str(&text).unwrap();
+                assert_ne!(message["event"], "dropped", "output was dropped");
+                if message["type"] == "output" {
+                    output.push_str(message["data"].as_str().unwrap());
+                }
+            }
+            _ => continue,
+        }
+        messages += 1;
+        if slowly && messages.is_multiple_of(4) {
+            std::thread::sleep(Duration::from_millis(2));
+        }
+    }
+    output
+        .split("\r\n")
+        // What precedes a carriage return in a line is the shell's (bash ends its
+        // bracketed paste mode with `ESC[?2004l` and a CR before the output).
+        .filter_map(|line| line.rsplit('\r').next()?.parse().ok())
+        .collect()
+}
+
+fn assert_whole_sequence(numbers: &[u64], last: u64) {
+    let first_gap = numbers
+        .iter()
+        .zip(1..)
+        .find(|(got, want)| **got != *want)
+        .map(|(got, want)| (want, *got));
+    assert_eq!(
+        (numbers.len() as u64, first_gap),
+        (last, None),
+        "lines lost (expected, got) at the first gap"
+    );
+}
+
+/// A client that stops reading holds the terminal back only for
+/// `ABX_PTY_STALL_SECONDS`: then it is closed with 4008, and a client that keeps reading
+/// still gets every line.
+fn a_stalled_reader_is_closed_and_the_others_go_on(driver: &'static str) {
+    let server = crate::support::Launch::new(driver)
+        .env("ABX_PTY_STALL_SECONDS", "2")
+        .start();
+    let id = new_session(&server);
+    let mut stalled = connect(&server, &id);
+    next_event(&mut stalled);
+    let mut reader = connect(&server, &id);
+    next_event(&mut reader);
+    // Well beyond what the loopback's socket buffers hold for the client that stops.
+    const LAST: u64 = 2_500_000;
+    type_text(&mut reader, &format!("seq 1 {LAST}; echo DONE-$((6*7))\n"));
+    let numbers = lines_until_done(&mut reader, false);
+    assert_whole_sequence(&numbers, LAST);
+    assert_eq!(closed_with(&mut stalled), 4008);
+}
+
 on_both_drivers!(
+    a_slow_reader_loses_no_output,
+    a_stalled_reader_is_closed_and_the_others_go_on,
     the_socket_needs_the_terminal_scope,
     sessions_follow_the_contract,
     typing_echo_resize_signals_and_exit,

@@ -3,10 +3,12 @@
 //! One loop per connection, on the worker that accepted it: take the client's messages
 //! that have arrived (input, resize, signal), send the session's output from this
 //! connection's cursor, then wait for either. Output is pulled from the session's log
-//! only as fast as this client takes it, so a client that stops reading holds one
-//! message in flight and its cursor, nothing more; if it falls so far behind that the
-//! log dropped text it had not seen, it is told (`event: dropped`) and carries on from
-//! the oldest text kept.
+//! only as fast as this client takes it, and the terminal is read only as fast as the
+//! slowest attached client takes it (`pty::Session::follow`): a client that keeps
+//! reading loses nothing. One that takes nothing for `pty::stall()` while the terminal
+//! waits on it is closed with 4008 and the others go on. Text dropped before a client
+//! attached (the log keeps the newest 1 MiB while nobody is attached) is announced with
+//! `event: dropped`.
 
 use std::sync::Arc;
 
@@ -32,6 +34,8 @@ const INPUT_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
 const CLOSE_NORMAL: u16 = 1000;
 const CLOSE_BAD_REQUEST: u16 = 4000;
 const CLOSE_NO_SESSION: u16 = 4004;
+/// A client that took no output for [`crate::pty::stall`] while the terminal waited.
+const CLOSE_TOO_SLOW: u16 = 4008;
 const CLOSE_INTERNAL: u16 = 1011;
 
 pub fn endpoint() -> Endpoint {
@@ -90,11 +94,21 @@ async fn serve(upgraded: Upgraded, stream: TcpStream, leftover: Vec<u8>) {
     if ws.send_text(started.to_string()).await.is_err() {
         return;
     }
-    // From the oldest output kept: a client that reconnects gets what it missed.
+    // From the oldest output kept: a client that reconnects gets what it missed. While
+    // attached, the terminal is read no faster than this socket takes its output.
+    let following = session.follow();
     let mut cursor = 0u64;
     let mut first_page = true;
     loop {
         let seen = session.changed.version();
+        if following.evicted() {
+            let reason = format!(
+                "too slow: the terminal's output waited {} s for this client",
+                crate::pty::stall().as_secs()
+            );
+            let _ = ws.close(CLOSE_TOO_SLOW, &reason).await;
+            return;
+        }
         // Read before the output: the reader appends all output before it marks the
         // session exited, so an exit seen here means the page below has the last of it.
         let ended = session.has_exited() || sessions.get(&id, &owner).is_none();
@@ -153,6 +167,7 @@ async fn serve(upgraded: Upgraded, stream: TcpStream, leftover: Vec<u8>) {
             return;
         }
         cursor = page.next;
+        following.took(cursor);
         if !client_drained {
             // More messages are waiting (perhaps already inside tungstenite, where a
             // readiness wait would not see them): let others run, then take them.

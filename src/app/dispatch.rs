@@ -101,11 +101,15 @@ impl ApiService {
             .auth
             .authenticate(&head.headers, None, endpoint.spec.auth_required)
             .map_err(|e| self.decorate(found.index, render(e, style)))?;
+        // A refusal once the caller is known: audited, then worded as the route words it.
+        let refused = |error: ApiError| {
+            audit::refused(catalog, found.index, &identity.id, error.status, error.code);
+            self.decorate(found.index, render(error, style))
+        };
         // authorize
         let access = catalog.access(found.index, &identity);
         if let Some(error) = access.refusal(&endpoint.spec.id, &identity) {
-            audit::refused(catalog, found.index, &identity.id, error.status, error.code);
-            return Err(self.decorate(found.index, render(error, style)));
+            return Err(refused(error));
         }
         // rate limit
         if let Some((requests, per_seconds)) = catalog.decisions[found.index].rate_limit() {
@@ -123,14 +127,7 @@ impl ApiService {
                 .with_field("endpoint", endpoint.spec.id.clone())
                 .with_field("retry_after", seconds)
                 .with_header("Retry-After", seconds.to_string());
-                audit::refused(
-                    catalog,
-                    found.index,
-                    &identity.id,
-                    429,
-                    Some("rate_limited"),
-                );
-                return Err(self.decorate(found.index, render(error, style)));
+                return Err(refused(error));
             }
         }
         // concurrency
@@ -152,14 +149,7 @@ impl ApiService {
                     .with_field("endpoint", endpoint.spec.id.clone())
                     .with_field("retry_after", 1)
                     .with_header("Retry-After", "1");
-                    audit::refused(
-                        catalog,
-                        found.index,
-                        &identity.id,
-                        429,
-                        Some("concurrency_limited"),
-                    );
-                    return Err(self.decorate(found.index, render(error, style)));
+                    return Err(refused(error));
                 }
             }
         }
@@ -178,14 +168,7 @@ impl ApiService {
                         format!("Process limit reached ({most})"),
                     )
                     .with_code("process_limit");
-                    audit::refused(
-                        catalog,
-                        found.index,
-                        &identity.id,
-                        429,
-                        Some("process_limit"),
-                    );
-                    return Err(self.decorate(found.index, render(error, style)));
+                    return Err(refused(error));
                 }
             }
         }

@@ -259,6 +259,19 @@ pub trait Transaction {
         self.put(scope, record)?;
         Ok(result)
     }
+
+    /// Writes `record` over the one with its id, or creates it (charged as `create`).
+    fn create_or_replace<T: Record>(
+        &mut self,
+        scope: Scope<'_>,
+        record: T,
+    ) -> Result<(), StoreError> {
+        match self.get::<T>(scope, record.id()) {
+            Ok(_) => self.put(scope, record),
+            Err(StoreError::NotFound) => self.create(scope, record),
+            Err(e) => Err(e),
+        }
+    }
 }
 
 /// A backend of the store.

@@ -1709,6 +1709,15 @@ mod tests {
             .unwrap_or_else(|| panic!("no {prefix} in {names:?}"))
     }
 
+    /// The turn's failure is committed before it is announced, and the session is idle.
+    fn assert_failed_then_idle(names: &[String]) {
+        assert!(
+            position(names, "commit failed") < position(names, "publish agent.session.turn.failed"),
+            "{names:?}"
+        );
+        assert!(has(names, "publish agent.session.idle (end)"), "{names:?}");
+    }
+
     fn has(names: &[String], prefix: &str) -> bool {
         names.iter().any(|n| n.starts_with(prefix))
     }
@@ -1969,14 +1978,7 @@ mod tests {
             "{started:?}"
         );
         let timed_out = names(&d.tick_at(REQUEST_TIMEOUT));
-        assert!(
-            position(&timed_out, "commit failed")
-                < position(&timed_out, "publish agent.session.turn.failed")
-        );
-        assert!(
-            has(&timed_out, "publish agent.session.idle (end)"),
-            "{timed_out:?}"
-        );
+        assert_failed_then_idle(&timed_out);
         assert!(
             has(&timed_out, "announce agent.session.failed"),
             "{timed_out:?}"
@@ -2045,14 +2047,7 @@ mod tests {
         let exited = names(&d.feed(CoreInput::Exited {
             why: "codex app-server exited: boom".into(),
         }));
-        assert!(
-            position(&exited, "commit failed")
-                < position(&exited, "publish agent.session.turn.failed")
-        );
-        assert!(
-            has(&exited, "publish agent.session.idle (end)"),
-            "{exited:?}"
-        );
+        assert_failed_then_idle(&exited);
         // The first input's turn exists (failed): applied; the second goes to a new actor.
         let answer_1 = position(&exited, "answer 1 ok");
         let answer_2 = position(&exited, "answer 2 not read 1");

@@ -675,12 +675,7 @@ impl Actor {
                         .collect();
                     for item in items {
                         // codex reports an item again when it changes: the last word is kept.
-                        let id = item["id"].as_str().unwrap_or_default().to_string();
-                        match t.get::<Item>(within, &id) {
-                            Ok(_) => t.put(within, Item(item))?,
-                            Err(StoreError::NotFound) => t.create(within, Item(item))?,
-                            Err(e) => return Err(e),
-                        }
+                        t.create_or_replace(within, Item(item))?;
                     }
                     t.update::<Turn, _>(within, &turn, |turn| {
                         for id in ids {

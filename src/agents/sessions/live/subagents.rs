@@ -178,12 +178,7 @@ impl Actor {
                     .map(|i| i["id"].as_str().unwrap_or_default().to_string())
                     .collect();
                 for item in items {
-                    let id = item["id"].as_str().unwrap_or_default().to_string();
-                    match t.get::<SubagentItem>(within, &id) {
-                        Ok(_) => t.put(within, SubagentItem(item))?,
-                        Err(StoreError::NotFound) => t.create(within, SubagentItem(item))?,
-                        Err(e) => return Err(e),
-                    }
+                    t.create_or_replace(within, SubagentItem(item))?;
                 }
                 t.update::<SubagentTurn, _>(within, &tid, |SubagentTurn(turn)| {
                     for id in &ids {

@@ -41,8 +41,12 @@ pub fn spawn_trimmer(shutdown: Arc<Shutdown>) {
 }
 
 fn trim_when_quiet(shutdown: &Shutdown) {
+    let Some(mut resident) = ResidentSet::open() else {
+        crate::log!("memory trimming disabled: /proc/self/status cannot be read");
+        return;
+    };
     // The resident size at rest: what a trim aims to get back to.
-    let mut floor = resident_kib().unwrap_or(0);
+    let mut floor = resident.kib().unwrap_or(0);
     let mut previous = floor;
     let mut after_last_trim = floor;
     let mut steady = 0u32;
@@ -53,8 +57,8 @@ fn trim_when_quiet(shutdown: &Shutdown) {
     let mut countdown = 0u32;
     while !shutdown.is_shutting_down() {
         std::thread::sleep(SAMPLE);
-        let Some(now) = resident_kib() else {
-            return;
+        let Some(now) = resident.kib() else {
+            continue;
         };
         steady = if now.abs_diff(previous) < SLACK_KIB / 4 {
             steady + 1
@@ -76,7 +80,7 @@ fn trim_when_quiet(shutdown: &Shutdown) {
             continue;
         }
         trim();
-        after_last_trim = resident_kib().unwrap_or(now);
+        after_last_trim = resident.kib().unwrap_or(now);
         previous = after_last_trim;
         steady = 0;
         if after_last_trim > floor + SLACK_KIB {
@@ -100,11 +104,43 @@ fn trim() {
 #[cfg(not(target_env = "gnu"))]
 fn trim() {}
 
-/// The process's resident set in KiB, from `/proc/self/status`.
-pub fn resident_kib() -> Option<u64> {
-    let status = std::fs::read_to_string("/proc/self/status").ok()?;
-    let line = status.lines().find(|l| l.starts_with("VmRSS:"))?;
-    line.split_whitespace().nth(1)?.parse().ok()
+/// The process's resident set, read from `/proc/self/status` through one descriptor
+/// opened at start. Reopening it on every sample made a descriptor come and go twice a
+/// second: with descriptors exhausted the sample failed (and the trimmer stopped for
+/// good), and a count of the server's descriptors could include it one moment and not
+/// the next.
+struct ResidentSet {
+    status: std::fs::File,
+    text: Vec<u8>,
+}
+
+impl ResidentSet {
+    fn open() -> Option<ResidentSet> {
+        Some(ResidentSet {
+            status: std::fs::File::open("/proc/self/status").ok()?,
+            text: Vec::with_capacity(4096),
+        })
+    }
+
+    /// The resident set in KiB now (a read from offset 0 renders the file afresh).
+    fn kib(&mut self) -> Option<u64> {
+        use std::os::unix::fs::FileExt;
+        self.text.clear();
+        let mut piece = [0u8; 2048];
+        loop {
+            let n = self
+                .status
+                .read_at(&mut piece, self.text.len() as u64)
+                .ok()?;
+            if n == 0 {
+                break;
+            }
+            self.text.extend_from_slice(&piece[..n]);
+        }
+        let text = std::str::from_utf8(&self.text).ok()?;
+        let line = text.lines().find(|l| l.starts_with("VmRSS:"))?;
+        line.split_whitespace().nth(1)?.parse().ok()
+    }
 }
 
 #[cfg(test)]
@@ -112,8 +148,17 @@ mod tests {
     use super::*;
 
     #[test]
-    fn resident_size_is_read() {
-        let kib = resident_kib().unwrap();
-        assert!(kib > 100, "{kib} KiB");
+    fn the_resident_size_is_read_again_and_follows_growth() {
+        let mut resident = ResidentSet::open().unwrap();
+        let before = resident.kib().unwrap();
+        assert!(before > 100, "{before} KiB");
+        // 64 MiB touched page by page must show in the next read of the same descriptor.
+        let grown = vec![1u8; 64 << 20];
+        let after = resident.kib().unwrap();
+        assert!(
+            after >= before + 32 * 1024,
+            "{before} KiB, then {after} KiB with 64 MiB more in use"
+        );
+        drop(std::hint::black_box(grown));
     }
 }

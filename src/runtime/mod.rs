@@ -226,10 +226,12 @@ fn ring_setup() -> io_uring::Builder {
     ring
 }
 
-/// A descriptor held in reserve (`/dev/null`) so that an accept failing with EMFILE or
-/// ENFILE can still take the connection and answer it: without it, connections past the
+/// A descriptor held in reserve so that an accept failing with EMFILE or ENFILE can
+/// still take the connection and answer it: without it, connections past the
 /// descriptor limit sat in the listen backlog unanswered, and a client without a
-/// timeout waited forever. Each accept loop holds one.
+/// timeout waited forever. Each accept loop holds one. It is a duplicate of the
+/// listener (any open file would do; this one needs no path and lives exactly as long
+/// as the loop).
 struct Reserve(Option<std::os::fd::OwnedFd>);
 
 /// What shedding one connection did.
@@ -243,50 +245,51 @@ enum Shed {
 }
 
 impl Reserve {
-    fn take() -> Reserve {
-        let fd = rustix::fs::open(
-            "/dev/null",
-            rustix::fs::OFlags::RDONLY | rustix::fs::OFlags::CLOEXEC,
-            rustix::fs::Mode::empty(),
-        );
-        Reserve(fd.ok())
+    fn take(listener: std::os::fd::BorrowedFd<'_>) -> Reserve {
+        Reserve(rustix::io::fcntl_dupfd_cloexec(listener, 0).ok())
     }
 
-    /// Frees the reserve, accepts one connection with it, answers `unavailable` and
-    /// closes it, then takes the reserve back. Every call is non-blocking: the socket's
-    /// pending bytes are read and dropped first, so that closing sends a FIN rather than
-    /// a reset that could destroy the answer.
+    /// Frees the reserve, accepts one connection with it, answers `unavailable`, then
+    /// turns the connection's descriptor back into the reserve with `dup3`, which
+    /// closes the connection and takes its number in one step: the slot is never free
+    /// for another thread to take (or for a count of open descriptors to see). Every
+    /// call is non-blocking: the socket's pending bytes are read and dropped first, so
+    /// that closing sends a FIN rather than a reset that could destroy the answer.
     fn shed<S: Service>(&mut self, listener: std::os::fd::BorrowedFd<'_>, service: &S) -> Shed {
         use rustix::net::{RecvFlags, SendFlags, SocketFlags};
         if self.0.is_none() {
-            *self = Reserve::take();
+            *self = Reserve::take(listener);
             return Shed::NoReserve;
         }
         self.0 = None;
         let accepted =
             rustix::net::accept_with(listener, SocketFlags::CLOEXEC | SocketFlags::NONBLOCK);
-        let outcome = match accepted {
-            Ok(socket) => {
-                let mut sink = [0u8; 4096];
-                for _ in 0..16 {
-                    match rustix::net::recv(&socket, &mut sink, RecvFlags::DONTWAIT) {
-                        Ok((n, _)) if n > 0 => {}
-                        _ => break,
-                    }
-                }
-                let answer = crate::http::conn::encode_closing(service.unavailable());
-                let _ =
-                    rustix::net::send(&socket, &answer, SendFlags::DONTWAIT | SendFlags::NOSIGNAL);
-                let _ = rustix::net::shutdown(&socket, rustix::net::Shutdown::Write);
-                Shed::Answered
+        let mut socket = match accepted {
+            Ok(socket) => socket,
+            Err(_) => {
+                *self = Reserve::take(listener);
+                return Shed::Empty;
             }
-            Err(_) => Shed::Empty,
         };
-        *self = Reserve::take();
-        if matches!(outcome, Shed::Answered) {
-            note_shed();
+        let mut sink = [0u8; 4096];
+        for _ in 0..16 {
+            match rustix::net::recv(&socket, &mut sink, RecvFlags::DONTWAIT) {
+                Ok((n, _)) if n > 0 => {}
+                _ => break,
+            }
         }
-        outcome
+        let answer = crate::http::conn::encode_closing(service.unavailable());
+        let _ = rustix::net::send(&socket, &answer, SendFlags::DONTWAIT | SendFlags::NOSIGNAL);
+        let _ = rustix::net::shutdown(&socket, rustix::net::Shutdown::Write);
+        *self = match rustix::io::dup3(listener, &mut socket, rustix::io::DupFlags::CLOEXEC) {
+            Ok(()) => Reserve(Some(socket)),
+            Err(_) => {
+                drop(socket);
+                Reserve::take(listener)
+            }
+        };
+        note_shed();
+        Shed::Answered
     }
 }
 
@@ -338,7 +341,7 @@ async fn accept_loop<S: Service>(
     };
     // SAFETY: the listener outlives this loop, which is the only user of the borrow.
     let listener_fd = unsafe { std::os::fd::BorrowedFd::borrow_raw(listener.as_raw_fd()) };
-    let mut reserve = Reserve::take();
+    let mut reserve = Reserve::take(listener_fd);
     loop {
         match rustix::net::accept_with(listener_fd, flags) {
             Ok(fd) => {

@@ -766,9 +766,13 @@ fn assert_whole_sequence(numbers: &[u64], last: u64) {
 /// still gets every line.
 fn a_stalled_reader_is_closed_and_the_others_go_on(driver: &'static str) {
     // Long enough that the reading client, on a machine busy with other tests, is
-    // never the one that looks stalled.
+    // never the one that looks stalled. The stalled client's socket buffers are full
+    // when it is evicted, so its close frame waits behind the output already queued
+    // until it reads again: after the reader is done, which on a busy machine can be
+    // later than the default write timeout (which would drop it without the frame).
     let server = crate::support::Launch::new(driver)
         .env("ABX_PTY_STALL_SECONDS", "10")
+        .env("ABX_HTTP_READ_TIMEOUT", "600")
         .start();
     let id = new_session(&server);
     let mut stalled = connect(&server, &id);

@@ -38,6 +38,8 @@ pub struct Config {
     /// The port of the `k8s_runtime` group (kubernetes-sigs/agent-sandbox's runtime
     /// contract), bound only while that group is on.
     pub k8s_runtime_port: u16,
+    /// The port of the `envd` group (E2B's envd protocol; envd's own port by default).
+    pub envd_port: u16,
     pub workers: usize,
     pub base_dir: PathBuf,
     /// `ABX_SERVER_TOKEN`; `None` (unset or empty) is local mode.
@@ -118,6 +120,7 @@ impl Default for Config {
             port: 9000,
             pty_port: 9001,
             k8s_runtime_port: 8888,
+            envd_port: 49983,
             workers: std::thread::available_parallelism()
                 .map(|n| n.get())
                 .unwrap_or(1),
@@ -212,6 +215,16 @@ const SETTINGS: &[Setting] = &[
             c.k8s_runtime_port = parse_port(src, v)?;
             Ok(())
         },
+    },
+    Setting {
+        flag: Some("envd-port"),
+        var: "ABX_ENVD_PORT",
+        default: "`49983`",
+        apply: |c, src, v| {
+            c.envd_port = parse_port(src, v)?;
+            Ok(())
+        },
+    },
     },
     Setting {
         flag: Some("workers"),

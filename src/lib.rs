@@ -13,6 +13,7 @@ mod bridge;
 mod browser;
 mod commands;
 pub mod config;
+mod envd;
 mod fs;
 mod git;
 mod http;

@@ -124,7 +124,7 @@ impl Server {
             let spec = &endpoint.spec;
             let method = match spec.listener {
                 Listener::Pty => "WS",
-                Listener::Api | Listener::K8sRuntime => spec.method.as_str(),
+                Listener::Api | Listener::K8sRuntime | Listener::Envd => spec.method.as_str(),
             };
             let scopes = if decision.scopes.is_empty() {
                 "-".to_string()
@@ -272,6 +272,21 @@ impl Server {
                 worker.push((slot, listener));
             }
             crate::log::stdout_line(format_args!("k8s_runtime listening on {k8s_bound}"));
+        }
+        // The envd port, the next slot, only while an endpoint it serves is on.
+        if state.catalog().listener_enabled(Listener::Envd) {
+            let envd_addr = SocketAddr::new(config.host, config.envd_port);
+            let (envd_listeners, envd_bound) = runtime::bind_all(envd_addr, config.workers)
+                .map_err(|e| {
+                    format!("cannot listen on {envd_addr} (the envd port, --envd-port): {e}")
+                })?;
+            let _ = state.services.bound_envd_port.set(envd_bound.port());
+            let slot = slots.len();
+            slots.push(Listener::Envd);
+            for (worker, listener) in per_worker.iter_mut().zip(envd_listeners) {
+                worker.push((slot, listener));
+            }
+            crate::log::stdout_line(format_args!("envd listening on {envd_bound}"));
         }
         crate::log::stdout_line(format_args!("listening on {bound}"));
         let factory = Arc::new(service_factory(state.clone(), shutdown.clone(), slots));

@@ -6,7 +6,7 @@ use std::borrow::Cow;
 
 use serde_json::{Map, Value};
 
-/// The two JSON error envelopes the contract uses.
+/// The JSON error envelopes: the contract's two, and envd's.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub enum ErrorStyle {
     /// `{"error": <message>, "type": <ExceptionName>, "code"?: ..., ...}`.
@@ -14,6 +14,30 @@ pub enum ErrorStyle {
     Contract,
     /// OpenAI's `{"error": {"message", "type", "param", "code"}}`, used by `/v1`.
     OpenAi,
+    /// Connect's `{"code": "not_found", "message"}`, used by envd's RPC routes. The code
+    /// is the one set with [`ApiError::with_connect_code`], else the status's.
+    Connect,
+    /// envd's REST routes: `{"code": <status>, "message"}`.
+    Envd,
+}
+
+/// The Connect code a client reads for an HTTP status (the protocol's table, read
+/// backwards), for errors that did not name one.
+fn connect_code_of_status(status: u16) -> &'static str {
+    match status {
+        400 | 415 => "invalid_argument",
+        401 => "unauthenticated",
+        403 => "permission_denied",
+        404 => "not_found",
+        408 | 504 => "deadline_exceeded",
+        409 => "already_exists",
+        413 | 429 | 507 => "resource_exhausted",
+        499 => "canceled",
+        501 | 505 => "unimplemented",
+        502 | 503 => "unavailable",
+        500 => "internal",
+        _ => "unknown",
+    }
 }
 
 /// An error a handler (or the dispatcher) answers with. `kind` is the Python exception
@@ -97,6 +121,12 @@ impl ApiError {
         self
     }
 
+    /// The Connect code envd's RPC routes answer with (`failed_precondition`, ...),
+    /// instead of the one its status implies.
+    pub fn with_connect_code(self, code: &'static str) -> Self {
+        self.with_field("connect_code", code)
+    }
+
     /// Whether the envelope already carries field `name`.
     pub fn has_field(&self, name: &str) -> bool {
         self.extra.iter().any(|(n, _)| *n == name)
@@ -167,6 +197,16 @@ impl ApiError {
                 }
                 serde_json::json!({ "error": error })
             }
+            ErrorStyle::Connect => {
+                let code = self
+                    .extra
+                    .iter()
+                    .find(|(n, _)| *n == "connect_code")
+                    .and_then(|(_, v)| v.as_str().map(str::to_string))
+                    .unwrap_or_else(|| connect_code_of_status(self.status).to_string());
+                serde_json::json!({"code": code, "message": self.message})
+            }
+            ErrorStyle::Envd => serde_json::json!({"code": self.status, "message": self.message}),
         }
     }
 }

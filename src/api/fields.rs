@@ -451,7 +451,9 @@ fn number(value: f64) -> Value {
 /// `invalid_request_error` with `param` (its sentences end with a full stop).
 pub fn refusal(style: ErrorStyle, name: &str, sentence: String) -> ApiError {
     match style {
-        ErrorStyle::Contract => ApiError::bad_request(sentence),
+        ErrorStyle::Contract | ErrorStyle::Connect | ErrorStyle::Envd => {
+            ApiError::bad_request(sentence)
+        }
         ErrorStyle::OpenAi => {
             let sentence = if sentence.ends_with('.') {
                 sentence

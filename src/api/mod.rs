@@ -60,11 +60,12 @@ pub enum Group {
     Agents,
     Mcp,
     K8sRuntime,
+    Envd,
 }
 
 impl Group {
     /// Every group, in the order `/capabilities` lists them.
-    pub const ALL: [Group; 11] = [
+    pub const ALL: [Group; 12] = [
         Group::Core,
         Group::Commands,
         Group::FileOps,
@@ -76,6 +77,7 @@ impl Group {
         Group::Agents,
         Group::Mcp,
         Group::K8sRuntime,
+        Group::Envd,
     ];
 
     pub fn name(self) -> &'static str {
@@ -91,6 +93,7 @@ impl Group {
             Group::Agents => "agents",
             Group::Mcp => "mcp",
             Group::K8sRuntime => "k8s_runtime",
+            Group::Envd => "envd",
         }
     }
 
@@ -102,7 +105,7 @@ impl Group {
     pub fn opt_in(self) -> bool {
         matches!(
             self,
-            Group::DevTools | Group::Browser | Group::Agents | Group::K8sRuntime
+            Group::DevTools | Group::Browser | Group::Agents | Group::K8sRuntime | Group::Envd
         )
     }
 }
@@ -134,6 +137,9 @@ pub enum BodyMode {
     /// `WholeJson`, or a whole `multipart/form-data` body (the JSON limit plus the
     /// framing) the handler reads itself: an SDK's file upload.
     JsonOrMultipart,
+    /// A body the handler decodes itself (a Connect message, JSON or protobuf), up to
+    /// the JSON limit; the dispatcher checks nothing in it.
+    Opaque,
 }
 
 /// Which listening port serves an endpoint.
@@ -146,6 +152,8 @@ pub enum Listener {
     /// kubernetes-sigs/agent-sandbox's runtime contract (`ABX_K8S_RUNTIME_PORT`,
     /// default 8888).
     K8sRuntime,
+    /// E2B's envd protocol (`ABX_ENVD_PORT`, default 49983).
+    Envd,
 }
 
 /// Everything the table says about one endpoint except how it is served: what

@@ -77,6 +77,7 @@ impl ApiService {
         let router = match self.listener {
             Listener::Api => Some(&catalog.router),
             Listener::K8sRuntime => Some(&catalog.k8s_router),
+            Listener::Envd => Some(&catalog.envd_router),
             Listener::Pty => None,
         };
         let found = match router.and_then(|r| r.lookup(method, &path)) {
@@ -518,7 +519,7 @@ impl Service for ApiService {
             }
         } else if endpoint.spec.body == BodyMode::JsonOrMultipart && is_multipart(&head) {
             // The handler parses the parts.
-        } else if accepted.method.takes_json_body() {
+        } else if accepted.method.takes_json_body() && endpoint.spec.body != BodyMode::Opaque {
             let full_syntax = endpoint.spec.body == BodyMode::Json;
             if let Err(error) = validate_json_object(&body, full_syntax) {
                 return self.decorate(index, render(error, endpoint.spec.errors));

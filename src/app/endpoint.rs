@@ -171,6 +171,12 @@ impl<C, U> Endpoint<C, U> {
         self
     }
 
+    /// The handler decodes the body itself (see [`BodyMode::Opaque`]).
+    pub fn opaque_body(mut self) -> Self {
+        self.spec.body = BodyMode::Opaque;
+        self
+    }
+
     /// An endpoint whose JSON body streams into the sink `json` opens (see
     /// [`BodyMode::StreamedJson`]).
     pub fn streamed(method: Method, path: &str, group: Group, json: SinkHandler<C>) -> Self {

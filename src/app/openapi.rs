@@ -141,6 +141,16 @@ pub fn document(endpoints: &[Endpoint], listener: Listener) -> Value {
                         },
                     }},
                 },
+                "ConnectError": {
+                    "type": "object",
+                    "required": ["code", "message"],
+                    "properties": {"code": {"type": "string"}, "message": {"type": "string"}},
+                },
+                "EnvdError": {
+                    "type": "object",
+                    "required": ["code", "message"],
+                    "properties": {"code": {"type": "integer"}, "message": {"type": "string"}},
+                },
             },
             "securitySchemes": {
                 "accessToken": {"type": "apiKey", "in": "header", "name": "X-Access-Token"},
@@ -155,6 +165,8 @@ fn envelope(style: ErrorStyle) -> &'static str {
     match style {
         ErrorStyle::Contract => "#/components/schemas/Error",
         ErrorStyle::OpenAi => "#/components/schemas/OpenAiError",
+        ErrorStyle::Connect => "#/components/schemas/ConnectError",
+        ErrorStyle::Envd => "#/components/schemas/EnvdError",
     }
 }
 
@@ -229,7 +241,12 @@ mod tests {
     fn capabilities_and_openapi_name_the_same_fields() {
         let endpoints = crate::routes::builtin_endpoints();
         let mut checked = 0;
-        for listener in [Listener::Api, Listener::Pty, Listener::K8sRuntime] {
+        for listener in [
+            Listener::Api,
+            Listener::Pty,
+            Listener::K8sRuntime,
+            Listener::Envd,
+        ] {
             let doc = document(&endpoints, listener);
             for endpoint in &endpoints {
                 let spec = &endpoint.spec;

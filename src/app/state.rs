@@ -49,6 +49,8 @@ pub struct Services {
     configured_pty_port: u16,
     /// The PTY WebSocket's port as bound (`--pty-port 0` picks one), set at startup.
     pub bound_pty_port: std::sync::OnceLock<u16>,
+    /// The envd port once bound (the configured one may be 0).
+    pub bound_envd_port: std::sync::OnceLock<u16>,
     /// The API port's address as bound (`--port 0` picks one), set at startup: where
     /// this machine's own children reach the server (the agents' MCP relay).
     pub bound_api: std::sync::OnceLock<std::net::SocketAddr>,
@@ -76,6 +78,8 @@ pub struct Catalog {
     /// The k8s_runtime port's own routes (`/`, `/execute`, ... would clash with none of
     /// the API's, but are not the API's).
     pub k8s_router: Router,
+    /// The envd port's routes (its `/health` and `/files` are not the API's).
+    pub envd_router: Router,
     pub policy: Policy,
     pub auth: Auth,
     pub warnings: Vec<String>,
@@ -258,6 +262,7 @@ impl AppState {
                 write_timeout: config.read_timeout,
                 configured_pty_port: config.pty_port,
                 bound_pty_port: std::sync::OnceLock::new(),
+                bound_envd_port: std::sync::OnceLock::new(),
                 bound_api: std::sync::OnceLock::new(),
                 started: Instant::now(),
                 groups,
@@ -448,6 +453,7 @@ fn compile(
     }
     let router = Router::new(&endpoints, Listener::Api)?;
     let k8s_router = Router::new(&endpoints, Listener::K8sRuntime)?;
+    let envd_router = Router::new(&endpoints, Listener::Envd)?;
     let identities = policy
         .identities
         .iter()
@@ -504,6 +510,7 @@ fn compile(
         decisions,
         router,
         k8s_router,
+        envd_router,
         policy,
         auth,
         warnings,
@@ -737,7 +744,7 @@ pub fn parse_json<'a, T: Deserialize<'a>>(body: &'a [u8]) -> Result<T, ApiError>
 /// The body as a JSON object (empty is `{}`), refused in `style`.
 fn body_object(body: &[u8], style: ErrorStyle) -> Result<Map<String, Value>, ApiError> {
     match style {
-        ErrorStyle::Contract => parse_json(body),
+        ErrorStyle::Contract | ErrorStyle::Connect | ErrorStyle::Envd => parse_json(body),
         ErrorStyle::OpenAi => {
             if is_blank(body) {
                 return Ok(Map::new());

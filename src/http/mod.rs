@@ -6,6 +6,7 @@
 
 pub mod chunked;
 pub mod conn;
+pub mod connect;
 pub mod head;
 pub mod memory;
 pub mod multipart;

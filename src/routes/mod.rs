@@ -9,6 +9,7 @@ pub mod browser;
 pub mod commands;
 pub mod core;
 pub mod dev_tools;
+pub mod envd;
 pub mod files;
 pub mod k8s_runtime;
 pub mod mcp;
@@ -34,6 +35,7 @@ pub fn builtin_registrars() -> Vec<Registrar> {
         terminal::registrar(),
         browser::registrar(),
         agents::registrar(),
+        envd::registrar(),
     ]
 }
 
@@ -51,6 +53,7 @@ pub fn builtin_endpoints() -> Vec<Endpoint> {
     endpoints.extend(agents::endpoints());
     endpoints.extend(mcp::endpoints());
     endpoints.extend(k8s_runtime::endpoints());
+    endpoints.extend(envd::endpoints());
     endpoints
 }
 

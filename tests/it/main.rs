@@ -11,6 +11,7 @@ mod browser;
 mod codex_app_server;
 mod commands;
 mod core_http;
+mod envd;
 mod faults;
 mod files;
 mod k8s;

@@ -71,6 +71,8 @@ pub struct Tools {
     /// The Python of `.tools/reference-venv`: the published `agent-sandbox-server` this
     /// server replaces and its official `agent-sandbox-client` (tests/it/reference.rs).
     pub reference_python: PathBuf,
+    /// The Python of `.tools/e2b-venv`: the pinned `e2b` SDK (tests/it/envd.rs).
+    pub e2b_python: PathBuf,
 }
 
 pub fn tools() -> &'static Tools {
@@ -92,6 +94,7 @@ pub fn tools() -> &'static Tools {
             path: format!("{own}:{}", std::env::var("PATH").unwrap_or_default()),
             python: root.join(".tools/venv/bin/python3"),
             reference_python: root.join(".tools/reference-venv/bin/python3"),
+            e2b_python: root.join(".tools/e2b-venv/bin/python3"),
         }
     })
 }
@@ -196,6 +199,7 @@ impl Launch {
                 .env("ABX_SERVER_PORT", "0")
                 .env("ABX_PTY_PORT", "0")
                 .env("ABX_K8S_RUNTIME_PORT", "0")
+                .env("ABX_ENVD_PORT", "0")
                 .env("ABX_SERVER_WORKERS", "2")
                 .env("ABX_IO_DRIVER", self.driver)
                 .env(
@@ -218,6 +222,8 @@ impl Launch {
             "--pty-port",
             "0",
             "--k8s-runtime-port",
+            "0",
+            "--envd-port",
             "0",
             "--host",
             "127.0.0.1",
@@ -312,11 +318,16 @@ impl Launch {
             .iter()
             .find_map(|l| l.strip_prefix("k8s_runtime listening on "))
             .map(|a| a.trim().parse().unwrap());
+        let envd_addr = lines
+            .iter()
+            .find_map(|l| l.strip_prefix("envd listening on "))
+            .map(|a| a.trim().parse().unwrap());
         Server {
             child,
             addr,
             pty_addr,
             k8s_addr,
+            envd_addr,
             startup: lines,
             output: rx,
             _base: base,
@@ -346,6 +357,8 @@ pub struct Server {
     pub pty_addr: Option<SocketAddr>,
     /// The k8s_runtime port's address, when that group listens.
     pub k8s_addr: Option<SocketAddr>,
+    /// The envd port, while the `envd` group is on.
+    pub envd_addr: Option<SocketAddr>,
     pub startup: Vec<String>,
     pub output: mpsc::Receiver<String>,
     _base: TempDir,

@@ -1,0 +1,104 @@
+//! The `envd` group: E2B's in-sandbox daemon protocol on its own port (`ABX_ENVD_PORT`,
+//! default 49983), so the `e2b` SDK in debug mode (`E2B_DEBUG=true`,
+//! `E2B_SANDBOX_URL`) and the OpenAI Agents SDK's E2B sandboxes drive this server.
+//! Connect RPCs (`process.Process`, `filesystem.Filesystem`) in JSON or protobuf, and
+//! envd's REST routes. The work is the other groups' code: `fs` for files, `process`
+//! for children, the same policy, identities and limits. See `docs/envd.md`.
+
+mod filesystem;
+mod process;
+mod rest;
+mod rpc;
+
+use std::sync::Arc;
+
+use crate::api::{ErrorStyle, Group, Listener, Method};
+use crate::app::{handler, sink_handler, Endpoint, Handler};
+
+fn rpc(path: &str, id: &str, f: Handler) -> Endpoint {
+    Endpoint::new(Method::Post, path, Group::Envd, f)
+        .id(id)
+        .extension()
+        .opaque_body()
+        .errors(ErrorStyle::Connect)
+}
+
+fn rest(method: Method, path: &str, id: &str, f: Handler) -> Endpoint {
+    Endpoint::new(method, path, Group::Envd, f)
+        .id(id)
+        .extension()
+        .errors(ErrorStyle::Envd)
+}
+
+pub fn endpoints() -> Vec<Endpoint> {
+    let mut endpoints = vec![
+        rpc("/process.Process/Start", "envd_process_start", handler(process::start))
+            .scopes(&["process:run"])
+            .streaming(true)
+            .summary("Start a process and stream its events: start (pid), data (stdout, stderr or pty bytes), end (exit)."),
+        rpc("/process.Process/Connect", "envd_process_connect", handler(process::connect))
+            .scopes(&["process:read"])
+            .streaming(true)
+            .summary("Follow a running process (by pid or tag) from now on."),
+        rpc("/process.Process/List", "envd_process_list", handler(process::list))
+            .scopes(&["process:read"])
+            .summary("The caller's running processes with their command, args, envs, cwd and tag."),
+        rpc("/process.Process/SendInput", "envd_process_send_input", handler(process::send_input))
+            .scopes(&["process:manage"])
+            .summary("Bytes to a process's stdin or terminal."),
+        rpc("/process.Process/CloseStdin", "envd_process_close_stdin", handler(process::close_stdin))
+            .scopes(&["process:manage"])
+            .summary("End of file on a process's stdin."),
+        rpc("/process.Process/SendSignal", "envd_process_send_signal", handler(process::send_signal))
+            .scopes(&["process:manage"])
+            .summary("SIGTERM or SIGKILL to a process's group."),
+        rpc("/process.Process/Update", "envd_process_update", handler(process::update))
+            .scopes(&["process:manage"])
+            .summary("Resize a process's terminal."),
+        rpc("/filesystem.Filesystem/Stat", "envd_fs_stat", handler(filesystem::stat))
+            .scopes(&["files:read"])
+            .summary("A path's entry: name, type, path, size, mode, permissions, owner, group, modified time, symlink target."),
+        rpc("/filesystem.Filesystem/ListDir", "envd_fs_list_dir", handler(filesystem::list_dir))
+            .scopes(&["files:read"])
+            .summary("A directory's entries, depth levels deep."),
+        rpc("/filesystem.Filesystem/MakeDir", "envd_fs_make_dir", handler(filesystem::make_dir))
+            .scopes(&["files:write"])
+            .summary("Make a directory and its missing parents (already_exists when it is there)."),
+        rpc("/filesystem.Filesystem/Move", "envd_fs_move", handler(filesystem::move_path))
+            .scopes(&["files:write"])
+            .summary("Rename a file or directory."),
+        rpc("/filesystem.Filesystem/Remove", "envd_fs_remove", handler(filesystem::remove))
+            .scopes(&["files:delete"])
+            .summary("Remove a file, or a directory with everything in it."),
+        rest(Method::Get, "/health", "envd_health", handler(rest::health))
+            .auth_required(false)
+            .summary("204 while the server runs (no token needed)."),
+        rest(Method::Get, "/envs", "envd_envs", handler(rest::envs))
+            .scopes(&["system:read"])
+            .summary("The environment a started process gets."),
+        rest(Method::Get, "/metrics", "envd_metrics", handler(rest::metrics))
+            .scopes(&["system:read"])
+            .summary("CPU, memory and disk use."),
+        rest(Method::Post, "/init", "envd_init", handler(rest::init))
+            .summary("Accepted and ignored: it can change no token and no identity."),
+        rest(Method::Get, "/files", "envd_files_read", handler(rest::download))
+            .scopes(&["files:read"])
+            .summary("A file's bytes (?path=)."),
+        Endpoint::streamed(Method::Post, "/files", Group::Envd, sink_handler(rest::open_upload))
+            .id("envd_files_write")
+            .extension()
+            .errors(ErrorStyle::Envd)
+            .multipart()
+            .scopes(&["files:write"])
+            .summary("Write files: multipart (one part per file) or octet-stream to ?path=; answers [{name, type, path}]."),
+    ];
+    for endpoint in &mut endpoints {
+        endpoint.spec.listener = Listener::Envd;
+    }
+    endpoints
+}
+
+/// The group's state: the processes its calls started.
+pub fn registrar() -> crate::app::Registrar {
+    Box::new(|setup| setup.provide(Arc::new(crate::envd::processes::Processes::default())))
+}

@@ -1,0 +1,370 @@
+//! `process.Process`: start, attach to, list, feed and signal processes, as envd does.
+//! Processes belong to the identity that started them: another identity's pid or tag
+//! is not found.
+
+use std::os::fd::AsFd;
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::api::ApiError;
+use crate::app::Call;
+use crate::envd::processes::{self, Chunk, Item, Process, Processes};
+use crate::envd::proto::process::{
+    DataEvent, Empty, EndEvent, Event, EventResponse, Input, ListResponse, Output, ProcessConfig,
+    ProcessEvent, ProcessInfo, ProcessSelector, SelectRequest, Selector, SendInputRequest,
+    SendSignalRequest, Signal, StartEvent, StartRequest, UpdateRequest,
+};
+use crate::http::connect::{Code, ContentType};
+use crate::http::response::LocalFuture;
+use crate::http::Response;
+use crate::process::child::{Child, Spawn};
+use crate::routes::shared::{command_refusal, protected_env_refusal, spawn_error, working_dir};
+
+use super::rpc::{self, error, Events, Next, Timing};
+
+/// How long input may wait for a process that reads nothing.
+const INPUT_WAIT: Duration = Duration::from_secs(10);
+
+fn table(call: &Call) -> Result<Arc<Processes>, ApiError> {
+    call.group_arc::<Processes>()
+}
+
+/// The caller's process a selector names.
+fn select(call: &Call, selector: Option<&ProcessSelector>) -> Result<Arc<Process>, ApiError> {
+    let table = table(call)?;
+    let owner = &call.identity.id;
+    match selector.and_then(|s| s.selector.as_ref()) {
+        Some(Selector::Pid(pid)) => table
+            .by_pid(*pid, owner)
+            .ok_or_else(|| error(Code::NotFound, format!("process with pid {pid} not found"))),
+        Some(Selector::Tag(tag)) => table
+            .by_tag(tag, owner)
+            .ok_or_else(|| error(Code::NotFound, format!("process with tag {tag} not found"))),
+        None => Err(error(
+            Code::InvalidArgument,
+            "process must name a pid or a tag",
+        )),
+    }
+}
+
+/// `Start`: runs a program and streams its events: `start` with the pid, `data` as it
+/// writes, `end` with the exit.
+pub async fn start(mut call: Call) -> Result<Response, ApiError> {
+    let (ct, request) = rpc::request::<StartRequest>(&mut call, true)?;
+    let config = request.process.unwrap_or_default();
+    if config.cmd.is_empty() {
+        return Err(error(
+            Code::InvalidArgument,
+            "process.cmd must name a program",
+        ));
+    }
+    let mut argv = vec![config.cmd.clone()];
+    argv.extend(config.args.iter().cloned());
+    if let Some(refusal) = command_refusal(call.decision(), &call.spec().id, &argv) {
+        return Err(refusal);
+    }
+    if let Some(refusal) = protected_env_refusal(&call, config.envs.keys().map(String::as_str)) {
+        return Err(refusal);
+    }
+    if let Some(name) = config
+        .envs
+        .keys()
+        .find(|name| name.is_empty() || name.contains('=') || name.contains('\0'))
+    {
+        return Err(error(
+            Code::InvalidArgument,
+            format!("envs: '{name}' is not a variable name"),
+        ));
+    }
+    let cwd = working_dir(&call, config.cwd.as_deref()).await?;
+    let mut env: Vec<(String, String)> = config
+        .envs
+        .iter()
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect();
+    env.sort();
+    let mut terminal = None;
+    let mut terminal_path = None;
+    if let Some(pty) = &request.pty {
+        let (cols, rows) = pty
+            .size
+            .as_ref()
+            .map_or((80, 24), |s| (s.cols.clamp(1, 1000), s.rows.clamp(1, 1000)));
+        let (master, path) = open_terminal(cols as u16, rows as u16)
+            .map_err(|e| error(Code::Internal, format!("cannot open a terminal: {e}")))?;
+        terminal = Some(master);
+        terminal_path = Some(path);
+        if !env.iter().any(|(k, _)| k == "TERM") {
+            env.push(("TERM".into(), "xterm-256color".into()));
+        }
+    }
+    let stdin = terminal.is_none() && request.stdin.unwrap_or(true);
+    let spec = Spawn {
+        argv,
+        cwd,
+        env: call.services().environment.with(&env),
+        stdin,
+        capture: terminal.is_none(),
+        terminal: terminal_path,
+    };
+    let child = Child::spawn(spec, &call.services().children)
+        .await
+        .map_err(|e| {
+            let api = spawn_error(&e, &config.cmd);
+            error(
+                if e.kind() == std::io::ErrorKind::NotFound {
+                    Code::NotFound
+                } else {
+                    Code::Internal
+                },
+                api.message,
+            )
+        })?;
+    let config_kept = processes::Config {
+        cmd: config.cmd.clone(),
+        args: config.args.clone(),
+        envs: config.envs.clone(),
+        cwd: config.cwd.clone(),
+    };
+    let process = table(&call)?
+        .add(
+            child,
+            &call.identity.id,
+            request.tag.clone(),
+            config_kept,
+            terminal,
+        )
+        .map_err(|e| match e {
+            processes::AddError::Full => error(
+                Code::ResourceExhausted,
+                format!(
+                    "{} processes are held already; wait for some to end",
+                    processes::MAX_PROCESSES
+                ),
+            ),
+            processes::AddError::TagTaken(tag) => error(
+                Code::AlreadyExists,
+                format!("a running process already has tag '{tag}'"),
+            ),
+        })?;
+    let stream = process.attach(true);
+    Ok(event_stream(ct, Timing::of(&call), process, stream, true))
+}
+
+/// `Connect`: the events of a running process from now on (its `start` first).
+pub async fn connect(mut call: Call) -> Result<Response, ApiError> {
+    let (ct, request) = rpc::request::<SelectRequest>(&mut call, true)?;
+    let process = select(&call, request.process.as_ref())?;
+    let stream = process.attach(false);
+    Ok(event_stream(ct, Timing::of(&call), process, stream, false))
+}
+
+fn event_stream(
+    ct: ContentType,
+    timing: Timing,
+    process: Arc<Process>,
+    stream: processes::Stream,
+    kill_at_deadline: bool,
+) -> Response {
+    rpc::stream(
+        ct,
+        timing,
+        Box::new(ProcessEvents {
+            ct,
+            process,
+            stream,
+            started: false,
+            kill_at_deadline,
+        }),
+    )
+}
+
+struct ProcessEvents {
+    ct: ContentType,
+    process: Arc<Process>,
+    stream: processes::Stream,
+    started: bool,
+    /// A `Start` whose timeout passes ends its process, as envd does; a `Connect` only
+    /// stops following it.
+    kill_at_deadline: bool,
+}
+
+impl ProcessEvents {
+    fn message(&self, event: Event) -> Vec<u8> {
+        let response = EventResponse {
+            event: Some(ProcessEvent { event: Some(event) }),
+        };
+        crate::envd::encode(self.ct.codec, &response)
+    }
+}
+
+impl Events for ProcessEvents {
+    fn next(&mut self) -> LocalFuture<'_, Next> {
+        Box::pin(async move {
+            if !self.started {
+                self.started = true;
+                return Next::Message(self.message(Event::Start(StartEvent {
+                    pid: self.process.pid,
+                })));
+            }
+            match self.stream.next().await {
+                Some(Item::Output(chunk)) => {
+                    let output = match chunk {
+                        Chunk::Stdout(b) => Output::Stdout(b),
+                        Chunk::Stderr(b) => Output::Stderr(b),
+                        Chunk::Pty(b) => Output::Pty(b),
+                    };
+                    Next::Message(self.message(Event::Data(DataEvent {
+                        output: Some(output),
+                    })))
+                }
+                Some(Item::End(end)) => {
+                    // The end message, then (on the next call) the stream's end.
+                    Next::Message(self.message(Event::End(EndEvent {
+                        exit_code: end.exit_code,
+                        exited: end.exited,
+                        status: end.status,
+                        error: end.error,
+                    })))
+                }
+                Some(Item::CutOff) => Next::End(Some((
+                    Code::ResourceExhausted,
+                    format!(
+                        "this stream took no output for {} s while the process waited on it; reconnect to follow it",
+                        processes::STALL.as_secs()
+                    ),
+                ))),
+                None => Next::End(None),
+            }
+        })
+    }
+
+    fn keepalive(&self) -> Vec<u8> {
+        self.message(Event::Keepalive(Empty {}))
+    }
+
+    fn deadline(&mut self) {
+        if self.kill_at_deadline {
+            let _ = self.process.signal(rustix::process::Signal::KILL);
+        }
+    }
+}
+
+/// `List`: the caller's running processes.
+pub async fn list(mut call: Call) -> Result<Response, ApiError> {
+    let (ct, _) = rpc::request::<Empty>(&mut call, false)?;
+    let processes = table(&call)?
+        .running(&call.identity.id)
+        .into_iter()
+        .map(|p| ProcessInfo {
+            config: Some(ProcessConfig {
+                cmd: p.config.cmd.clone(),
+                args: p.config.args.clone(),
+                envs: p.config.envs.clone(),
+                cwd: p.config.cwd.clone(),
+            }),
+            pid: p.pid,
+            tag: p.tag.clone(),
+        })
+        .collect();
+    Ok(rpc::unary(ct, &ListResponse { processes }))
+}
+
+/// `SendInput`: bytes to a process's stdin or terminal.
+pub async fn send_input(mut call: Call) -> Result<Response, ApiError> {
+    let (ct, request) = rpc::request::<SendInputRequest>(&mut call, false)?;
+    let process = select(&call, request.process.as_ref())?;
+    let (data, to_terminal) = match request.input.and_then(|i| i.input) {
+        Some(Input::Stdin(data)) => (data, false),
+        Some(Input::Pty(data)) => (data, true),
+        None => (Vec::new(), false),
+    };
+    if !data.is_empty() {
+        process
+            .write_input(&data, to_terminal, INPUT_WAIT)
+            .await
+            .map_err(|e| {
+                let code = match e.kind() {
+                    std::io::ErrorKind::NotFound | std::io::ErrorKind::InvalidInput => {
+                        Code::FailedPrecondition
+                    }
+                    std::io::ErrorKind::TimedOut => Code::DeadlineExceeded,
+                    _ => Code::Internal,
+                };
+                error(code, format!("input not delivered: {e}"))
+            })?;
+    }
+    Ok(rpc::unary(ct, &Empty {}))
+}
+
+/// `CloseStdin`: end of file on the process's stdin.
+pub async fn close_stdin(mut call: Call) -> Result<Response, ApiError> {
+    let (ct, request) = rpc::request::<SelectRequest>(&mut call, false)?;
+    let process = select(&call, request.process.as_ref())?;
+    if process.has_terminal() {
+        return Err(error(
+            Code::FailedPrecondition,
+            "a process on a terminal has no stdin to close: send Ctrl-D (\\x04) as pty input",
+        ));
+    }
+    process.close_stdin();
+    Ok(rpc::unary(ct, &Empty {}))
+}
+
+/// `SendSignal`: SIGTERM or SIGKILL to the process's group.
+pub async fn send_signal(mut call: Call) -> Result<Response, ApiError> {
+    let (ct, request) = rpc::request::<SendSignalRequest>(&mut call, false)?;
+    let process = select(&call, request.process.as_ref())?;
+    let signal = match Signal::try_from(request.signal) {
+        Ok(Signal::Sigterm) => rustix::process::Signal::TERM,
+        Ok(Signal::Sigkill) => rustix::process::Signal::KILL,
+        _ => {
+            return Err(error(
+                Code::InvalidArgument,
+                "signal must be SIGNAL_SIGTERM or SIGNAL_SIGKILL",
+            ))
+        }
+    };
+    process
+        .signal(signal)
+        .map_err(|e| error(Code::Internal, format!("cannot signal the process: {e}")))?;
+    Ok(rpc::unary(ct, &Empty {}))
+}
+
+/// `Update`: resizes a process's terminal.
+pub async fn update(mut call: Call) -> Result<Response, ApiError> {
+    let (ct, request) = rpc::request::<UpdateRequest>(&mut call, false)?;
+    let process = select(&call, request.process.as_ref())?;
+    if let Some(size) = request.pty.and_then(|p| p.size) {
+        if !(1..=1000).contains(&size.cols) || !(1..=1000).contains(&size.rows) {
+            return Err(error(
+                Code::InvalidArgument,
+                "pty.size: cols and rows must be from 1 to 1000",
+            ));
+        }
+        process
+            .resize(size.cols as u16, size.rows as u16)
+            .map_err(|e| error(Code::FailedPrecondition, format!("cannot resize: {e}")))?;
+    }
+    Ok(rpc::unary(ct, &Empty {}))
+}
+
+/// A new terminal of `cols` × `rows`: its master and the slave's path.
+fn open_terminal(
+    cols: u16,
+    rows: u16,
+) -> std::io::Result<(std::os::fd::OwnedFd, std::ffi::CString)> {
+    use rustix::pty::{grantpt, openpt, ptsname, unlockpt, OpenptFlags};
+    let master = openpt(OpenptFlags::RDWR | OpenptFlags::NOCTTY | OpenptFlags::CLOEXEC)?;
+    grantpt(&master)?;
+    unlockpt(&master)?;
+    let path = ptsname(&master, Vec::new())?;
+    let size = rustix::termios::Winsize {
+        ws_row: rows,
+        ws_col: cols,
+        ws_xpixel: 0,
+        ws_ypixel: 0,
+    };
+    rustix::termios::tcsetwinsize(master.as_fd(), size)?;
+    Ok((master, path))
+}

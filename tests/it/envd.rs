@@ -1,0 +1,253 @@
+//! The `envd` group driven by E2B's own Python SDK (`e2b`, pinned in src/pins.env) in
+//! debug mode, which talks straight to an envd at `E2B_SANDBOX_URL`: files, commands
+//! and terminals through the sync and the async clients, and the SDK's Connect client
+//! in its protobuf codec.
+
+use std::process::Command;
+
+use serde_json::Value;
+
+use crate::on_both_drivers;
+use crate::support::{tools, Launch, Server, TempDir};
+
+fn envd_server(driver: &'static str, home: &TempDir) -> Server {
+    Launch::new(driver)
+        .env("ABX_SERVER_ENABLED_GROUPS", "envd")
+        // `bash -l` reads the home's profile: an empty one, not the machine's.
+        .env("HOME", home.path().to_str().unwrap())
+        .start()
+}
+
+/// Runs `body` (Python, with `sb`, `base` and `out` in scope) with the SDK pointed at
+/// the server; answers what it put in `out`.
+fn sdk(server: &Server, base: &str, prelude: &str, body: &str) -> Value {
+    let addr = server
+        .envd_addr
+        .unwrap_or_else(|| panic!("no envd listener: {:?}", server.startup));
+    let dir = TempDir::new("e2bscript");
+    let script = dir.path().join("client.py");
+    let program = format!(
+        "import asyncio, json, os, sys\n\
+         os.environ['E2B_DEBUG'] = 'true'\n\
+         os.environ['E2B_SANDBOX_URL'] = sys.argv[1]\n\
+         base = sys.argv[2]\n\
+         out = {{}}\n\
+         {prelude}\n\
+         {body}\n\
+         print(json.dumps(out, default=str))\n"
+    );
+    std::fs::write(&script, program).unwrap();
+    let output = Command::new(&tools().e2b_python)
+        .arg(&script)
+        .arg(format!("http://{addr}"))
+        .arg(base)
+        .output()
+        .expect("run the e2b client");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        output.status.success(),
+        "the e2b client failed:\n{stdout}\n{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    serde_json::from_str(stdout.lines().last().unwrap_or_default())
+        .unwrap_or_else(|e| panic!("the client printed no JSON ({e}): {stdout}"))
+}
+
+/// Files and commands through the synchronous `Sandbox`, as the SDK's users write them.
+fn the_sync_sdk_drives_files_and_commands(driver: &'static str) {
+    let home = TempDir::new("envdhome");
+    let base = TempDir::new("envdbase");
+    let server = Launch::new(driver)
+        .env("ABX_SERVER_ENABLED_GROUPS", "envd")
+        .env("HOME", home.path().to_str().unwrap())
+        .base_dir(base.path())
+        .start();
+    let base_path = base.path().to_str().unwrap();
+    let out = sdk(
+        &server,
+        base_path,
+        "from e2b import Sandbox, CommandExitException, NotFoundException, FileType\nsb = Sandbox.create()",
+        r#"
+info = sb.files.write(base + '/a.txt', 'hello world')
+out['write'] = [info.name, info.path, info.type.value]
+out['read'] = sb.files.read(base + '/a.txt')
+out['read_bytes'] = list(sb.files.read(base + '/a.txt', format='bytes')[:5])
+sb.files.write_files([{'path': base + '/m/one.txt', 'data': 'one'}, {'path': base + '/m/two.bin', 'data': b'\x00\x01\xff'}])
+out['two'] = list(sb.files.read(base + '/m/two.bin', format='bytes'))
+out['list'] = sorted((e.name, e.type.value, e.size) for e in sb.files.list(base))
+out['deep'] = sorted(e.path for e in sb.files.list(base, depth=2))
+out['exists'] = [sb.files.exists(base + '/a.txt'), sb.files.exists(base + '/nope')]
+stat = sb.files.get_info(base + '/a.txt')
+out['stat'] = [stat.name, stat.type.value, stat.size, stat.permissions, stat.mode & 0o777]
+out['mkdir'] = [sb.files.make_dir(base + '/d/e'), sb.files.make_dir(base + '/d/e')]
+out['rename'] = sb.files.rename(base + '/a.txt', base + '/d/b.txt').path
+try:
+    sb.files.read(base + '/a.txt')
+    out['missing'] = 'read'
+except NotFoundException as e:
+    out['missing'] = type(e).__name__
+try:
+    sb.files.list('/etc')
+    out['outside'] = 'listed'
+except Exception as e:
+    out['outside'] = str(e)
+r = sb.commands.run('echo out; echo err >&2; pwd; echo $GREETING', envs={'GREETING': 'hi'}, cwd=base + '/d')
+out['run'] = [r.stdout, r.stderr, r.exit_code]
+try:
+    sb.commands.run('echo partial; exit 3')
+except CommandExitException as e:
+    out['exit'] = [e.exit_code, e.stdout]
+h = sb.commands.run('cat', background=True, stdin=True)
+sb.commands.send_stdin(h.pid, 'piped\n')
+out['listed'] = h.pid in [p.pid for p in sb.commands.list()]
+sb.commands.close_stdin(h.pid)
+out['stdin'] = h.wait().stdout
+h = sb.commands.run('sleep 30', background=True)
+out['kill'] = sb.commands.kill(h.pid)
+try:
+    h.wait()
+except CommandExitException as e:
+    out['killed'] = e.exit_code
+out['kill_gone'] = sb.commands.kill(h.pid)
+big = sb.commands.run("head -c 3000000 /dev/zero | tr '\\0' x")
+out['big'] = len(big.stdout)
+sb.files.remove(base + '/d')
+out['removed'] = sb.files.exists(base + '/d')
+"#,
+    );
+    assert_eq!(
+        out["write"],
+        serde_json::json!(["a.txt", format!("{base_path}/a.txt"), "file"])
+    );
+    assert_eq!(out["read"], "hello world");
+    assert_eq!(
+        out["read_bytes"],
+        serde_json::json!([104, 101, 108, 108, 111])
+    );
+    assert_eq!(out["two"], serde_json::json!([0, 1, 255]));
+    let names: Vec<&str> = out["list"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e[0].as_str().unwrap())
+        .collect();
+    assert_eq!(names, ["a.txt", "m"]);
+    assert_eq!(out["list"][0], serde_json::json!(["a.txt", "file", 11]));
+    assert_eq!(out["list"][1][1], "dir");
+    assert_eq!(
+        out["deep"],
+        serde_json::json!([
+            format!("{base_path}/a.txt"),
+            format!("{base_path}/m"),
+            format!("{base_path}/m/one.txt"),
+            format!("{base_path}/m/two.bin"),
+        ])
+    );
+    assert_eq!(out["exists"], serde_json::json!([true, false]));
+    assert_eq!(
+        out["stat"],
+        serde_json::json!(["a.txt", "file", 11, "-rw-r--r--", 0o644])
+    );
+    assert_eq!(out["mkdir"], serde_json::json!([true, false]));
+    assert_eq!(out["rename"], format!("{base_path}/d/b.txt"));
+    assert_eq!(out["missing"], "FileNotFoundException");
+    assert!(
+        out["outside"]
+            .as_str()
+            .unwrap()
+            .contains("outside the allowed directories"),
+        "{}",
+        out["outside"]
+    );
+    assert_eq!(
+        out["run"],
+        serde_json::json!(["out\n".to_string() + base_path + "/d\nhi\n", "err\n", 0])
+    );
+    assert_eq!(out["exit"], serde_json::json!([3, "partial\n"]));
+    assert_eq!(out["listed"], true);
+    assert_eq!(out["stdin"], "piped\n");
+    assert_eq!(out["kill"], true);
+    assert_eq!(out["killed"], -1);
+    assert_eq!(out["kill_gone"], false);
+    assert_eq!(out["big"], 3_000_000);
+    assert_eq!(out["removed"], false);
+}
+
+/// The asynchronous client, a terminal through it, and the SDK's Connect client in the
+/// protobuf codec (what other Connect clients send).
+fn the_async_sdk_drives_a_terminal_and_protobuf_works(driver: &'static str) {
+    let home = TempDir::new("envdhome");
+    let server = envd_server(driver, &home);
+    let base = server.base_dir().to_str().unwrap().to_string();
+    let out = sdk(
+        &server,
+        &base,
+        "from e2b import AsyncSandbox\nfrom e2b.sandbox.commands.command_handle import PtySize",
+        r#"
+async def main():
+    sb = await AsyncSandbox.create()
+    await sb.files.write(base + '/async.txt', 'from async')
+    out['read'] = await sb.files.read(base + '/async.txt')
+    r = await sb.commands.run('echo async-$((6*7))')
+    out['run'] = r.stdout
+    seen = bytearray()
+    done = asyncio.Event()
+    def on_data(data):
+        seen.extend(data)
+        if b'pty-42' in seen:
+            done.set()
+    term = await sb.pty.create(PtySize(rows=24, cols=80), on_data=on_data)
+    await sb.pty.resize(term.pid, PtySize(rows=30, cols=100))
+    await sb.pty.send_stdin(term.pid, b'stty size; echo pty-$((6*7))\n')
+    await asyncio.wait_for(done.wait(), 20)
+    out['pty_size'] = '30 100' in seen.decode(errors='replace')
+    out['pty_kill'] = await sb.pty.kill(term.pid)
+asyncio.run(main())
+
+import httpcore
+from e2b_connect.client import Client
+from e2b.envd.filesystem import filesystem_pb2
+pool = httpcore.ConnectionPool()
+stat = Client(pool=pool, url=os.environ['E2B_SANDBOX_URL'] + '/filesystem.Filesystem/Stat',
+              response_type=filesystem_pb2.StatResponse, json=False)
+entry = stat.call_unary(filesystem_pb2.StatRequest(path=base + '/async.txt')).entry
+out['proto_stat'] = [entry.name, entry.size, entry.type == filesystem_pb2.FILE_TYPE_FILE]
+try:
+    stat.call_unary(filesystem_pb2.StatRequest(path=base + '/nope'))
+except Exception as e:
+    out['proto_missing'] = [str(e.status), e.message]
+"#,
+    );
+    assert_eq!(out["read"], "from async");
+    assert_eq!(out["run"], "async-42\n");
+    assert_eq!(out["pty_size"], true);
+    assert_eq!(out["pty_kill"], true);
+    assert_eq!(
+        out["proto_stat"],
+        serde_json::json!(["async.txt", 10, true])
+    );
+    assert_eq!(out["proto_missing"][0], "Code.not_found");
+}
+
+/// The port is bound only while the group is on, and the group is off by default.
+#[test]
+fn the_envd_port_is_bound_only_with_the_group() {
+    let server = Launch::new("uring").start();
+    assert!(server.envd_addr.is_none(), "{:?}", server.startup);
+    let home = TempDir::new("envdhome");
+    let server = envd_server("uring", &home);
+    let addr = server.envd_addr.expect("the envd port is bound");
+    let mut stream = std::net::TcpStream::connect(addr).unwrap();
+    use std::io::{Read, Write};
+    stream
+        .write_all(b"GET /health HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n")
+        .unwrap();
+    let mut answer = String::new();
+    stream.read_to_string(&mut answer).unwrap();
+    assert!(answer.starts_with("HTTP/1.1 204"), "{answer}");
+}
+
+on_both_drivers!(
+    the_sync_sdk_drives_files_and_commands,
+    the_async_sdk_drives_a_terminal_and_protobuf_works,
+);

@@ -225,7 +225,6 @@ const SETTINGS: &[Setting] = &[
             Ok(())
         },
     },
-    },
     Setting {
         flag: Some("workers"),
         var: "ABX_SERVER_WORKERS",

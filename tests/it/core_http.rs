@@ -461,7 +461,8 @@ fn capabilities_document_shape(driver: &'static str) {
             "browser",
             "agents",
             "mcp",
-            "k8s_runtime"
+            "k8s_runtime",
+            "envd"
         ]
     );
     assert_eq!(doc["groups"]["core"], true);
@@ -592,7 +593,10 @@ fn openapi_document_lists_every_endpoint(driver: &'static str) {
     for (id, ep) in caps["endpoints"].as_object().unwrap() {
         // Neither the PTY WebSocket nor the k8s_runtime routes are on the API port, and
         // a declared endpoint this build does not serve has no operation.
-        if ep["method"] == "WS" || ep["group"] == "k8s_runtime" || ep["rule"] == "build:unavailable"
+        if ep["method"] == "WS"
+            || ep["group"] == "k8s_runtime"
+            || ep["group"] == "envd"
+            || ep["rule"] == "build:unavailable"
         {
             assert!(
                 !operations.contains_key(id),

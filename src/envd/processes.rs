@@ -13,11 +13,11 @@
 use std::collections::{BTreeMap, VecDeque};
 use std::io;
 use std::os::fd::OwnedFd;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use crate::process::child::{Child, ExitCode};
+use crate::process::followers::{Followers, Place};
 use crate::process::output::Notify;
 use crate::process::pipe::PipeReader;
 
@@ -131,7 +131,7 @@ impl Processes {
             config,
             state: Mutex::new(State::default()),
             changed: Notify::default(),
-            consumed: Notify::default(),
+            followers: Followers::default(),
             stdin: Mutex::new(child.stdin.take()),
             terminal,
         });
@@ -198,8 +198,8 @@ pub struct Process {
     state: Mutex<State>,
     /// Bumped when output is added or the process ends.
     changed: Notify,
-    /// Bumped when a stream takes output or detaches.
-    consumed: Notify,
+    /// The attached streams' places in the output.
+    followers: Followers,
     stdin: Mutex<Option<OwnedFd>>,
     /// The terminal's master side, for a process started with a PTY.
     terminal: Option<OwnedFd>,
@@ -213,13 +213,6 @@ struct State {
     next: u64,
     bytes: usize,
     end: Option<End>,
-    streams: Vec<Arc<Cursor>>,
-}
-
-/// An attached stream's place in the output.
-struct Cursor {
-    next: AtomicU64,
-    cut_off: AtomicBool,
 }
 
 /// What a stream reads next.
@@ -233,7 +226,7 @@ pub enum Item {
 /// An attached stream; detached when dropped.
 pub struct Stream {
     process: Arc<Process>,
-    cursor: Arc<Cursor>,
+    place: Arc<Place>,
     ended: bool,
 }
 
@@ -257,12 +250,12 @@ impl Stream {
         if self.ended {
             return None;
         }
-        if self.cursor.cut_off.load(Ordering::SeqCst) {
+        if self.place.cut_off() {
             self.ended = true;
             return Some(Item::CutOff);
         }
         let state = lock(&self.process.state);
-        let wanted = self.cursor.next.load(Ordering::SeqCst);
+        let wanted = self.place.next();
         let found = state
             .log
             .iter()
@@ -270,9 +263,8 @@ impl Stream {
             .map(|(seq, chunk)| (*seq, chunk.clone()));
         match found {
             Some((seq, chunk)) => {
-                self.cursor.next.store(seq + 1, Ordering::SeqCst);
                 drop(state);
-                self.process.consumed.notify();
+                self.process.followers.took(&self.place, seq + 1);
                 Some(Item::Output(chunk))
             }
             None => {
@@ -286,30 +278,26 @@ impl Stream {
 
 impl Drop for Stream {
     fn drop(&mut self) {
-        lock(&self.process.state)
-            .streams
-            .retain(|c| !Arc::ptr_eq(c, &self.cursor));
-        self.process.consumed.notify();
+        self.process.followers.detach(&self.place);
     }
 }
 
 impl Process {
     /// Attaches a stream: from the first output kept (`Start`), or from now (`Connect`).
     pub fn attach(self: &Arc<Self>, from_start: bool) -> Stream {
-        let mut state = lock(&self.state);
+        let state = lock(&self.state);
         let next = if from_start {
             state.log.front().map_or(state.next, |(seq, _)| *seq)
         } else {
             state.next
         };
-        let cursor = Arc::new(Cursor {
-            next: AtomicU64::new(next),
-            cut_off: AtomicBool::new(false),
-        });
-        state.streams.push(cursor.clone());
+        // Attached under the state's lock: no output lands between reading `next` and
+        // the place being counted.
+        let place = self.followers.attach(next);
+        drop(state);
         Stream {
             process: self.clone(),
-            cursor,
+            place,
             ended: false,
         }
     }
@@ -320,8 +308,7 @@ impl Process {
 
     /// Ended, and no stream is left to read it.
     fn finished(&self) -> bool {
-        let state = lock(&self.state);
-        state.end.is_some() && state.streams.is_empty()
+        lock(&self.state).end.is_some() && self.followers.is_empty()
     }
 
     pub fn has_terminal(&self) -> bool {
@@ -415,12 +402,7 @@ impl Process {
         state.log.push_back((seq, chunk));
         // Drop what every attached stream has taken, and beyond the cap what nobody
         // attached still needs.
-        let lowest = state
-            .streams
-            .iter()
-            .filter(|c| !c.cut_off.load(Ordering::SeqCst))
-            .map(|c| c.next.load(Ordering::SeqCst))
-            .min();
+        let lowest = self.followers.lowest();
         while let Some((seq, chunk)) = state.log.front() {
             let taken = lowest.is_some_and(|low| *seq < low);
             let over = lowest.is_none() && state.bytes > LOG_BYTES;
@@ -443,52 +425,18 @@ impl Process {
     /// Waits until the log holds less than [`LOG_BYTES`] that an attached stream has not
     /// taken. A stream that takes nothing for [`STALL`] meanwhile is cut off.
     async fn room(&self) {
-        let mut waiting_on: Option<(u64, Instant)> = None;
-        loop {
-            let seen = self.consumed.version();
-            let (held, lowest) = {
-                let state = lock(&self.state);
-                let lowest = state
-                    .streams
-                    .iter()
-                    .filter(|c| !c.cut_off.load(Ordering::SeqCst))
-                    .map(|c| c.next.load(Ordering::SeqCst))
-                    .min();
-                let Some(lowest) = lowest else {
-                    return;
-                };
-                let held: usize = state
-                    .log
-                    .iter()
-                    .filter(|(seq, _)| *seq >= lowest)
-                    .map(|(_, c)| c.len())
-                    .sum();
-                (held, lowest)
-            };
-            if held < LOG_BYTES {
-                return;
-            }
-            let since = match waiting_on {
-                Some((cursor, since)) if cursor == lowest => since,
-                _ => {
-                    let now = Instant::now();
-                    waiting_on = Some((lowest, now));
-                    now
-                }
-            };
-            let left = STALL.saturating_sub(since.elapsed());
-            if left.is_zero() {
-                for cursor in &lock(&self.state).streams {
-                    if cursor.next.load(Ordering::SeqCst) == lowest {
-                        cursor.cut_off.store(true, Ordering::SeqCst);
-                    }
-                }
-                self.changed.notify();
-                waiting_on = None;
-                continue;
-            }
-            let _ = monoio::time::timeout(left, self.consumed.changed(seen)).await;
-        }
+        let fits = |lowest: u64| {
+            let held: usize = lock(&self.state)
+                .log
+                .iter()
+                .filter(|(seq, _)| *seq >= lowest)
+                .map(|(_, chunk)| chunk.len())
+                .sum();
+            held < LOG_BYTES
+        };
+        self.followers
+            .wait_for_room(STALL, fits, || self.changed.notify())
+            .await;
     }
 }
 

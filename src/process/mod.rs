@@ -16,6 +16,7 @@
 
 pub mod child;
 pub mod env;
+pub mod followers;
 pub mod group;
 pub mod guardian;
 pub mod output;

@@ -22,10 +22,11 @@ use std::collections::HashMap;
 use std::ffi::{CString, OsString};
 use std::io;
 use std::os::fd::{AsFd, OwnedFd};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
+use crate::process::followers::{Followers, Place};
 use crate::process::output::{Notify, OutputLog, OutputPage, Stream};
 use crate::process::pipe::{self, Utf8Pieces};
 use crate::process::{Child, ChildRegistry, Spawn};
@@ -86,43 +87,31 @@ pub struct Session {
     /// read only while the log has room for a piece without dropping what the slowest
     /// of them has not taken: a program that writes faster than its readers take waits
     /// on its full terminal, and a reader that keeps reading loses nothing.
-    followers: Mutex<Vec<Arc<Follower>>>,
-    /// Bumped when a follower takes output or leaves.
-    consumed: Notify,
-}
-
-/// One attached reader's place in a session's output.
-pub struct Follower {
-    /// The sequence number of the next output it has not taken.
-    cursor: AtomicU64,
-    /// Set when it held the terminal back for [`stall`] without taking anything: it is
-    /// no longer waited for, and its socket is closed.
-    evicted: AtomicBool,
+    followers: Followers,
 }
 
 /// A follower's registration, undone when dropped (the socket closed).
 pub struct Following {
     session: Arc<Session>,
-    follower: Arc<Follower>,
+    place: Arc<Place>,
 }
 
 impl Following {
     /// It has taken everything before `next`.
     pub fn took(&self, next: u64) {
-        self.follower.cursor.store(next, Ordering::SeqCst);
-        self.session.consumed.notify();
+        self.session.followers.took(&self.place, next);
     }
 
-    /// Whether it held the terminal back too long and must close.
+    /// Whether it held the terminal back for [`stall`] without taking anything: it is
+    /// no longer waited for, and its socket must close.
     pub fn evicted(&self) -> bool {
-        self.follower.evicted.load(Ordering::SeqCst)
+        self.place.cut_off()
     }
 }
 
 impl Drop for Following {
     fn drop(&mut self) {
-        lock(&self.session.followers).retain(|f| !Arc::ptr_eq(f, &self.follower));
-        self.session.consumed.notify();
+        self.session.followers.detach(&self.place);
     }
 }
 
@@ -162,14 +151,9 @@ impl Session {
 
     /// Registers an attached reader that starts from the oldest output kept.
     pub fn follow(self: &Arc<Self>) -> Following {
-        let follower = Arc::new(Follower {
-            cursor: AtomicU64::new(0),
-            evicted: AtomicBool::new(false),
-        });
-        lock(&self.followers).push(follower.clone());
         Following {
             session: self.clone(),
-            follower,
+            place: self.followers.attach(0),
         }
     }
 
@@ -178,44 +162,13 @@ impl Session {
     /// the terminal waits on it is evicted (its socket closes with 4008) and no longer
     /// waited for. Without attached readers the log keeps the newest output, as before.
     async fn room_for(&self, wanted: usize) {
-        let mut slowest_since: Option<(u64, Instant)> = None;
-        loop {
-            let seen = self.consumed.version();
-            let lowest = lock(&self.followers)
-                .iter()
-                .filter(|f| !f.evicted.load(Ordering::SeqCst))
-                .map(|f| f.cursor.load(Ordering::SeqCst))
-                .min();
-            let Some(lowest) = lowest else {
-                return;
-            };
-            {
-                let log = lock(&self.output);
-                if log.held_from(lowest) + wanted <= log.cap() {
-                    return;
-                }
-            }
-            let since = match slowest_since {
-                Some((cursor, since)) if cursor == lowest => since,
-                _ => {
-                    let now = Instant::now();
-                    slowest_since = Some((lowest, now));
-                    now
-                }
-            };
-            let left = stall().saturating_sub(since.elapsed());
-            if left.is_zero() {
-                for follower in lock(&self.followers).iter() {
-                    if follower.cursor.load(Ordering::SeqCst) == lowest {
-                        follower.evicted.store(true, Ordering::SeqCst);
-                    }
-                }
-                self.changed.notify();
-                slowest_since = None;
-                continue;
-            }
-            let _ = monoio::time::timeout(left, self.consumed.changed(seen)).await;
-        }
+        let fits = |lowest: u64| {
+            let log = lock(&self.output);
+            log.held_from(lowest) + wanted <= log.cap()
+        };
+        self.followers
+            .wait_for_room(stall(), fits, || self.changed.notify())
+            .await;
     }
 
     /// Marks the session as used now (it is not idle).
@@ -361,8 +314,7 @@ impl Sessions {
                 changed: Notify::default(),
                 exited: AtomicBool::new(false),
                 last_activity: Mutex::new(Instant::now()),
-                followers: Mutex::new(Vec::new()),
-                consumed: Notify::default(),
+                followers: Followers::default(),
             });
             table.insert(id, session.clone());
             session

@@ -9,13 +9,10 @@ use serde_json::{json, Value};
 use crate::api::ApiError;
 use crate::app::endpoint::HandlerFuture;
 use crate::app::{Call, RawSink};
-use crate::fs::read::open_file;
 use crate::fs::write::Upload;
-use crate::fs::FsError;
 use crate::http::multipart::{self, Event, Scanner};
 use crate::http::{LocalFuture, Response};
-use crate::routes::shared::{check_extension, confine_followed, fs_error};
-use crate::runtime::{AsyncFile, FileStream};
+use crate::routes::shared::{check_extension, confine_followed, fs_error, raw_bytes};
 
 /// `GET /health`: 204, as envd answers it.
 pub async fn health(_call: Call) -> Result<Response, ApiError> {
@@ -96,27 +93,15 @@ pub async fn download(call: Call) -> Result<Response, ApiError> {
         .ok_or_else(|| ApiError::bad_request("path is required: GET /files?path=<file>"))?
         .to_string();
     let caller = confine_followed(&call, &input).await?;
-    let services = call.services();
-    let opened = open_file(&services.base, &caller, false)
-        .await
-        .map_err(fs_error)?;
-    let size = opened.stat.st_size as u64;
-    let file = AsyncFile::new(opened.fd, services.driver)
-        .map_err(|e| fs_error(FsError::io(e, caller.display())))?;
-    Ok(Response::stream(
-        200,
-        "application/octet-stream",
-        Box::new(FileStream::new(file, 0, size)),
-    )
-    .header(
+    let name = caller
+        .file_name()
+        .map(|n| n.to_string_lossy().replace('"', ""))
+        .unwrap_or_default();
+    // The file routes' raw download: ETag, one Range, the policy's size limit.
+    let bytes = raw_bytes(&call, &caller, "ValueError").await?;
+    Ok(bytes.header(
         "Content-Disposition",
-        format!(
-            "attachment; filename=\"{}\"",
-            caller
-                .file_name()
-                .map(|n| n.to_string_lossy().replace('"', ""))
-                .unwrap_or_default()
-        ),
+        format!("attachment; filename=\"{name}\""),
     ))
 }
 

@@ -8,12 +8,15 @@
 use serde_json::{json, Map, Value};
 
 use super::proto::filesystem::{
-    EntryInfo, EntryResponse, FileType, ListDirRequest, ListDirResponse, MoveRequest, PathRequest,
+    EntryInfo, EntryResponse, EventType, FileType, FilesystemEvent, GetWatcherEventsResponse,
+    ListDirRequest, ListDirResponse, MoveRequest, PathRequest, WatchDirResponse, WatchEvent,
+    WatchRequest, WatcherId,
 };
 use super::proto::process::{
     DataEvent, Empty, EndEvent, Event, EventResponse, Input, ListResponse, Output, ProcessConfig,
     ProcessEvent, ProcessInfo, ProcessInput, ProcessSelector, Pty, PtySize, SelectRequest,
-    Selector, SendInputRequest, SendSignalRequest, StartRequest, UpdateRequest,
+    Selector, SendInputRequest, SendSignalRequest, StartRequest, StreamInput, StreamInputData,
+    StreamInputRequest, StreamInputStart, UpdateRequest,
 };
 use super::proto::Timestamp;
 
@@ -296,6 +299,17 @@ fn file_type_name(value: i32) -> Option<&'static str> {
     }
 }
 
+fn event_type_name(value: i32) -> Option<&'static str> {
+    match EventType::try_from(value).ok()? {
+        EventType::Unspecified => None,
+        EventType::Create => Some("EVENT_TYPE_CREATE"),
+        EventType::Write => Some("EVENT_TYPE_WRITE"),
+        EventType::Remove => Some("EVENT_TYPE_REMOVE"),
+        EventType::Rename => Some("EVENT_TYPE_RENAME"),
+        EventType::Chmod => Some("EVENT_TYPE_CHMOD"),
+    }
+}
+
 // ---- requests ----
 
 impl FromJson for Empty {
@@ -392,6 +406,39 @@ impl FromJson for SendInputRequest {
     }
 }
 
+impl FromJson for StreamInputStart {
+    fn from_json(value: &Value) -> Result<Self, String> {
+        let f = object(value, "start")?;
+        Ok(StreamInputStart {
+            process: f.message("process", "process")?,
+        })
+    }
+}
+
+impl FromJson for StreamInputData {
+    fn from_json(value: &Value) -> Result<Self, String> {
+        let f = object(value, "data")?;
+        Ok(StreamInputData {
+            input: f.message("input", "input")?,
+        })
+    }
+}
+
+impl FromJson for StreamInputRequest {
+    fn from_json(value: &Value) -> Result<Self, String> {
+        let f = object(value, "the request")?;
+        let event = if let Some(start) = f.message("start", "start")? {
+            Some(StreamInput::Start(start))
+        } else if let Some(data) = f.message("data", "data")? {
+            Some(StreamInput::Data(data))
+        } else {
+            f.message::<Empty>("keepalive", "keepalive")?
+                .map(StreamInput::Keepalive)
+        };
+        Ok(StreamInputRequest { event })
+    }
+}
+
 impl FromJson for SendSignalRequest {
     fn from_json(value: &Value) -> Result<Self, String> {
         let f = object(value, "the request")?;
@@ -436,6 +483,29 @@ impl FromJson for ListDirRequest {
         Ok(ListDirRequest {
             path: f.string("path", "path")?.unwrap_or_default(),
             depth: f.u32("depth", "depth")?.unwrap_or(0),
+        })
+    }
+}
+
+impl FromJson for WatchRequest {
+    fn from_json(value: &Value) -> Result<Self, String> {
+        let f = object(value, "the request")?;
+        Ok(WatchRequest {
+            path: f.string("path", "path")?.unwrap_or_default(),
+            recursive: f.bool("recursive", "recursive")?.unwrap_or(false),
+            include_entry: f.bool("includeEntry", "include_entry")?.unwrap_or(false),
+            allow_network_mounts: f
+                .bool("allowNetworkMounts", "allow_network_mounts")?
+                .unwrap_or(false),
+        })
+    }
+}
+
+impl FromJson for WatcherId {
+    fn from_json(value: &Value) -> Result<Self, String> {
+        let f = object(value, "the request")?;
+        Ok(WatcherId {
+            watcher_id: f.string("watcherId", "watcher_id")?.unwrap_or_default(),
         })
     }
 }
@@ -581,5 +651,41 @@ impl ToJson for EntryResponse {
 impl ToJson for ListDirResponse {
     fn to_json(&self) -> Value {
         Out::default().list("entries", &self.entries).done()
+    }
+}
+
+impl ToJson for FilesystemEvent {
+    fn to_json(&self) -> Value {
+        let out = Out::default().string("name", &self.name);
+        let out = match event_type_name(self.r#type) {
+            Some(name) => out.value("type", Value::String(name.into())),
+            None => out,
+        };
+        out.message("entry", &self.entry).done()
+    }
+}
+
+impl ToJson for WatchDirResponse {
+    fn to_json(&self) -> Value {
+        let out = Out::default();
+        match &self.event {
+            Some(WatchEvent::Start(_)) => out.value("start", json!({})),
+            Some(WatchEvent::Filesystem(event)) => out.value("filesystem", event.to_json()),
+            Some(WatchEvent::Keepalive(_)) => out.value("keepalive", json!({})),
+            None => out,
+        }
+        .done()
+    }
+}
+
+impl ToJson for WatcherId {
+    fn to_json(&self) -> Value {
+        Out::default().string("watcherId", &self.watcher_id).done()
+    }
+}
+
+impl ToJson for GetWatcherEventsResponse {
+    fn to_json(&self) -> Value {
+        Out::default().list("events", &self.events).done()
     }
 }

@@ -172,6 +172,34 @@ pub mod process {
     }
 
     #[derive(Clone, PartialEq, prost::Message)]
+    pub struct StreamInputRequest {
+        #[prost(oneof = "StreamInput", tags = "1, 2, 3")]
+        pub event: Option<StreamInput>,
+    }
+
+    #[derive(Clone, PartialEq, prost::Oneof)]
+    pub enum StreamInput {
+        #[prost(message, tag = "1")]
+        Start(StreamInputStart),
+        #[prost(message, tag = "2")]
+        Data(StreamInputData),
+        #[prost(message, tag = "3")]
+        Keepalive(Empty),
+    }
+
+    #[derive(Clone, PartialEq, prost::Message)]
+    pub struct StreamInputStart {
+        #[prost(message, optional, tag = "1")]
+        pub process: Option<ProcessSelector>,
+    }
+
+    #[derive(Clone, PartialEq, prost::Message)]
+    pub struct StreamInputData {
+        #[prost(message, optional, tag = "2")]
+        pub input: Option<ProcessInput>,
+    }
+
+    #[derive(Clone, PartialEq, prost::Message)]
     pub struct SendSignalRequest {
         #[prost(message, optional, tag = "1")]
         pub process: Option<ProcessSelector>,
@@ -210,6 +238,17 @@ pub mod filesystem {
         Unspecified = 0,
         File = 1,
         Directory = 2,
+    }
+
+    #[derive(Clone, Copy, Debug, PartialEq, Eq, prost::Enumeration)]
+    #[repr(i32)]
+    pub enum EventType {
+        Unspecified = 0,
+        Create = 1,
+        Write = 2,
+        Remove = 3,
+        Rename = 4,
+        Chmod = 5,
     }
 
     #[derive(Clone, PartialEq, prost::Message)]
@@ -272,5 +311,56 @@ pub mod filesystem {
     pub struct ListDirResponse {
         #[prost(message, repeated, tag = "1")]
         pub entries: Vec<EntryInfo>,
+    }
+
+    /// `WatchDirRequest` and `CreateWatcherRequest` (the same shape).
+    #[derive(Clone, PartialEq, prost::Message)]
+    pub struct WatchRequest {
+        #[prost(string, tag = "1")]
+        pub path: String,
+        #[prost(bool, tag = "2")]
+        pub recursive: bool,
+        #[prost(bool, tag = "3")]
+        pub include_entry: bool,
+        #[prost(bool, tag = "4")]
+        pub allow_network_mounts: bool,
+    }
+
+    #[derive(Clone, PartialEq, prost::Message)]
+    pub struct FilesystemEvent {
+        #[prost(string, tag = "1")]
+        pub name: String,
+        #[prost(enumeration = "EventType", tag = "2")]
+        pub r#type: i32,
+        #[prost(message, optional, tag = "3")]
+        pub entry: Option<EntryInfo>,
+    }
+
+    #[derive(Clone, PartialEq, prost::Message)]
+    pub struct WatchDirResponse {
+        #[prost(oneof = "WatchEvent", tags = "1, 2, 3")]
+        pub event: Option<WatchEvent>,
+    }
+
+    #[derive(Clone, PartialEq, prost::Oneof)]
+    pub enum WatchEvent {
+        #[prost(message, tag = "1")]
+        Start(super::process::Empty),
+        #[prost(message, tag = "2")]
+        Filesystem(FilesystemEvent),
+        #[prost(message, tag = "3")]
+        Keepalive(super::process::Empty),
+    }
+
+    #[derive(Clone, PartialEq, prost::Message)]
+    pub struct WatcherId {
+        #[prost(string, tag = "1")]
+        pub watcher_id: String,
+    }
+
+    #[derive(Clone, PartialEq, prost::Message)]
+    pub struct GetWatcherEventsResponse {
+        #[prost(message, repeated, tag = "1")]
+        pub events: Vec<FilesystemEvent>,
     }
 }

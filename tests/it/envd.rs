@@ -66,7 +66,7 @@ fn the_sync_sdk_drives_files_and_commands(driver: &'static str) {
     let out = sdk(
         &server,
         base_path,
-        "from e2b import Sandbox, CommandExitException, NotFoundException, FileType\nsb = Sandbox.create()",
+        "import time\nfrom e2b import Sandbox, CommandExitException, NotFoundException, FileType\nsb = Sandbox.create()",
         r#"
 info = sb.files.write(base + '/a.txt', 'hello world')
 out['write'] = [info.name, info.path, info.type.value]
@@ -113,6 +113,21 @@ big = sb.commands.run("head -c 3000000 /dev/zero | tr '\\0' x")
 out['big'] = len(big.stdout)
 sb.files.remove(base + '/d')
 out['removed'] = sb.files.exists(base + '/d')
+sb.files.make_dir(base + '/w')
+watcher = sb.files.watch_dir(base + '/w', recursive=True)
+sb.files.write(base + '/w/new.txt', 'x')
+seen = []
+for _ in range(100):
+    seen += [(e.name, e.type.value) for e in watcher.get_new_events()]
+    if ('new.txt', 'create') in seen:
+        break
+    time.sleep(0.05)
+out['watched'] = ('new.txt', 'create') in seen
+watcher.stop()
+try:
+    watcher.get_new_events()
+except Exception as e:
+    out['stopped'] = type(e).__name__
 "#,
     );
     assert_eq!(
@@ -171,6 +186,8 @@ out['removed'] = sb.files.exists(base + '/d')
     assert_eq!(out["kill_gone"], false);
     assert_eq!(out["big"], 3_000_000);
     assert_eq!(out["removed"], false);
+    assert_eq!(out["watched"], true);
+    assert_eq!(out["stopped"], "SandboxException");
 }
 
 /// The asynchronous client, a terminal through it, and the SDK's Connect client in the
@@ -202,6 +219,40 @@ async def main():
     await asyncio.wait_for(done.wait(), 20)
     out['pty_size'] = '30 100' in seen.decode(errors='replace')
     out['pty_kill'] = await sb.pty.kill(term.pid)
+    await sb.files.make_dir(base + '/watched/sub')
+    events = []
+    created = asyncio.Event()
+    def on_event(event):
+        events.append(event)
+        if event.name == 'sub/f.txt' and event.type.value == 'create':
+            created.set()
+    handle = await sb.files.watch_dir(base + '/watched', on_event, recursive=True, include_entry=True)
+    await sb.files.write(base + '/watched/sub/f.txt', 'watched!')
+    await asyncio.wait_for(created.wait(), 20)
+    event = [e for e in events if e.name == 'sub/f.txt'][0]
+    out['watch_entry'] = [event.entry.name, event.entry.path.endswith('/watched/sub/f.txt')] if event.entry else None
+    await handle.stop()
+    # StreamInput, the client stream the SDK does not offer: a start naming the
+    # process, then data, sent as a chunked body.
+    h = await sb.commands.run('cat', background=True, stdin=True)
+    from e2b.envd.process import process_pb2
+    from google.protobuf import json_format
+    import httpx, struct
+    def frame(message):
+        data = json_format.MessageToJson(message).encode()
+        return struct.pack('>BI', 0, len(data)) + data
+    async def body():
+        yield frame(process_pb2.StreamInputRequest(start=process_pb2.StreamInputRequest.StartEvent(process=process_pb2.ProcessSelector(pid=h.pid))))
+        for word in [b'streamed ', b'input\n']:
+            yield frame(process_pb2.StreamInputRequest(data=process_pb2.StreamInputRequest.DataEvent(input=process_pb2.ProcessInput(stdin=word))))
+            await asyncio.sleep(0.05)
+        yield struct.pack('>BI', 2, 2) + b'{}'
+    async with httpx.AsyncClient() as client:
+        r = await client.post(os.environ['E2B_SANDBOX_URL'] + '/process.Process/StreamInput', content=body(),
+                              headers={'Content-Type': 'application/connect+json', 'Connect-Protocol-Version': '1'})
+    out['stream_input'] = [r.status_code, list(r.content[-7:])]
+    await sb.commands.close_stdin(h.pid)
+    out['streamed'] = (await h.wait()).stdout
 asyncio.run(main())
 
 import httpcore
@@ -222,6 +273,13 @@ except Exception as e:
     assert_eq!(out["run"], "async-42\n");
     assert_eq!(out["pty_size"], true);
     assert_eq!(out["pty_kill"], true);
+    assert_eq!(out["watch_entry"], serde_json::json!(["f.txt", true]));
+    // The answer ends with the end-of-stream envelope `{}`.
+    assert_eq!(
+        out["stream_input"],
+        serde_json::json!([200, [2, 0, 0, 0, 2, 123, 125]])
+    );
+    assert_eq!(out["streamed"], "streamed input\n");
     assert_eq!(
         out["proto_stat"],
         serde_json::json!(["async.txt", 10, true])

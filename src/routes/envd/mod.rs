@@ -9,6 +9,7 @@ mod filesystem;
 mod process;
 mod rest;
 mod rpc;
+mod watch;
 
 use std::sync::Arc;
 
@@ -46,6 +47,18 @@ pub fn endpoints() -> Vec<Endpoint> {
         rpc("/process.Process/SendInput", "envd_process_send_input", handler(process::send_input))
             .scopes(&["process:manage"])
             .summary("Bytes to a process's stdin or terminal."),
+        Endpoint::streamed(
+            Method::Post,
+            "/process.Process/StreamInput",
+            Group::Envd,
+            sink_handler(process::open_stream_input),
+        )
+        .id("envd_process_stream_input")
+        .extension()
+        .opaque_body()
+        .errors(ErrorStyle::Connect)
+        .scopes(&["process:manage"])
+        .summary("Client stream: start (the process), then data messages delivered to its stdin or terminal as they arrive."),
         rpc("/process.Process/CloseStdin", "envd_process_close_stdin", handler(process::close_stdin))
             .scopes(&["process:manage"])
             .summary("End of file on a process's stdin."),
@@ -70,6 +83,19 @@ pub fn endpoints() -> Vec<Endpoint> {
         rpc("/filesystem.Filesystem/Remove", "envd_fs_remove", handler(filesystem::remove))
             .scopes(&["files:delete"])
             .summary("Remove a file, or a directory with everything in it."),
+        rpc("/filesystem.Filesystem/WatchDir", "envd_fs_watch_dir", handler(watch::watch_dir))
+            .scopes(&["files:read"])
+            .streaming(true)
+            .summary("Stream a directory's changes: start, then CREATE, WRITE and REMOVE events (with entries when include_entry)."),
+        rpc("/filesystem.Filesystem/CreateWatcher", "envd_fs_create_watcher", handler(watch::create_watcher))
+            .scopes(&["files:read"])
+            .summary("Start a watcher whose events are read with GetWatcherEvents."),
+        rpc("/filesystem.Filesystem/GetWatcherEvents", "envd_fs_get_watcher_events", handler(watch::get_watcher_events))
+            .scopes(&["files:read"])
+            .summary("A watcher's events since the last read."),
+        rpc("/filesystem.Filesystem/RemoveWatcher", "envd_fs_remove_watcher", handler(watch::remove_watcher))
+            .scopes(&["files:read"])
+            .summary("Stop and forget a watcher."),
         rest(Method::Get, "/health", "envd_health", handler(rest::health))
             .auth_required(false)
             .summary("204 while the server runs (no token needed)."),
@@ -98,7 +124,10 @@ pub fn endpoints() -> Vec<Endpoint> {
     endpoints
 }
 
-/// The group's state: the processes its calls started.
+/// The group's state: the processes and the polled watchers its calls started.
 pub fn registrar() -> crate::app::Registrar {
-    Box::new(|setup| setup.provide(Arc::new(crate::envd::processes::Processes::default())))
+    Box::new(|setup| {
+        setup.provide(Arc::new(crate::envd::processes::Processes::default()));
+        setup.provide(Arc::new(crate::envd::watchers::Watchers::default()));
+    })
 }

@@ -3,18 +3,22 @@
 //! is not found.
 
 use std::os::fd::AsFd;
+use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
 use crate::api::ApiError;
+use crate::app::endpoint::HandlerFuture;
 use crate::app::Call;
+use crate::app::RawSink;
 use crate::envd::processes::{self, Chunk, Item, Process, Processes};
 use crate::envd::proto::process::{
     DataEvent, Empty, EndEvent, Event, EventResponse, Input, ListResponse, Output, ProcessConfig,
-    ProcessEvent, ProcessInfo, ProcessSelector, SelectRequest, Selector, SendInputRequest,
-    SendSignalRequest, Signal, StartEvent, StartRequest, UpdateRequest,
+    ProcessEvent, ProcessInfo, ProcessInput, ProcessSelector, SelectRequest, Selector,
+    SendInputRequest, SendSignalRequest, Signal, StartEvent, StartRequest,
+    StreamInput as StreamInputEvent, StreamInputRequest, UpdateRequest,
 };
-use crate::http::connect::{Code, ContentType};
+use crate::http::connect::{self, Code, ContentType, Envelopes, FLAG_END_STREAM};
 use crate::http::response::LocalFuture;
 use crate::http::Response;
 use crate::process::child::{Child, Spawn};
@@ -274,7 +278,13 @@ pub async fn list(mut call: Call) -> Result<Response, ApiError> {
 pub async fn send_input(mut call: Call) -> Result<Response, ApiError> {
     let (ct, request) = rpc::request::<SendInputRequest>(&mut call, false)?;
     let process = select(&call, request.process.as_ref())?;
-    let (data, to_terminal) = match request.input.and_then(|i| i.input) {
+    deliver(&process, request.input).await?;
+    Ok(rpc::unary(ct, &Empty {}))
+}
+
+/// Writes one input message to the process's stdin or terminal.
+async fn deliver(process: &Process, input: Option<ProcessInput>) -> Result<(), ApiError> {
+    let (data, to_terminal) = match input.and_then(|i| i.input) {
         Some(Input::Stdin(data)) => (data, false),
         Some(Input::Pty(data)) => (data, true),
         None => (Vec::new(), false),
@@ -294,7 +304,87 @@ pub async fn send_input(mut call: Call) -> Result<Response, ApiError> {
                 error(code, format!("input not delivered: {e}"))
             })?;
     }
-    Ok(rpc::unary(ct, &Empty {}))
+    Ok(())
+}
+
+/// `StreamInput` (client streaming): a `start` naming the process, then `data` messages
+/// whose bytes go to its stdin (or terminal) as they arrive; answered once the body
+/// ends. Bounded by the request body limit (`max_request_bytes`, 10 MiB by default).
+pub async fn open_stream_input(call: Call) -> Result<Box<dyn RawSink>, ApiError> {
+    let ct = rpc::content_type(&call, true)?;
+    Ok(Box::new(StreamInput {
+        call,
+        ct,
+        envelopes: Envelopes::new(rpc::MAX_MESSAGE),
+        process: None,
+    }))
+}
+
+struct StreamInput {
+    call: Call,
+    ct: ContentType,
+    envelopes: Envelopes,
+    process: Option<Arc<Process>>,
+}
+
+impl StreamInput {
+    async fn take(&mut self, message: StreamInputRequest) -> Result<(), ApiError> {
+        match message.event {
+            Some(StreamInputEvent::Start(start)) => {
+                if self.process.is_some() {
+                    return Err(error(Code::InvalidArgument, "start may come only once"));
+                }
+                self.process = Some(select(&self.call, start.process.as_ref())?);
+            }
+            Some(StreamInputEvent::Data(data)) => {
+                let process = self.process.as_ref().ok_or_else(|| {
+                    error(
+                        Code::InvalidArgument,
+                        "the first message must be start, naming the process",
+                    )
+                })?;
+                deliver(process, data.input).await?;
+            }
+            Some(StreamInputEvent::Keepalive(_)) | None => {}
+        }
+        Ok(())
+    }
+}
+
+impl RawSink for StreamInput {
+    fn write(&mut self, mut piece: Vec<u8>) -> LocalFuture<'_, Result<Vec<u8>, ApiError>> {
+        Box::pin(async move {
+            self.envelopes.push(&piece);
+            loop {
+                let envelope = match self.envelopes.next() {
+                    Ok(Some(envelope)) => envelope,
+                    Ok(None) => break,
+                    Err(why) => return Err(error(Code::InvalidArgument, why)),
+                };
+                if envelope.flags & FLAG_END_STREAM != 0 {
+                    continue;
+                }
+                let message =
+                    crate::envd::decode::<StreamInputRequest>(self.ct.codec, &envelope.message)
+                        .map_err(|why| error(Code::InvalidArgument, why))?;
+                self.take(message).await?;
+            }
+            piece.clear();
+            Ok(piece)
+        })
+    }
+
+    fn finish(self: Box<Self>) -> HandlerFuture<Response> {
+        Box::pin(async move {
+            let mut body = connect::envelope(0, &crate::envd::encode(self.ct.codec, &Empty {}));
+            body.extend(connect::end_of_stream(None));
+            Ok(Response::raw(200, self.ct.header(), body))
+        })
+    }
+
+    fn abort(self: Box<Self>) -> Pin<Box<dyn std::future::Future<Output = ()>>> {
+        Box::pin(async {})
+    }
 }
 
 /// `CloseStdin`: end of file on the process's stdin.

@@ -14,7 +14,7 @@ use crate::http::Response;
 
 /// The most a request message may be (envd's messages are small; file bytes travel
 /// over `/files`).
-const MAX_MESSAGE: usize = 4 * 1024 * 1024;
+pub const MAX_MESSAGE: usize = 4 * 1024 * 1024;
 
 /// A Connect error with `code` and a message that says what to do.
 pub fn error(code: Code, message: impl Into<String>) -> ApiError {

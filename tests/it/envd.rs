@@ -305,7 +305,95 @@ fn the_envd_port_is_bound_only_with_the_group() {
     assert!(answer.starts_with("HTTP/1.1 204"), "{answer}");
 }
 
+/// Identities on the envd port: `X-Access-Token` (envd's header) selects the caller, a
+/// narrow one is refused what its scopes do not hold (in Connect's error shape, naming
+/// the scope), processes and watchers of another identity are not found, and the
+/// policy's command rules apply to `Start`.
+fn identities_stay_apart_on_the_envd_port(driver: &'static str) {
+    let home = TempDir::new("envdhome");
+    let dir = TempDir::new("envdpolicy");
+    let policy = dir.path().join("policy.yaml");
+    std::fs::write(
+        &policy,
+        "identities:\n  - {id: alice, scopes: [\"*\"], token_env: ALICE_TOKEN}\n  - {id: bob, scopes: [\"*\"], token_env: BOB_TOKEN}\n  - {id: reader, scopes: [\"files:read\"], token_env: READER_TOKEN}\nendpoints:\n  envd_process_start: {commands: {deny: [nc]}}\n",
+    )
+    .unwrap();
+    let server = Launch::new(driver)
+        .env("ABX_SERVER_ENABLED_GROUPS", "envd")
+        .env("HOME", home.path().to_str().unwrap())
+        .env("ABX_SERVER_POLICY", policy.to_str().unwrap())
+        .env("ALICE_TOKEN", "alice-secret")
+        .env("BOB_TOKEN", "bob-secret")
+        .env("READER_TOKEN", "reader-secret")
+        .start();
+    let base = server.base_dir().to_str().unwrap().to_string();
+    let out = sdk(
+        &server,
+        &base,
+        r#"
+from e2b import Sandbox, AuthenticationException, SandboxException, CommandExitException
+def as_(token):
+    sb = Sandbox.create()
+    # What Sandbox.connect sets from the sandbox's envd access token outside debug mode.
+    if token:
+        sb.connection_config._ConnectionConfig__extra_sandbox_headers['X-Access-Token'] = token
+    return sb
+def outcome(fn):
+    try:
+        return ['ok', fn()]
+    except Exception as e:
+        return [type(e).__name__, str(e)]
+"#,
+        r#"
+alice, bob, reader, nobody = as_('alice-secret'), as_('bob-secret'), as_('reader-secret'), as_(None)
+out['nobody'] = outcome(lambda: nobody.files.list(base))[0]
+alice.files.write(base + '/shared.txt', 'for all')
+out['reader_reads'] = outcome(lambda: reader.files.read(base + '/shared.txt'))
+out['reader_runs'] = outcome(lambda: reader.commands.run('true').exit_code)
+out['reader_writes'] = outcome(lambda: reader.files.write(base + '/x.txt', 'no'))[0]
+h = alice.commands.run('sleep 30', background=True)
+out['alice_lists'] = h.pid in [p.pid for p in alice.commands.list()]
+out['bob_lists'] = h.pid in [p.pid for p in bob.commands.list()]
+out['bob_kills'] = bob.commands.kill(h.pid)
+out['bob_stdin'] = outcome(lambda: bob.commands.send_stdin(h.pid, 'x'))[0]
+w = alice.files.watch_dir(base)
+out['bob_watcher'] = outcome(lambda: bob.files._rpc.get_watcher_events(__import__('e2b.envd.filesystem.filesystem_pb2', fromlist=['x']).GetWatcherEventsRequest(watcher_id=w._watcher_id)))[0]
+w.stop()
+out['denied_command'] = outcome(lambda: alice.commands.run('nc -h'))
+out['alice_kills'] = alice.commands.kill(h.pid)
+"#,
+    );
+    assert_eq!(out["nobody"], "AuthenticationException");
+    assert_eq!(out["reader_reads"], serde_json::json!(["ok", "for all"]));
+    assert_eq!(out["reader_runs"][0], "SandboxException");
+    assert!(
+        out["reader_runs"][1]
+            .as_str()
+            .unwrap()
+            .contains("process:run"),
+        "{}",
+        out["reader_runs"]
+    );
+    assert_eq!(out["reader_writes"], "SandboxException");
+    assert_eq!(out["alice_lists"], true);
+    assert_eq!(out["bob_lists"], false);
+    assert_eq!(out["bob_kills"], false);
+    assert_eq!(out["bob_stdin"], "NotFoundException");
+    assert_eq!(out["bob_watcher"], "ConnectException");
+    assert_eq!(out["denied_command"][0], "SandboxException");
+    assert!(
+        out["denied_command"][1]
+            .as_str()
+            .unwrap()
+            .contains("endpoints.envd_process_start.commands"),
+        "{}",
+        out["denied_command"]
+    );
+    assert_eq!(out["alice_kills"], true);
+}
+
 on_both_drivers!(
+    identities_stay_apart_on_the_envd_port,
     the_sync_sdk_drives_files_and_commands,
     the_async_sdk_drives_a_terminal_and_protobuf_works,
 );

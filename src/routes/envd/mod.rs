@@ -34,14 +34,17 @@ fn rest(method: Method, path: &str, id: &str, f: Handler) -> Endpoint {
 pub fn endpoints() -> Vec<Endpoint> {
     let mut endpoints = vec![
         rpc("/process.Process/Start", "envd_process_start", handler(process::start))
+            .enforces(&["paths", "commands"])
             .scopes(&["process:run"])
             .streaming(true)
             .summary("Start a process and stream its events: start (pid), data (stdout, stderr or pty bytes), end (exit)."),
         rpc("/process.Process/Connect", "envd_process_connect", handler(process::connect))
+            .only_reads()
             .scopes(&["process:read"])
             .streaming(true)
             .summary("Follow a running process (by pid or tag) from now on."),
         rpc("/process.Process/List", "envd_process_list", handler(process::list))
+            .only_reads()
             .scopes(&["process:read"])
             .summary("The caller's running processes with their command, args, envs, cwd and tag."),
         rpc("/process.Process/SendInput", "envd_process_send_input", handler(process::send_input))
@@ -69,31 +72,44 @@ pub fn endpoints() -> Vec<Endpoint> {
             .scopes(&["process:manage"])
             .summary("Resize a process's terminal."),
         rpc("/filesystem.Filesystem/Stat", "envd_fs_stat", handler(filesystem::stat))
+            .enforces(&["paths"])
+            .only_reads()
             .scopes(&["files:read"])
             .summary("A path's entry: name, type, path, size, mode, permissions, owner, group, modified time, symlink target."),
         rpc("/filesystem.Filesystem/ListDir", "envd_fs_list_dir", handler(filesystem::list_dir))
+            .enforces(&["paths"])
+            .only_reads()
             .scopes(&["files:read"])
             .summary("A directory's entries, depth levels deep."),
         rpc("/filesystem.Filesystem/MakeDir", "envd_fs_make_dir", handler(filesystem::make_dir))
+            .enforces(&["paths"])
             .scopes(&["files:write"])
             .summary("Make a directory and its missing parents (already_exists when it is there)."),
         rpc("/filesystem.Filesystem/Move", "envd_fs_move", handler(filesystem::move_path))
+            .enforces(&["paths"])
             .scopes(&["files:write"])
             .summary("Rename a file or directory."),
         rpc("/filesystem.Filesystem/Remove", "envd_fs_remove", handler(filesystem::remove))
+            .enforces(&["paths"])
             .scopes(&["files:delete"])
             .summary("Remove a file, or a directory with everything in it."),
         rpc("/filesystem.Filesystem/WatchDir", "envd_fs_watch_dir", handler(watch::watch_dir))
+            .enforces(&["paths"])
+            .only_reads()
             .scopes(&["files:read"])
             .streaming(true)
             .summary("Stream a directory's changes: start, then CREATE, WRITE and REMOVE events (with entries when include_entry)."),
         rpc("/filesystem.Filesystem/CreateWatcher", "envd_fs_create_watcher", handler(watch::create_watcher))
+            .enforces(&["paths"])
+            .only_reads()
             .scopes(&["files:read"])
             .summary("Start a watcher whose events are read with GetWatcherEvents."),
         rpc("/filesystem.Filesystem/GetWatcherEvents", "envd_fs_get_watcher_events", handler(watch::get_watcher_events))
+            .only_reads()
             .scopes(&["files:read"])
             .summary("A watcher's events since the last read."),
         rpc("/filesystem.Filesystem/RemoveWatcher", "envd_fs_remove_watcher", handler(watch::remove_watcher))
+            .only_reads()
             .scopes(&["files:read"])
             .summary("Stop and forget a watcher."),
         rest(Method::Get, "/health", "envd_health", handler(rest::health))
@@ -108,10 +124,13 @@ pub fn endpoints() -> Vec<Endpoint> {
         rest(Method::Post, "/init", "envd_init", handler(rest::init))
             .summary("Accepted and ignored: it can change no token and no identity."),
         rest(Method::Get, "/files", "envd_files_read", handler(rest::download))
+            .enforces(&["paths", "max_bytes"])
+            .only_reads()
             .scopes(&["files:read"])
             .summary("A file's bytes (?path=)."),
         Endpoint::streamed(Method::Post, "/files", Group::Envd, sink_handler(rest::open_upload))
             .id("envd_files_write")
+            .enforces(&["paths", "allow_extensions", "deny_extensions", "max_upload_bytes"])
             .extension()
             .errors(ErrorStyle::Envd)
             .multipart()

@@ -64,9 +64,7 @@ pub async fn start(mut call: Call) -> Result<Response, ApiError> {
     }
     let mut argv = vec![config.cmd.clone()];
     argv.extend(config.args.iter().cloned());
-    if let Some(refusal) = command_refusal(call.decision(), &call.spec().id, &argv) {
-        return Err(refusal);
-    }
+    check_commands(&call, &argv)?;
     if let Some(refusal) = protected_env_refusal(&call, config.envs.keys().map(String::as_str)) {
         return Err(refusal);
     }
@@ -153,6 +151,82 @@ pub async fn start(mut call: Call) -> Result<Response, ApiError> {
         })?;
     let stream = process.attach(true);
     Ok(event_stream(ct, Timing::of(&call), process, stream, true))
+}
+
+/// The policy's `commands` rule on what `argv` runs. The SDK runs everything as
+/// `/bin/bash -l -c <script>`, so for a shell's `-c` script the rule is applied to the
+/// program of each command in the script instead of the shell: `deny: [nc]` refuses
+/// `nc -l 80; true`, and `allow: [python3]` lets `python3 x.py` through. What a script
+/// computes at run time cannot be checked, so under an `allow` list a script with
+/// `$(...)`, backticks or `eval` is refused.
+fn check_commands(call: &Call, argv: &[String]) -> Result<(), ApiError> {
+    let decision = call.decision();
+    let id = &call.spec().id;
+    let Some(script) = shell_script(argv) else {
+        return command_refusal(decision, id, argv).map_or(Ok(()), Err);
+    };
+    if decision.knob_list("commands.allow").is_some()
+        && (script.contains("$(")
+            || script.contains('`')
+            || script_programs(script).iter().any(|p| p == "eval"))
+    {
+        return Err(ApiError::new(
+            403,
+            "PermissionError",
+            format!(
+                "The script builds commands at run time ($(...), backticks or eval), which policy rule endpoints.{id}.commands (allow) cannot check; run the program directly"
+            ),
+        )
+        .with_code("command_not_allowed"));
+    }
+    for program in script_programs(script) {
+        if let Some(refusal) = command_refusal(decision, id, &[program]) {
+            return Err(refusal);
+        }
+    }
+    Ok(())
+}
+
+/// The script of `sh|bash|zsh|dash [-l] -c <script>` (flags may be combined: `-lc`).
+fn shell_script(argv: &[String]) -> Option<&str> {
+    let shell = argv.first()?.rsplit('/').next()?;
+    if !matches!(shell, "sh" | "bash" | "zsh" | "dash") {
+        return None;
+    }
+    let mut args = argv[1..].iter();
+    while let Some(arg) = args.next() {
+        match arg.strip_prefix('-') {
+            Some(flags) if !flags.starts_with('-') && flags.contains('c') => {
+                return args.next().map(String::as_str)
+            }
+            Some(_) => {}
+            None => return None,
+        }
+    }
+    None
+}
+
+/// The program of each simple command in a shell script: split at `;`, `&`, `|`, newlines
+/// and parentheses or braces, leading `NAME=value` assignments skipped.
+fn script_programs(script: &str) -> Vec<String> {
+    const KEYWORDS: [&str; 11] = [
+        "if", "then", "else", "elif", "fi", "do", "done", "while", "until", "!", "time",
+    ];
+    let assignment = |word: &str| {
+        word.split_once('=').is_some_and(|(name, _)| {
+            !name.is_empty() && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
+        })
+    };
+    script
+        .split(['\n', ';', '&', '|', '(', ')', '{', '}'])
+        .filter_map(|command| {
+            let words = crate::process::shlex::split(command)
+                .unwrap_or_else(|_| command.split_whitespace().map(str::to_string).collect());
+            words
+                .into_iter()
+                .find(|w| !assignment(w) && !KEYWORDS.contains(&w.as_str()))
+        })
+        .collect()
 }
 
 /// `Connect`: the events of a running process from now on (its `start` first).
@@ -457,4 +531,39 @@ fn open_terminal(
     };
     rustix::termios::tcsetwinsize(master.as_fd(), size)?;
     Ok((master, path))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn argv(words: &[&str]) -> Vec<String> {
+        words.iter().map(|w| w.to_string()).collect()
+    }
+
+    #[test]
+    fn a_shells_script_is_found_behind_its_flags() {
+        assert_eq!(
+            shell_script(&argv(&["/bin/bash", "-l", "-c", "ls"])),
+            Some("ls")
+        );
+        assert_eq!(
+            shell_script(&argv(&["sh", "-lc", "echo hi"])),
+            Some("echo hi")
+        );
+        assert_eq!(shell_script(&argv(&["/bin/bash", "script.sh"])), None);
+        assert_eq!(shell_script(&argv(&["python3", "-c", "print()"])), None);
+    }
+
+    #[test]
+    fn every_command_of_a_script_is_named() {
+        assert_eq!(
+            script_programs("A=1 nc -l 80; echo ok && /bin/rm -rf x | tee y\n(cd d; make)"),
+            ["nc", "echo", "/bin/rm", "tee", "cd", "make"]
+        );
+        assert_eq!(
+            script_programs("if true; then ls; fi"),
+            ["true", "ls"]
+        );
+    }
 }

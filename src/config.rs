@@ -40,6 +40,9 @@ pub struct Config {
     pub k8s_runtime_port: u16,
     /// The port of the `envd` group (E2B's envd protocol; envd's own port by default).
     pub envd_port: u16,
+    /// `ABX_ENVD_DEFAULT_USER`: who envd's calls run as when they name no user (else
+    /// `user` where that account exists, else the server's own user).
+    pub envd_default_user: Option<String>,
     pub workers: usize,
     pub base_dir: PathBuf,
     /// `ABX_SERVER_TOKEN`; `None` (unset or empty) is local mode.
@@ -121,6 +124,7 @@ impl Default for Config {
             pty_port: 9001,
             k8s_runtime_port: 8888,
             envd_port: 49983,
+            envd_default_user: None,
             workers: std::thread::available_parallelism()
                 .map(|n| n.get())
                 .unwrap_or(1),
@@ -222,6 +226,15 @@ const SETTINGS: &[Setting] = &[
         default: "`49983`",
         apply: |c, src, v| {
             c.envd_port = parse_port(src, v)?;
+            Ok(())
+        },
+    },
+    Setting {
+        flag: None,
+        var: "ABX_ENVD_DEFAULT_USER",
+        default: "`user` if that account exists, else the server's user",
+        apply: |c, _src, v| {
+            c.envd_default_user = Some(v.to_string()).filter(|v| !v.is_empty());
             Ok(())
         },
     },

@@ -242,6 +242,7 @@ impl AppServer {
         ];
         argv.extend(launch.args);
         let spec = Spawn {
+            user: None,
             argv,
             cwd: launch.cwd,
             env: launch.env,

@@ -489,6 +489,7 @@ impl Workspace<'_> {
             param: join(param, "cwd"),
         })?;
         let spec = Spawn {
+            user: None,
             argv: vec!["/bin/sh".into(), "-c".into(), command.command.clone()],
             cwd,
             env: self.environment.with(env),

@@ -681,6 +681,7 @@ async fn spawn_captured(
     context: &InstallContext,
 ) -> std::io::Result<Child> {
     let spec = Spawn {
+        user: None,
         argv,
         cwd,
         env: context.env.clone(),

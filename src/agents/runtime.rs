@@ -237,6 +237,7 @@ pub async fn cli_version(
         return Some(v.clone());
     }
     let spec = Spawn {
+        user: None,
         argv: vec![program.display().to_string(), "--version".into()],
         cwd,
         env,

@@ -54,6 +54,7 @@ impl Turn {
         registry: &Arc<ChildRegistry>,
     ) -> io::Result<Turn> {
         let spec = Spawn {
+            user: None,
             argv,
             cwd,
             env,

@@ -173,6 +173,7 @@ impl Worker {
                     extra,
                     terminal: None,
                 },
+                None,
             )
         })?;
         Ok(Worker {

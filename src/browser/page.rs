@@ -293,6 +293,7 @@ impl Chromium {
                     extra: vec![chromium_reads.as_fd(), chromium_writes.as_fd()],
                     terminal: None,
                 },
+                None,
             )
         })?;
         Ok((pid, Pipe::new(we_write, we_read)?))

@@ -265,6 +265,34 @@ impl Visitor for Listing<'_> {
     }
 }
 
+/// Hands the entry at the caller's path (a link itself, never its target) to
+/// `uid`:`gid`: what a call running as another user creates is that user's.
+pub async fn give_to(
+    base: &BaseDir,
+    caller: CallerPath,
+    uid: u32,
+    gid: u32,
+) -> Result<(), FsError> {
+    let base = base.clone();
+    let shown = caller.display();
+    blocking(move || -> Result<(), FsError> {
+        let beneath = base.open()?;
+        let fd = beneath
+            .open(&caller.rel, OFlags::PATH | OFlags::NOFOLLOW, Mode::empty())
+            .map_err(|e| base.open_error(e, &caller))?;
+        rustix::fs::chownat(
+            &fd,
+            "",
+            Some(rustix::fs::Uid::from_raw(uid)),
+            Some(rustix::fs::Gid::from_raw(gid)),
+            rustix::fs::AtFlags::EMPTY_PATH | rustix::fs::AtFlags::SYMLINK_NOFOLLOW,
+        )
+        .map_err(|e| FsError::io(e.into(), caller.display()))
+    })
+    .await
+    .map_err(|e| FsError::io(e, shown))?
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

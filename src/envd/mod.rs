@@ -6,6 +6,7 @@ pub mod files;
 pub mod json;
 pub mod processes;
 pub mod proto;
+pub mod users;
 pub mod watchers;
 
 use crate::http::connect::Codec;

@@ -37,6 +37,9 @@ pub struct Spawn {
     /// Run it on this terminal (a PTY's slave path) in a session of its own, instead
     /// of pipes or `/dev/null`.
     pub terminal: Option<std::ffi::CString>,
+    /// Run it as this user and group (uid, gid) instead of the server's (or
+    /// `ABX_CHILD_USER`'s); the server must be root to change it.
+    pub user: Option<(u32, u32)>,
 }
 
 /// How a child ended, as Python's `returncode` reports it.
@@ -133,6 +136,7 @@ impl Child {
                         extra: Vec::new(),
                         terminal: spec.terminal.as_deref(),
                     },
+                    spec.user,
                 )
             })?;
             let pidfd = match Pid::from_raw(pid)

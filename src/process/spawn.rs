@@ -125,6 +125,11 @@ pub fn set_child_user(uid: u32, gid: u32) -> Result<(), String> {
     Ok(())
 }
 
+/// `ABX_CHILD_USER`'s user and group, when set: no child may run as another.
+pub fn child_user() -> Option<(u32, u32)> {
+    CHILD_USER.get().copied()
+}
+
 /// `agent-sandbox --exec-as-child-user UID GID PROGRAM ARGV...`: drops every group and
 /// the user to `UID`/`GID`, then executes `PROGRAM` with `ARGV` and the environment as
 /// given. Called by `main` before anything else; returns only with the error to print.
@@ -162,13 +167,15 @@ pub fn spawn(
     env: &[(OsString, OsString)],
     cwd: BorrowedFd<'_>,
     stdio: Stdio<'_>,
+    // The user and group to run as, for this child only; `ABX_CHILD_USER`'s otherwise.
+    user: Option<(u32, u32)>,
 ) -> io::Result<i32> {
     let mut program = c_string(program.as_os_str().as_bytes())?;
     let mut argv: Vec<CString> = argv
         .iter()
         .map(|a| c_string(a.as_bytes()))
         .collect::<io::Result<_>>()?;
-    if let Some((uid, gid)) = CHILD_USER.get() {
+    if let Some((uid, gid)) = user.or(CHILD_USER.get().copied()) {
         let helper = c"/proc/self/exe".to_owned();
         let mut wrapped = vec![
             c"agent-sandbox".to_owned(),

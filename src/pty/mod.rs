@@ -272,6 +272,7 @@ impl Sessions {
         pipe::set_nonblocking(&master).map_err(CreateError::Io)?;
         let ready = Readiness::new(master.as_fd()).map_err(CreateError::Io)?;
         let spec = Spawn {
+            user: None,
             argv: vec![request.shell.clone()],
             cwd: request.cwd,
             env: request.env,

@@ -410,6 +410,7 @@ pub(crate) async fn run_program_in(
     let services = call.services();
     let program = argv[0].clone();
     let spec = Spawn {
+        user: None,
         argv,
         cwd,
         env,

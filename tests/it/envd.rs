@@ -10,6 +10,33 @@ use serde_json::Value;
 use crate::on_both_drivers;
 use crate::support::{tools, Launch, Server, TempDir};
 
+/// The account envd's calls run as when they name none: `user` for a server running as
+/// root (the account is made where it is missing, as E2B's templates have it), else the
+/// server's own.
+fn default_user() -> String {
+    static USER: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    USER.get_or_init(|| {
+        if !rustix::process::geteuid().is_root() {
+            let out = Command::new("id").arg("-un").output().unwrap();
+            return String::from_utf8_lossy(&out.stdout).trim().to_string();
+        }
+        let known = Command::new("getent")
+            .args(["passwd", "user"])
+            .output()
+            .unwrap();
+        if !known.status.success() {
+            let home = if std::path::Path::new("/home/user").exists() { "-M" } else { "-m" };
+            let made = Command::new("useradd")
+                .args([home, "-d", "/home/user", "-s", "/bin/bash", "user"])
+                .status()
+                .expect("run useradd");
+            assert!(made.success(), "useradd user failed");
+        }
+        "user".to_string()
+    })
+    .clone()
+}
+
 fn envd_server(driver: &'static str, home: &TempDir) -> Server {
     Launch::new(driver)
         .env("ABX_SERVER_ENABLED_GROUPS", "envd")
@@ -55,6 +82,7 @@ fn sdk(server: &Server, base: &str, prelude: &str, body: &str) -> Value {
 
 /// Files and commands through the synchronous `Sandbox`, as the SDK's users write them.
 fn the_sync_sdk_drives_files_and_commands(driver: &'static str) {
+    let user = default_user();
     let home = TempDir::new("envdhome");
     let base = TempDir::new("envdbase");
     let server = Launch::new(driver)
@@ -79,6 +107,15 @@ out['deep'] = sorted(e.path for e in sb.files.list(base, depth=2))
 out['exists'] = [sb.files.exists(base + '/a.txt'), sb.files.exists(base + '/nope')]
 stat = sb.files.get_info(base + '/a.txt')
 out['stat'] = [stat.name, stat.type.value, stat.size, stat.permissions, stat.mode & 0o777]
+out['owner'] = stat.owner
+out['whoami'] = sb.commands.run('whoami; echo $HOME').stdout
+# root's own profile may run anything (this machine's runs a pyenv rehash that can
+# hang); an empty HOME keeps its login shell quick.
+out['as_root'] = sb.commands.run('whoami', user='root', envs={'HOME': base}).stdout if os.geteuid() == 0 else 'root\n'
+try:
+    sb.commands.run('true', user='no-such-account-here')
+except Exception as e:
+    out['unknown_user'] = [type(e).__name__, str(e)]
 out['mkdir'] = [sb.files.make_dir(base + '/d/e'), sb.files.make_dir(base + '/d/e')]
 out['rename'] = sb.files.rename(base + '/a.txt', base + '/d/b.txt').path
 try:
@@ -164,6 +201,25 @@ except Exception as e:
         serde_json::json!(["a.txt", "file", 11, "-rw-r--r--", 0o644])
     );
     assert_eq!(out["mkdir"], serde_json::json!([true, false]));
+    assert_eq!(out["owner"], user.as_str());
+    assert!(
+        out["whoami"]
+            .as_str()
+            .unwrap()
+            .starts_with(&format!("{user}\n")),
+        "{}",
+        out["whoami"]
+    );
+    assert_eq!(out["as_root"], "root\n");
+    assert_eq!(out["unknown_user"][0], "InvalidArgumentException");
+    assert!(
+        out["unknown_user"][1]
+            .as_str()
+            .unwrap()
+            .contains("user 'no-such-account-here' does not exist"),
+        "{}",
+        out["unknown_user"]
+    );
     assert_eq!(out["rename"], format!("{base_path}/d/b.txt"));
     assert_eq!(out["missing"], "FileNotFoundException");
     assert!(
@@ -392,7 +448,41 @@ out['alice_kills'] = alice.commands.kill(h.pid)
     assert_eq!(out["alice_kills"], true);
 }
 
+/// As on E2B, a relative path is the user's home's, and commands start there: with the
+/// base directory `/home`, `rel.txt` is `/home/user/rel.txt`, written as `user`.
+fn relative_paths_and_commands_start_in_the_users_home(driver: &'static str) {
+    if default_user() != "user" {
+        println!("skipped: needs the server to run as root (to run as `user`)");
+        return;
+    }
+    let home = TempDir::new("envdhome");
+    let server = Launch::new(driver)
+        .env("ABX_SERVER_ENABLED_GROUPS", "envd")
+        .env("HOME", home.path().to_str().unwrap())
+        .base_dir(std::path::Path::new("/home"))
+        .start();
+    let name = format!("abx-envd-{driver}-{}.txt", std::process::id());
+    let out = sdk(
+        &server,
+        "/home",
+        "from e2b import Sandbox\nsb = Sandbox.create()",
+        &format!(
+            r#"
+info = sb.files.write('{name}', 'relative')
+out['path'] = info.path
+out['owner'] = sb.files.get_info('{name}').owner
+out['pwd'] = sb.commands.run('pwd; cat {name}').stdout
+sb.files.remove('{name}')
+"#
+        ),
+    );
+    assert_eq!(out["path"], format!("/home/user/{name}"));
+    assert_eq!(out["owner"], "user");
+    assert_eq!(out["pwd"], "/home/user\nrelative");
+}
+
 on_both_drivers!(
+    relative_paths_and_commands_start_in_the_users_home,
     identities_stay_apart_on_the_envd_port,
     the_sync_sdk_drives_files_and_commands,
     the_async_sdk_drives_a_terminal_and_protobuf_works,

@@ -14,15 +14,24 @@ use crate::http::Response;
 use crate::routes::shared::{confine_followed, fs_error};
 
 use super::rpc::{self, error};
+use super::user;
+use crate::envd::users::Account;
 
 /// Most entries one `ListDir` answers with.
 const MAX_ENTRIES: usize = 100_000;
 
-fn path_of(input: &str) -> Result<&str, ApiError> {
+/// The caller's path, confined, relative ones against the account's home.
+async fn confined(
+    call: &Call,
+    account: &Account,
+    input: &str,
+) -> Result<crate::fs::CallerPath, ApiError> {
     if input.is_empty() {
         return Err(error(Code::InvalidArgument, "path must not be empty"));
     }
-    Ok(input)
+    let mut caller = confine_followed(call, &user::rooted(call, account, input)).await?;
+    caller.input = input.to_string();
+    Ok(caller)
 }
 
 async fn entry_at(call: &Call, caller: crate::fs::CallerPath) -> Result<EntryResponse, ApiError> {
@@ -42,14 +51,16 @@ async fn entry_at(call: &Call, caller: crate::fs::CallerPath) -> Result<EntryRes
 /// `Stat`.
 pub async fn stat(mut call: Call) -> Result<Response, ApiError> {
     let (ct, request) = rpc::request::<PathRequest>(&mut call, false)?;
-    let caller = confine_followed(&call, path_of(&request.path)?).await?;
+    let account = user::account(&call).await?;
+    let caller = confined(&call, &account, &request.path).await?;
     Ok(rpc::unary(ct, &entry_at(&call, caller).await?))
 }
 
 /// `MakeDir`: the directory and its missing parents; `already_exists` when it is there.
 pub async fn make_dir(mut call: Call) -> Result<Response, ApiError> {
     let (ct, request) = rpc::request::<PathRequest>(&mut call, false)?;
-    let caller = confine_followed(&call, path_of(&request.path)?).await?;
+    let account = user::account(&call).await?;
+    let caller = confined(&call, &account, &request.path).await?;
     let base = &call.services().base;
     if let Some(found) = crate::fs::tree::stat(base, &caller)
         .await
@@ -65,17 +76,47 @@ pub async fn make_dir(mut call: Call) -> Result<Response, ApiError> {
             format!("a {what} already exists at '{}'", caller.display()),
         ));
     }
+    // The directories this call creates, deepest last, to hand to the account.
+    let mut created = vec![caller.clone()];
+    let mut above = caller.clone();
+    while let Some(parent) = above.rel.parent().filter(|p| !p.as_os_str().is_empty()) {
+        above = crate::fs::CallerPath {
+            shown: above
+                .shown
+                .parent()
+                .map(|p| p.to_path_buf())
+                .unwrap_or_default(),
+            rel: parent.to_path_buf(),
+            input: above.input.clone(),
+        };
+        if crate::fs::tree::stat(base, &above)
+            .await
+            .map_err(fs_error)?
+            .is_some()
+        {
+            break;
+        }
+        created.push(above.clone());
+    }
     crate::fs::tree::mkdir(base, caller.clone())
         .await
         .map_err(fs_error)?;
+    if user::hands_over(&account) {
+        for dir in created.into_iter().rev() {
+            crate::envd::files::give_to(base, dir, account.uid, account.gid)
+                .await
+                .map_err(fs_error)?;
+        }
+    }
     Ok(rpc::unary(ct, &entry_at(&call, caller).await?))
 }
 
 /// `Move`: renames, making the destination's missing parents.
 pub async fn move_path(mut call: Call) -> Result<Response, ApiError> {
     let (ct, request) = rpc::request::<MoveRequest>(&mut call, false)?;
-    let source = confine_followed(&call, path_of(&request.source)?).await?;
-    let destination = confine_followed(&call, path_of(&request.destination)?).await?;
+    let account = user::account(&call).await?;
+    let source = confined(&call, &account, &request.source).await?;
+    let destination = confined(&call, &account, &request.destination).await?;
     let base = &call.services().base;
     if crate::fs::tree::stat(base, &source)
         .await
@@ -110,7 +151,8 @@ pub async fn move_path(mut call: Call) -> Result<Response, ApiError> {
 /// `ListDir`: `depth` levels (0 counts as 1), each entry with its absolute path.
 pub async fn list_dir(mut call: Call) -> Result<Response, ApiError> {
     let (ct, request) = rpc::request::<ListDirRequest>(&mut call, false)?;
-    let caller = confine_followed(&call, path_of(&request.path)?).await?;
+    let account = user::account(&call).await?;
+    let caller = confined(&call, &account, &request.path).await?;
     let depth = request.depth.max(1) as usize;
     let shown = caller.display();
     let entries =
@@ -136,7 +178,8 @@ pub async fn list_dir(mut call: Call) -> Result<Response, ApiError> {
 /// `Remove`: a file, or a directory with everything in it.
 pub async fn remove(mut call: Call) -> Result<Response, ApiError> {
     let (ct, request) = rpc::request::<PathRequest>(&mut call, false)?;
-    let caller = confine_followed(&call, path_of(&request.path)?).await?;
+    let account = user::account(&call).await?;
+    let caller = confined(&call, &account, &request.path).await?;
     let shown = caller.display();
     match crate::fs::tree::delete(&call.services().base, caller).await {
         Ok(()) => Ok(rpc::unary(ct, &Empty {})),

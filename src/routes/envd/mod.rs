@@ -9,6 +9,7 @@ mod filesystem;
 mod process;
 mod rest;
 mod rpc;
+mod user;
 mod watch;
 
 use std::sync::Arc;

@@ -25,6 +25,7 @@ use crate::process::child::{Child, Spawn};
 use crate::routes::shared::{command_refusal, protected_env_refusal, spawn_error, working_dir};
 
 use super::rpc::{self, error, Events, Next, Timing};
+use super::user;
 
 /// How long input may wait for a process that reads nothing.
 const INPUT_WAIT: Duration = Duration::from_secs(10);
@@ -78,13 +79,33 @@ pub async fn start(mut call: Call) -> Result<Response, ApiError> {
             format!("envs: '{name}' is not a variable name"),
         ));
     }
-    let cwd = working_dir(&call, config.cwd.as_deref()).await?;
-    let mut env: Vec<(String, String)> = config
+    let account = user::account(&call).await?;
+    // envd starts in the user's home: here when it lies beneath the base directory.
+    let cwd_input = match &config.cwd {
+        Some(cwd) => Some(user::rooted(&call, &account, cwd)),
+        None => account
+            .home
+            .starts_with(call.services().base.path())
+            .then(|| account.home.to_string_lossy().into_owned()),
+    };
+    let cwd = match working_dir(&call, cwd_input.as_deref()).await {
+        // A home that is not there (yet): the base directory, as without one.
+        Err(_) if config.cwd.is_none() => working_dir(&call, None).await?,
+        other => other?,
+    };
+    // The account's own variables first, so the caller's `envs` win.
+    let mut env: Vec<(String, String)> = vec![
+        ("HOME".into(), account.home.to_string_lossy().into_owned()),
+        ("USER".into(), account.name.clone()),
+        ("LOGNAME".into(), account.name.clone()),
+    ];
+    let mut asked: Vec<(String, String)> = config
         .envs
         .iter()
         .map(|(k, v)| (k.clone(), v.clone()))
         .collect();
-    env.sort();
+    asked.sort();
+    env.extend(asked);
     let mut terminal = None;
     let mut terminal_path = None;
     if let Some(pty) = &request.pty {
@@ -108,6 +129,7 @@ pub async fn start(mut call: Call) -> Result<Response, ApiError> {
         stdin,
         capture: terminal.is_none(),
         terminal: terminal_path,
+        user: user::hands_over(&account).then_some((account.uid, account.gid)),
     };
     let child = Child::spawn(spec, &call.services().children)
         .await
@@ -561,9 +583,6 @@ mod tests {
             script_programs("A=1 nc -l 80; echo ok && /bin/rm -rf x | tee y\n(cd d; make)"),
             ["nc", "echo", "/bin/rm", "tee", "cd", "make"]
         );
-        assert_eq!(
-            script_programs("if true; then ls; fi"),
-            ["true", "ls"]
-        );
+        assert_eq!(script_programs("if true; then ls; fi"), ["true", "ls"]);
     }
 }

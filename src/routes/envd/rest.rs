@@ -9,10 +9,13 @@ use serde_json::{json, Value};
 use crate::api::ApiError;
 use crate::app::endpoint::HandlerFuture;
 use crate::app::{Call, RawSink};
+use crate::envd::users::Account;
 use crate::fs::write::Upload;
 use crate::http::multipart::{self, Event, Scanner};
 use crate::http::{LocalFuture, Response};
 use crate::routes::shared::{check_extension, confine_followed, fs_error, raw_bytes};
+
+use super::user;
 
 /// `GET /health`: 204, as envd answers it.
 pub async fn health(_call: Call) -> Result<Response, ApiError> {
@@ -92,7 +95,8 @@ pub async fn download(call: Call) -> Result<Response, ApiError> {
         .filter(|p| !p.is_empty())
         .ok_or_else(|| ApiError::bad_request("path is required: GET /files?path=<file>"))?
         .to_string();
-    let caller = confine_followed(&call, &input).await?;
+    let account = user::account(&call).await?;
+    let caller = confine_followed(&call, &user::rooted(&call, &account, &input)).await?;
     let name = caller
         .file_name()
         .map(|n| n.to_string_lossy().replace('"', ""))
@@ -128,6 +132,7 @@ pub async fn open_upload(call: Call) -> Result<Box<dyn RawSink>, ApiError> {
             ))
         }
     };
+    let account = user::account(&call).await?;
     let query_path = call
         .query("path")
         .filter(|p| !p.is_empty())
@@ -145,7 +150,7 @@ pub async fn open_upload(call: Call) -> Result<Box<dyn RawSink>, ApiError> {
                 "path is required: POST /files?path=<file> with the bytes as the body",
             )
         })?;
-        let caller = confine_followed(&call, &target).await?;
+        let caller = confine_followed(&call, &user::rooted(&call, &account, &target)).await?;
         check_extension(&call, &caller)?;
         let services = call.services();
         let upload = Upload::open(&services.base, caller, services.driver)
@@ -158,6 +163,7 @@ pub async fn open_upload(call: Call) -> Result<Box<dyn RawSink>, ApiError> {
     };
     Ok(Box::new(FilesUpload {
         call,
+        account,
         mode,
         query_path,
         current: None,
@@ -177,6 +183,8 @@ enum Mode {
 
 struct FilesUpload {
     call: Call,
+    /// Who the files are written for: they are handed to this account.
+    account: Account,
     mode: Mode,
     query_path: Option<String>,
     /// The multipart part being written.
@@ -211,7 +219,8 @@ impl FilesUpload {
                     (_, Some(filename)) => filename,
                     (_, None) => return Ok(()),
                 };
-                let caller = confine_followed(&self.call, &target).await?;
+                let rooted = user::rooted(&self.call, &self.account, &target);
+                let caller = confine_followed(&self.call, &rooted).await?;
                 check_extension(&self.call, &caller)?;
                 let services = self.call.services();
                 let upload = Upload::open(&services.base, caller, services.driver)
@@ -322,6 +331,13 @@ impl RawSink for FilesUpload {
                         rest.abort().await;
                     }
                     return Err(fs_error(e));
+                }
+                if user::hands_over(&this.account) {
+                    let base = &this.call.services().base;
+                    let caller = base.confine(&shown).map_err(fs_error)?;
+                    crate::envd::files::give_to(base, caller, this.account.uid, this.account.gid)
+                        .await
+                        .map_err(fs_error)?;
                 }
                 let name = std::path::Path::new(&shown)
                     .file_name()

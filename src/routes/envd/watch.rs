@@ -28,7 +28,10 @@ async fn start_watcher(call: &Call, request: &WatchRequest) -> Result<Watcher, A
     if request.path.is_empty() {
         return Err(error(Code::InvalidArgument, "path must not be empty"));
     }
-    let caller = confine_followed(call, &request.path).await?;
+    let account = super::user::account(call).await?;
+    let mut caller =
+        confine_followed(call, &super::user::rooted(call, &account, &request.path)).await?;
+    caller.input = request.path.clone();
     let shown = caller.display();
     match Watcher::start(&call.services().base, caller, request.recursive, POLL).await {
         Ok(watcher) => Ok(watcher),

@@ -393,6 +393,7 @@ async fn spawn_in(
     let services = call.services();
     let program = argv[0].clone();
     let spec = Spawn {
+        user: None,
         argv,
         cwd,
         env: services.environment.with(&request.env),

@@ -190,6 +190,10 @@ pub struct EndpointSpec {
     /// The engine watches the caller's socket while the handler runs, and a caller
     /// that hangs up drops the handler (what it holds is freed at once).
     pub watch_peer: bool,
+    /// envd's signed file URLs: a request with `signature` (and no credentials) is
+    /// admitted as the identity whose token signed its `path`, this operation (`read`
+    /// or `write`) and `username`.
+    pub signed_urls: Option<&'static str>,
     /// What a body field no param declares gets: ignored, or refused.
     pub unknown_fields: UnknownFields,
     /// Headers every answer of the endpoint carries, its refusals included.
@@ -240,6 +244,7 @@ impl EndpointSpec {
             also_answers: Vec::new(),
             own_refusals: None,
             watch_peer: false,
+            signed_urls: None,
             unknown_fields: UnknownFields::Ignore,
             headers: Vec::new(),
             enforces: Vec::new(),

@@ -59,6 +59,9 @@ pub fn scope_granted(granted: &[String], required: &str) -> bool {
 struct Holder {
     identity: Arc<Identity>,
     tag: Vec<u8>,
+    /// The token itself, where it is known (not for one a policy gives as a digest):
+    /// what envd's signed URLs are checked against.
+    token: Option<String>,
 }
 
 /// A token known by its SHA-256 digest, with the identity it stands for.
@@ -67,6 +70,8 @@ pub struct TokenIdentity {
     pub id: String,
     pub scopes: Vec<String>,
     pub digest: [u8; 32],
+    /// The token, when the policy names where it is (`token_env`), not only its digest.
+    pub token: Option<String>,
 }
 
 /// The credential check, built once from the configuration.
@@ -173,6 +178,7 @@ impl Auth {
                     scopes: vec!["*".into()],
                 }),
                 tag: tag(&key, &token_digest(token)),
+                token: Some(token.to_string()),
             });
         }
         for identity in identities {
@@ -182,6 +188,7 @@ impl Auth {
                     scopes: identity.scopes.clone(),
                 }),
                 tag: tag(&key, &identity.digest),
+                token: identity.token.clone(),
             });
         }
         Auth {
@@ -297,6 +304,65 @@ impl Auth {
         accepted.cloned().ok_or_else(ApiError::unauthorized)
     }
 
+    /// The identity whose token signed an envd file URL: `signature` is `v1_` and the
+    /// unpadded base64 of SHA-256(`<signed>:<token>`, then `:<expiration>` when it has
+    /// one), where `signed` is `<path>:<read|write>:<user>` (e2b's `get_signature`). An
+    /// expiration in the past is refused. Every holder's token is tried, so the time
+    /// taken does not depend on which one matched.
+    pub fn authenticate_signed(
+        &self,
+        signed: &str,
+        expiration: Option<&str>,
+        signature: &str,
+    ) -> Result<Arc<Identity>, ApiError> {
+        let refused = |why: &str| {
+            ApiError::new(401, "AuthError", format!("unauthorized: {why}"))
+                .with_code("unauthorized")
+        };
+        if self.pending {
+            return Err(ApiError::unauthorized());
+        }
+        // Local mode: nothing to check a signature against, and nothing to protect.
+        if self.holders.is_empty() {
+            return Ok(self.anonymous.clone());
+        }
+        if let Some(expiration) = expiration {
+            let at: u64 = expiration
+                .parse()
+                .map_err(|_| refused("signature_expiration is not a Unix time"))?;
+            let now = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_secs());
+            if at < now {
+                return Err(refused("the signed URL has expired"));
+            }
+        }
+        let mut accepted: Option<&Arc<Identity>> = None;
+        for holder in &self.holders {
+            let Some(token) = &holder.token else {
+                continue;
+            };
+            let mut message = format!("{signed}:{token}");
+            if let Some(expiration) = expiration {
+                message.push(':');
+                message.push_str(expiration);
+            }
+            let digest: [u8; 32] = Sha256::digest(message.as_bytes()).into();
+            let expected = format!(
+                "v1_{}",
+                base64_simd::STANDARD_NO_PAD.encode_to_string(digest)
+            );
+            // Compared through the keyed tags, in constant time.
+            let want = tag(&self.key, expected.as_bytes());
+            if self.matches(&want, signature.as_bytes()) && accepted.is_none() {
+                accepted = Some(&holder.identity);
+            }
+        }
+        accepted
+            .cloned()
+            .ok_or_else(|| refused("the URL's signature does not match (signed for another path, operation or user, or with another token)"))
+    }
+
     fn matches(&self, expected: &[u8], digest: &[u8]) -> bool {
         let mut mac = <Hmac<Sha256> as Mac>::new_from_slice(&self.key).expect("any key length");
         mac.update(digest);
@@ -382,11 +448,13 @@ mod tests {
     #[test]
     fn policy_identities_each_get_their_scopes() {
         let reader = TokenIdentity {
+            token: None,
             id: "reader".into(),
             scopes: vec!["files:read".into()],
             digest: token_digest("r-token"),
         };
         let writer = TokenIdentity {
+            token: None,
             id: "writer".into(),
             scopes: vec!["files:read".into(), "files:write".into()],
             digest: token_digest("w-token"),
@@ -411,6 +479,7 @@ mod tests {
         let only = Auth::with_identities(
             None,
             &[TokenIdentity {
+                token: None,
                 id: "a".into(),
                 scopes: vec![],
                 digest: token_digest("a"),
@@ -522,5 +591,56 @@ mod tests {
         );
         let closed = Auth::new(Some("s3cret"));
         assert!(closed.authenticate(&h(&[]), None, true).is_err());
+    }
+
+    /// e2b's `get_signature`, written out: `v1_` + unpadded base64 of SHA-256.
+    fn e2b_signature(signed: &str, token: &str, expiration: Option<u64>) -> String {
+        let message = match expiration {
+            Some(at) => format!("{signed}:{token}:{at}"),
+            None => format!("{signed}:{token}"),
+        };
+        let digest: [u8; 32] = Sha256::digest(message.as_bytes()).into();
+        format!(
+            "v1_{}",
+            base64_simd::STANDARD_NO_PAD.encode_to_string(digest)
+        )
+    }
+
+    #[test]
+    fn signed_urls_name_the_identity_whose_token_signed_them() {
+        let auth = Auth::new(Some("tok"));
+        let signed = "/w/a.txt:read:";
+        let good = e2b_signature(signed, "tok", None);
+        assert_eq!(
+            auth.authenticate_signed(signed, None, &good).unwrap().id,
+            SERVER_IDENTITY
+        );
+        assert!(auth
+            .authenticate_signed("/w/b.txt:read:", None, &good)
+            .is_err());
+        assert!(auth
+            .authenticate_signed(signed, None, &e2b_signature(signed, "other", None))
+            .is_err());
+        let past = e2b_signature(signed, "tok", Some(1));
+        let refused = auth
+            .authenticate_signed(signed, Some("1"), &past)
+            .unwrap_err();
+        assert!(refused.message.contains("expired"), "{}", refused.message);
+        let later = 4_000_000_000u64;
+        let fresh = e2b_signature(signed, "tok", Some(later));
+        assert!(auth
+            .authenticate_signed(signed, Some(&later.to_string()), &fresh)
+            .is_ok());
+        // An expiration is part of what is signed: another one does not pass.
+        assert!(auth
+            .authenticate_signed(signed, Some("4000000001"), &fresh)
+            .is_err());
+        assert_eq!(
+            Auth::new(None)
+                .authenticate_signed(signed, None, "v1_x")
+                .unwrap()
+                .id,
+            "anonymous"
+        );
     }
 }

@@ -98,10 +98,31 @@ impl ApiService {
             return Err(self.decorate(found.index, render(error, style)));
         }
         // authenticate
-        let identity = catalog
-            .auth
-            .authenticate(&head.headers, None, endpoint.spec.auth_required)
-            .map_err(|e| self.decorate(found.index, render(e, style)))?;
+        let signed = endpoint.spec.signed_urls.and_then(|operation| {
+            let pairs = query.as_ref().ok()?;
+            let value = |name: &str| {
+                pairs
+                    .iter()
+                    .find(|(n, _)| n == name)
+                    .map(|(_, v)| v.as_str())
+            };
+            let signature = value("signature")?;
+            let signed = format!(
+                "{}:{operation}:{}",
+                value("path").unwrap_or(""),
+                value("username").unwrap_or("")
+            );
+            Some((signed, value("signature_expiration"), signature))
+        });
+        let identity = match signed {
+            Some((signed, expiration, signature)) if endpoint.spec.auth_required => catalog
+                .auth
+                .authenticate_signed(&signed, expiration, signature),
+            _ => catalog
+                .auth
+                .authenticate(&head.headers, None, endpoint.spec.auth_required),
+        }
+        .map_err(|e| self.decorate(found.index, render(e, style)))?;
         // A refusal once the caller is known: audited, then worded as the route words it.
         let refused = |error: ApiError| {
             audit::refused(catalog, found.index, &identity.id, error.status, error.code);

@@ -171,6 +171,12 @@ impl<C, U> Endpoint<C, U> {
         self
     }
 
+    /// Admits envd's signed URLs for `operation` (see [`crate::api::EndpointSpec::signed_urls`]).
+    pub fn signed_urls(mut self, operation: &'static str) -> Self {
+        self.spec.signed_urls = Some(operation);
+        self
+    }
+
     /// The handler decodes the body itself (see [`BodyMode::Opaque`]).
     pub fn opaque_body(mut self) -> Self {
         self.spec.body = BodyMode::Opaque;

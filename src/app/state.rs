@@ -458,10 +458,10 @@ fn compile(
         .identities
         .iter()
         .map(|rule| {
-            let digest = match &rule.token {
-                TokenSource::Digest(digest) => *digest,
+            let (digest, raw) = match &rule.token {
+                TokenSource::Digest(digest) => (*digest, None),
                 TokenSource::Env(name) => match crate::process::secrets::get(name) {
-                    Some(token) if !token.is_empty() => token_digest(&token),
+                    Some(token) if !token.is_empty() => (token_digest(&token), Some(token)),
                     _ => {
                         return Err(format!(
                             "ABX_SERVER_POLICY: identity '{}' takes its token from ${name}, which is not set",
@@ -474,6 +474,7 @@ fn compile(
                 id: rule.id.clone(),
                 scopes: rule.scopes.clone(),
                 digest,
+                token: raw,
             })
         })
         .collect::<Result<Vec<_>, String>>()?;

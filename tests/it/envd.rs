@@ -25,7 +25,11 @@ fn default_user() -> String {
             .output()
             .unwrap();
         if !known.status.success() {
-            let home = if std::path::Path::new("/home/user").exists() { "-M" } else { "-m" };
+            let home = if std::path::Path::new("/home/user").exists() {
+                "-M"
+            } else {
+                "-m"
+            };
             let made = Command::new("useradd")
                 .args([home, "-d", "/home/user", "-s", "/bin/bash", "user"])
                 .status()
@@ -481,7 +485,52 @@ sb.files.remove('{name}')
     assert_eq!(out["pwd"], "/home/user\nrelative");
 }
 
+/// envd's signed file URLs (`download_url`, `upload_url` of the SDK, as it makes them
+/// for a sandbox with an access token): a URL signed with the caller's token works
+/// without the token, for that path, operation and user only, until it expires.
+fn signed_urls_open_one_file_for_one_operation(driver: &'static str) {
+    let home = TempDir::new("envdhome");
+    let server = Launch::new(driver)
+        .env("ABX_SERVER_ENABLED_GROUPS", "envd")
+        .env("HOME", home.path().to_str().unwrap())
+        .env("ABX_SERVER_TOKEN", "envd-secret")
+        .start();
+    let base = server.base_dir().to_str().unwrap().to_string();
+    let out = sdk(
+        &server,
+        &base,
+        "import httpx\nfrom e2b import Sandbox\nsb = Sandbox.create()\nsb.connection_config._ConnectionConfig__extra_sandbox_headers['X-Access-Token'] = 'envd-secret'\n# What Sandbox.connect keeps outside debug mode, and signs URLs with.\nsb._SandboxBase__envd_access_token = 'envd-secret'",
+        r#"
+path = base + '/signed.txt'
+sb.files.write(path, 'signed content')
+url = sb.download_url(path, use_signature_expiration=120)
+out['read'] = [httpx.get(url).status_code, httpx.get(url).text]
+out['no_signature'] = httpx.get(url.split('&signature=')[0]).status_code
+out['other_path'] = httpx.get(url.replace('signed.txt', 'other.txt')).status_code
+up = sb.upload_url(base + '/uploaded.txt')
+out['write'] = httpx.post(up, files={'file': ('uploaded.txt', b'via signed url')}).status_code
+out['written'] = sb.files.read(base + '/uploaded.txt')
+out['read_as_write'] = httpx.post(url, files={'file': ('x', b'no')}).status_code
+expired = sb.download_url(path, use_signature_expiration=-5)
+out['expired'] = [httpx.get(expired).status_code, httpx.get(expired).json()['message']]
+"#,
+    );
+    assert_eq!(out["read"], serde_json::json!([200, "signed content"]));
+    assert_eq!(out["no_signature"], 401);
+    assert_eq!(out["other_path"], 401);
+    assert_eq!(out["write"], 200);
+    assert_eq!(out["written"], "via signed url");
+    assert_eq!(out["read_as_write"], 401);
+    assert_eq!(out["expired"][0], 401);
+    assert!(
+        out["expired"][1].as_str().unwrap().contains("expired"),
+        "{}",
+        out["expired"]
+    );
+}
+
 on_both_drivers!(
+    signed_urls_open_one_file_for_one_operation,
     relative_paths_and_commands_start_in_the_users_home,
     identities_stay_apart_on_the_envd_port,
     the_sync_sdk_drives_files_and_commands,

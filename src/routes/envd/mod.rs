@@ -125,12 +125,14 @@ pub fn endpoints() -> Vec<Endpoint> {
         rest(Method::Post, "/init", "envd_init", handler(rest::init))
             .summary("Accepted and ignored: it can change no token and no identity."),
         rest(Method::Get, "/files", "envd_files_read", handler(rest::download))
+            .signed_urls("read")
             .enforces(&["paths", "max_bytes"])
             .only_reads()
             .scopes(&["files:read"])
             .summary("A file's bytes (?path=)."),
         Endpoint::streamed(Method::Post, "/files", Group::Envd, sink_handler(rest::open_upload))
             .id("envd_files_write")
+            .signed_urls("write")
             .enforces(&["paths", "allow_extensions", "deny_extensions", "max_upload_bytes"])
             .extension()
             .errors(ErrorStyle::Envd)

@@ -2,7 +2,7 @@
 
 use serde_json::{json, Map, Value};
 
-use crate::api::{ApiError, Group, Method, Param};
+use crate::api::{ApiError, Group, Listener, Method, Param};
 use crate::app::{handler, Call, Endpoint};
 use crate::http::Response;
 
@@ -106,6 +106,21 @@ async fn capabilities(call: Call) -> Result<Response, ApiError> {
         // Only on this server's own endpoints: the others keep the reference's shape.
         if ep.extension {
             entry.insert("extension".into(), json!(true));
+            // The port of an endpoint served beside the API's (envd's, k8s_runtime's).
+            let port = match ep.listener {
+                Listener::Envd => Some(
+                    call.services()
+                        .bound_envd_port
+                        .get()
+                        .copied()
+                        .unwrap_or(call.config().envd_port),
+                ),
+                Listener::K8sRuntime => Some(call.config().k8s_runtime_port),
+                Listener::Api | Listener::Pty => None,
+            };
+            if let Some(port) = port {
+                entry.insert("port".into(), json!(port));
+            }
         }
         entry.insert("enabled".into(), json!(decision.enabled));
         entry.insert("allowed".into(), json!(access.allowed));

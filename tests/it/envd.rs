@@ -363,6 +363,12 @@ fn the_envd_port_is_bound_only_with_the_group() {
     let mut answer = String::new();
     stream.read_to_string(&mut answer).unwrap();
     assert!(answer.starts_with("HTTP/1.1 204"), "{answer}");
+    // /capabilities lists the group's endpoints with the port they are served on.
+    let capabilities = server.get("/capabilities").json();
+    assert_eq!(capabilities["groups"]["envd"], true);
+    let start = &capabilities["endpoints"]["envd_process_start"];
+    assert_eq!(start["port"], addr.port());
+    assert_eq!(start["group"], "envd");
 }
 
 /// Identities on the envd port: `X-Access-Token` (envd's header) selects the caller, a

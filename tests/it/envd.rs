@@ -535,7 +535,110 @@ out['expired'] = [httpx.get(expired).status_code, httpx.get(expired).json()['mes
     );
 }
 
+/// The OpenAI Agents SDK's `SandboxAgent` on its `E2BSandboxClient` (openai-agents,
+/// pinned), its model a stub on 127.0.0.1 that asks for a shell command and then a patch:
+/// both really change the workspace, as the `user` account. The SDK makes its workspace
+/// root with `cwd="/"`, so this server's base directory is `/`, as E2B gives the SDK the
+/// whole machine.
+fn an_openai_agents_sandbox_agent_changes_the_workspace(driver: &'static str) {
+    let home = TempDir::new("envdhome");
+    let workspace = TempDir::new("envdworkspace");
+    let server = Launch::new(driver)
+        .env("ABX_SERVER_ENABLED_GROUPS", "envd")
+        .env("HOME", home.path().to_str().unwrap())
+        .base_dir(std::path::Path::new("/"))
+        .start();
+    let root = workspace.path().join("ws");
+    let out = sdk(
+        &server,
+        root.to_str().unwrap(),
+        r#"
+import threading, time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+requests = []
+class Stub(BaseHTTPRequestHandler):
+    """OpenAI's Responses API as the agent's model: a shell command, then a patch, then
+    a final message, each answer chosen by the tool outputs the request carries."""
+    def log_message(self, *args):
+        pass
+    def do_POST(self):
+        body = json.loads(self.rfile.read(int(self.headers['content-length'])))
+        outputs = [i.get('output') for i in body.get('input', []) if isinstance(i, dict)
+                   and i.get('type') in ('function_call_output', 'custom_tool_call_output')]
+        requests.append({'path': self.path, 'outputs': outputs, 'tools': sorted(t.get('name', t.get('type')) for t in body.get('tools', []))})
+        if not outputs:
+            item = {'type': 'function_call', 'id': 'fc_1', 'call_id': 'call_1', 'name': 'exec_command', 'status': 'completed',
+                    'arguments': json.dumps({'cmd': 'echo made-by-shell > shell.txt && whoami'})}
+        elif len(outputs) == 1:
+            item = {'type': 'custom_tool_call', 'id': 'ctc_1', 'call_id': 'call_2', 'name': 'apply_patch',
+                    'input': '*** Begin Patch\n*** Add File: patched.txt\n+made by a patch\n*** End Patch\n'}
+        else:
+            item = {'type': 'message', 'id': 'msg_1', 'role': 'assistant', 'status': 'completed',
+                    'content': [{'type': 'output_text', 'text': 'done', 'annotations': []}]}
+        answer = json.dumps({'id': 'resp_%d' % len(requests), 'object': 'response', 'created_at': int(time.time()),
+                             'model': 'stub', 'status': 'completed', 'output': [item], 'parallel_tool_calls': False,
+                             'tool_choice': 'auto', 'tools': [],
+                             'usage': {'input_tokens': 1, 'output_tokens': 1, 'total_tokens': 2,
+                                       'input_tokens_details': {'cached_tokens': 0},
+                                       'output_tokens_details': {'reasoning_tokens': 0}}}).encode()
+        self.send_response(200)
+        self.send_header('Content-Type', 'application/json')
+        self.send_header('Content-Length', str(len(answer)))
+        self.end_headers()
+        self.wfile.write(answer)
+stub = ThreadingHTTPServer(('127.0.0.1', 0), Stub)
+threading.Thread(target=stub.serve_forever, daemon=True).start()
+stub_url = 'http://127.0.0.1:%d/v1' % stub.server_address[1]
+os.environ['OPENAI_API_KEY'] = 'stub'
+os.environ['OPENAI_BASE_URL'] = stub_url
+from openai import AsyncOpenAI
+from agents import Runner, RunConfig, OpenAIResponsesModel, set_tracing_disabled
+from agents.run_config import SandboxRunConfig
+from agents.sandbox import SandboxAgent, Manifest
+from agents.extensions.sandbox.e2b import E2BSandboxClient, E2BSandboxClientOptions
+set_tracing_disabled(True)
+"#,
+        r#"
+model = OpenAIResponsesModel(model='stub', openai_client=AsyncOpenAI(base_url=stub_url, api_key='stub'))
+agent = SandboxAgent(name='worker', instructions='work', model=model, default_manifest=Manifest(root=base))
+async def main():
+    config = RunConfig(sandbox=SandboxRunConfig(client=E2BSandboxClient(), options=E2BSandboxClientOptions(sandbox_type='e2b')))
+    result = await Runner.run(agent, 'make two files', run_config=config)
+    out['final'] = result.final_output
+asyncio.run(main())
+out['requests'] = requests
+out['shell'] = open(base + '/shell.txt').read()
+out['patched'] = open(base + '/patched.txt').read()
+import pwd
+out['owners'] = [pwd.getpwuid(os.stat(base + '/' + name).st_uid).pw_name for name in ('shell.txt', 'patched.txt')]
+"#,
+    );
+    assert_eq!(out["final"], "done");
+    let requests = out["requests"].as_array().unwrap();
+    assert_eq!(requests.len(), 3, "{requests:?}");
+    assert!(
+        requests[0]["tools"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|t| t == "exec_command"),
+        "{requests:?}"
+    );
+    let user = default_user();
+    let shell_output = requests[1]["outputs"][0].as_str().unwrap();
+    assert!(
+        shell_output.contains("exited with code 0") && shell_output.contains(&user),
+        "{shell_output}"
+    );
+    assert_eq!(requests[2]["outputs"][1], "Created patched.txt");
+    assert_eq!(out["shell"], "made-by-shell\n");
+    // What the SDK's patch editor writes (it keeps no final newline).
+    assert_eq!(out["patched"], "made by a patch");
+    assert_eq!(out["owners"], serde_json::json!([user, user]));
+}
+
 on_both_drivers!(
+    an_openai_agents_sandbox_agent_changes_the_workspace,
     signed_urls_open_one_file_for_one_operation,
     relative_paths_and_commands_start_in_the_users_home,
     identities_stay_apart_on_the_envd_port,

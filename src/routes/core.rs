@@ -64,7 +64,7 @@ pub fn endpoints() -> Vec<Endpoint> {
     ]
 }
 
-async fn openapi(call: Call) -> Result<Response, ApiError> {
+pub(crate) async fn openapi(call: Call) -> Result<Response, ApiError> {
     let document = crate::app::openapi::document(&call.catalog().endpoints, call.spec().listener);
     Ok(Response::ok(&document))
 }

@@ -197,7 +197,12 @@ mod tests {
         }
         assert_eq!(
             ids(|s| s.enforces.contains(&"commands")),
-            ["process_start", "shell", "shell_stream"]
+            [
+                "envd_process_start",
+                "process_start",
+                "shell",
+                "shell_stream"
+            ]
         );
     }
 }

@@ -369,6 +369,26 @@ fn the_envd_port_is_bound_only_with_the_group() {
     let start = &capabilities["endpoints"]["envd_process_start"];
     assert_eq!(start["port"], addr.port());
     assert_eq!(start["group"], "envd");
+    // The port's own OpenAPI document names its RPCs and REST routes.
+    let mut stream = std::net::TcpStream::connect(addr).unwrap();
+    stream
+        .write_all(b"GET /openapi.json HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n")
+        .unwrap();
+    let mut answer = String::new();
+    stream.read_to_string(&mut answer).unwrap();
+    let body = answer.split("\r\n\r\n").nth(1).unwrap_or_default();
+    let body = if answer.contains("chunked") {
+        body.lines().nth(1).unwrap_or_default()
+    } else {
+        body
+    };
+    let document: serde_json::Value =
+        serde_json::from_str(body).unwrap_or_else(|e| panic!("{e}: {answer}"));
+    assert_eq!(
+        document["paths"]["/process.Process/Start"]["post"]["operationId"],
+        "envd_process_start"
+    );
+    assert!(document["paths"]["/files"]["get"].is_object());
 }
 
 /// Identities on the envd port: `X-Access-Token` (envd's header) selects the caller, a
@@ -637,7 +657,83 @@ out['owners'] = [pwd.getpwuid(os.stat(base + '/' + name).st_uid).pw_name for nam
     assert_eq!(out["owners"], serde_json::json!([user, user]));
 }
 
+/// The SDK's generated Connect clients in the protobuf codec, streaming: `Start` with a
+/// tag and stdin, `Connect` by that tag, `SendInput` and `List` by tag, and keepalives on
+/// a quiet stream (`Keepalive-Ping-Interval: 1`).
+fn protobuf_streams_tags_and_keepalives(driver: &'static str) {
+    let home = TempDir::new("envdhome");
+    let server = envd_server(driver, &home);
+    let base = server.base_dir().to_str().unwrap().to_string();
+    let out = sdk(
+        &server,
+        &base,
+        r#"
+import httpcore
+from e2b.envd.process import process_pb2
+from e2b.envd.process.process_connect import ProcessClient
+client = ProcessClient(os.environ['E2B_SANDBOX_URL'], pool=httpcore.ConnectionPool())
+def kind(response):
+    event = response.event
+    for name in ('start', 'data', 'end', 'keepalive'):
+        if event.HasField(name):
+            if name == 'data':
+                return 'data:' + (event.data.stdout or event.data.stderr).decode()
+            if name == 'end':
+                return 'end:%d:%s' % (event.end.exit_code, event.end.status)
+            return name
+"#,
+        r#"
+script = 'echo first; read line; echo got:$line; sleep 1.5; echo late'
+started = client.start(process_pb2.StartRequest(
+    process=process_pb2.ProcessConfig(cmd='/bin/sh', args=['-c', script]), tag='worker', stdin=True),
+    headers={'Keepalive-Ping-Interval': '1'})
+out['start'] = [kind(next(started)), kind(next(started))]
+followed = client.connect(process_pb2.ConnectRequest(process=process_pb2.ProcessSelector(tag='worker')),
+                          headers={'Keepalive-Ping-Interval': '1'})
+out['connect_first'] = kind(next(followed))
+listed = client.list(process_pb2.ListRequest())
+out['listed'] = [(p.tag, p.config.cmd) for p in listed.processes]
+client.send_input(process_pb2.SendInputRequest(process=process_pb2.ProcessSelector(tag='worker'),
+                                               input=process_pb2.ProcessInput(stdin=b'hello\n')))
+out['connect_rest'] = [kind(r) for r in followed]
+out['start_rest'] = [kind(r) for r in started]
+"#,
+    );
+    assert_eq!(out["start"][0], "start");
+    assert_eq!(out["start"][1], "data:first\n");
+    assert_eq!(out["connect_first"], "start");
+    assert_eq!(out["listed"], serde_json::json!([["worker", "/bin/sh"]]));
+    let rest: Vec<&str> = out["connect_rest"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|k| k.as_str().unwrap())
+        .collect();
+    let got = rest
+        .iter()
+        .position(|k| *k == "data:got:hello\n")
+        .expect("got:hello");
+    let late = rest.iter().position(|k| *k == "data:late\n").expect("late");
+    assert!(
+        rest[got..late].contains(&"keepalive"),
+        "no keepalive while the process slept: {rest:?}"
+    );
+    assert_eq!(rest.last(), Some(&"end:0:exit status 0"), "{rest:?}");
+    let start_rest: Vec<&str> = out["start_rest"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|k| k.as_str().unwrap())
+        .filter(|k| *k != "keepalive")
+        .collect();
+    assert_eq!(
+        start_rest,
+        ["data:got:hello\n", "data:late\n", "end:0:exit status 0"]
+    );
+}
+
 on_both_drivers!(
+    protobuf_streams_tags_and_keepalives,
     an_openai_agents_sandbox_agent_changes_the_workspace,
     signed_urls_open_one_file_for_one_operation,
     relative_paths_and_commands_start_in_the_users_home,

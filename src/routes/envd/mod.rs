@@ -116,6 +116,10 @@ pub fn endpoints() -> Vec<Endpoint> {
         rest(Method::Get, "/health", "envd_health", handler(rest::health))
             .auth_required(false)
             .summary("204 while the server runs (no token needed)."),
+        rest(Method::Get, "/openapi.json", "envd_openapi", handler(crate::routes::core::openapi))
+            .scopes(&["core:read"])
+            .only_reads()
+            .summary("This port's routes as an OpenAPI 3.1 document (what OpenAPI can say of Connect: each RPC a POST)."),
         rest(Method::Get, "/envs", "envd_envs", handler(rest::envs))
             .scopes(&["system:read"])
             .summary("The environment a started process gets."),

@@ -82,6 +82,18 @@ impl ApiService {
         };
         let found = match router.and_then(|r| r.lookup(method, &path)) {
             Some(found) => found,
+            // envd's port answers in envd's words, and says why a route of E2B's envd
+            // (its VM-level ones: /freeze, /fsfreeze, ...) is not here.
+            None if self.listener == Listener::Envd => {
+                let error = ApiError::new(
+                    404,
+                    "ValueError",
+                    format!(
+                        "Not found: {path}. This port serves envd's process.Process and filesystem.Filesystem RPCs, /files, /health, /metrics, /envs and /init; the sandbox is a container, so envd's VM-level routes are not served"
+                    ),
+                );
+                return Err(render(error, ErrorStyle::Envd));
+            }
             None => {
                 return Err(render(
                     ApiError::not_found_path(&path),

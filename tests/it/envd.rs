@@ -100,6 +100,9 @@ fn the_sync_sdk_drives_files_and_commands(driver: &'static str) {
         base_path,
         "import time\nfrom e2b import Sandbox, CommandExitException, NotFoundException, FileType\nsb = Sandbox.create()",
         r#"
+sb.files.write(base + '/zipped.txt', 'compressed on the wire ' * 100, gzip=True)
+out['gzip'] = sb.files.read(base + '/zipped.txt') == 'compressed on the wire ' * 100
+sb.files.remove(base + '/zipped.txt')
 info = sb.files.write(base + '/a.txt', 'hello world')
 out['write'] = [info.name, info.path, info.type.value]
 out['read'] = sb.files.read(base + '/a.txt')
@@ -176,6 +179,7 @@ except Exception as e:
         serde_json::json!(["a.txt", format!("{base_path}/a.txt"), "file"])
     );
     assert_eq!(out["read"], "hello world");
+    assert_eq!(out["gzip"], true);
     assert_eq!(
         out["read_bytes"],
         serde_json::json!([104, 101, 108, 108, 111])
@@ -389,6 +393,20 @@ fn the_envd_port_is_bound_only_with_the_group() {
         "envd_process_start"
     );
     assert!(document["paths"]["/files"]["get"].is_object());
+    // A route of E2B's envd this server does not serve is refused in envd's words.
+    let mut stream = std::net::TcpStream::connect(addr).unwrap();
+    stream
+        .write_all(
+            b"POST /freeze HTTP/1.1\r\nHost: t\r\nContent-Length: 0\r\nConnection: close\r\n\r\n",
+        )
+        .unwrap();
+    let mut answer = String::new();
+    stream.read_to_string(&mut answer).unwrap();
+    assert!(answer.starts_with("HTTP/1.1 404"), "{answer}");
+    assert!(
+        answer.contains(r#""code":404"#) && answer.contains("VM-level routes are not served"),
+        "{answer}"
+    );
 }
 
 /// Identities on the envd port: `X-Access-Token` (envd's header) selects the caller, a
@@ -732,7 +750,40 @@ out['start_rest'] = [kind(r) for r in started]
     );
 }
 
+/// 64 MiB through the SDK's streamed upload (a file object: `application/octet-stream`)
+/// and its streamed read cost the server far less memory than the file.
+fn large_files_stream_in_bounded_memory(driver: &'static str) {
+    let home = TempDir::new("envdhome");
+    let server = envd_server(driver, &home);
+    let base = server.base_dir().to_str().unwrap().to_string();
+    let pid = server.child.id();
+    let before = crate::support::status_kib(pid, "VmRSS");
+    let out = sdk(
+        &server,
+        &base,
+        "import io, hashlib\nfrom e2b import Sandbox\nsb = Sandbox.create()",
+        r#"
+size = 64 * 1024 * 1024
+data = bytes(range(256)) * (size // 256)
+sb.files.write(base + '/big.bin', io.BytesIO(data), use_octet_stream=True)
+digest, total = hashlib.sha256(), 0
+with sb.files.read(base + '/big.bin', format='stream') as stream:
+    for chunk in stream:
+        digest.update(chunk)
+        total += len(chunk)
+out['read'] = [total, digest.hexdigest() == hashlib.sha256(data).hexdigest()]
+"#,
+    );
+    assert_eq!(out["read"], serde_json::json!([64 * 1024 * 1024, true]));
+    let peak = crate::support::status_kib(pid, "VmHWM");
+    assert!(
+        peak < before + 32 * 1024,
+        "the server's peak resident set grew from {before} KiB to {peak} KiB for a 64 MiB file"
+    );
+}
+
 on_both_drivers!(
+    large_files_stream_in_bounded_memory,
     protobuf_streams_tags_and_keepalives,
     an_openai_agents_sandbox_agent_changes_the_workspace,
     signed_urls_open_one_file_for_one_operation,

@@ -157,6 +157,15 @@ big = sb.commands.run("head -c 3000000 /dev/zero | tr '\\0' x")
 out['big'] = len(big.stdout)
 sb.files.remove(base + '/d')
 out['removed'] = sb.files.exists(base + '/d')
+import httpx
+compose_url = os.environ['E2B_SANDBOX_URL'] + '/files/compose'
+sb.files.write(base + '/part1', 'one-')
+sb.files.write(base + '/part2', 'two')
+r = httpx.post(compose_url, json={'source_paths': [base + '/part1', base + '/part2'], 'destination': base + '/whole.txt'})
+out['compose'] = [r.status_code, r.json(), sb.files.read(base + '/whole.txt'), sb.files.exists(base + '/part1'), sb.files.get_info(base + '/whole.txt').owner]
+missing = httpx.post(compose_url, json={'source_paths': [base + '/whole.txt', base + '/nope'], 'destination': base + '/never.txt'})
+out['compose_missing'] = [missing.status_code, missing.json()['code'], sb.files.exists(base + '/never.txt'), sb.files.exists(base + '/whole.txt')]
+sb.files.remove(base + '/whole.txt')
 sb.files.make_dir(base + '/w')
 watcher = sb.files.watch_dir(base + '/w', recursive=True)
 sb.files.write(base + '/w/new.txt', 'x')
@@ -250,6 +259,21 @@ except Exception as e:
     assert_eq!(out["kill_gone"], false);
     assert_eq!(out["big"], 3_000_000);
     assert_eq!(out["removed"], false);
+    assert_eq!(
+        out["compose"],
+        serde_json::json!([
+            200,
+            {"name": "whole.txt", "type": "file", "path": format!("{base_path}/whole.txt")},
+            "one-two",
+            false,
+            user
+        ])
+    );
+    // A missing source: 404, nothing written, the other source kept.
+    assert_eq!(
+        out["compose_missing"],
+        serde_json::json!([404, 404, false, true])
+    );
     assert_eq!(out["watched"], true);
     assert_eq!(out["stopped"], "SandboxException");
 }

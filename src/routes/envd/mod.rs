@@ -134,6 +134,11 @@ pub fn endpoints() -> Vec<Endpoint> {
             .only_reads()
             .scopes(&["files:read"])
             .summary("A file's bytes (?path=)."),
+        rest(Method::Post, "/files/compose", "envd_files_compose", handler(rest::compose))
+            .scopes(&["files:write", "files:delete"])
+            .enforces(&["paths", "allow_extensions", "deny_extensions"])
+            .whole_json()
+            .summary("Concatenate source_paths, in order, into destination (written atomically), then remove the sources."),
         Endpoint::streamed(Method::Post, "/files", Group::Envd, sink_handler(rest::open_upload))
             .id("envd_files_write")
             .signed_urls("write")

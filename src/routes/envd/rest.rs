@@ -109,6 +109,103 @@ pub async fn download(call: Call) -> Result<Response, ApiError> {
     ))
 }
 
+/// `POST /files/compose {source_paths, destination, username?}`: the sources, in order,
+/// become the destination (written atomically), then the sources are removed, as envd's
+/// composite upload does. Answers the destination's `{name, type, path}`.
+pub async fn compose(call: Call) -> Result<Response, ApiError> {
+    #[derive(serde::Deserialize)]
+    struct Compose {
+        source_paths: Vec<String>,
+        destination: String,
+        username: Option<String>,
+    }
+    let request: Compose = call.json()?;
+    if request.source_paths.is_empty() {
+        return Err(ApiError::bad_request(
+            "source_paths must name at least one file",
+        ));
+    }
+    if request.destination.is_empty() {
+        return Err(ApiError::bad_request("destination must name a file"));
+    }
+    let account = user::account_named(&call, request.username.clone()).await?;
+    let base = call.services().base.clone();
+    let driver = call.services().driver;
+    let mut sources = Vec::with_capacity(request.source_paths.len());
+    for input in &request.source_paths {
+        sources.push(confine_followed(&call, &user::rooted(&call, &account, input)).await?);
+    }
+    let destination =
+        confine_followed(&call, &user::rooted(&call, &account, &request.destination)).await?;
+    check_extension(&call, &destination)?;
+    let mut upload = Upload::open(&base, destination.clone(), driver)
+        .await
+        .map_err(fs_error)?;
+    for source in &sources {
+        if let Err(error) = append_file(&call, &base, source, &mut upload).await {
+            upload.abort().await;
+            return Err(error);
+        }
+    }
+    let (_, shown) = upload.commit().await.map_err(fs_error)?;
+    // The sources go once the destination holds them (not the destination itself, when
+    // it was one of them).
+    for source in sources.into_iter().filter(|s| s.rel != destination.rel) {
+        match crate::fs::tree::delete(&base, source).await {
+            Ok(()) | Err(crate::fs::FsError::NotFound(_)) => {}
+            Err(e) => return Err(fs_error(e)),
+        }
+    }
+    if user::hands_over(&account) {
+        crate::envd::files::give_to(&base, destination.clone(), account.uid, account.gid)
+            .await
+            .map_err(fs_error)?;
+    }
+    let name = destination
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    Ok(Response::ok(
+        &json!({"name": name, "type": "file", "path": shown}),
+    ))
+}
+
+/// Appends the file at `source` to `upload`, streamed from disk.
+async fn append_file(
+    call: &Call,
+    base: &crate::fs::BaseDir,
+    source: &crate::fs::CallerPath,
+    upload: &mut Upload,
+) -> Result<(), ApiError> {
+    use crate::http::response::BodyStream;
+    let shown = source.display();
+    let opened = match crate::fs::read::open_file(base, source, false).await {
+        Ok(opened) => opened,
+        Err(crate::fs::FsError::NotFound(_)) => {
+            return Err(ApiError::new(
+                404,
+                "FileNotFoundError",
+                format!("path '{shown}' does not exist"),
+            ))
+        }
+        Err(e) => return Err(fs_error(e)),
+    };
+    let size = opened.stat.st_size as u64;
+    let file = crate::runtime::AsyncFile::new(opened.fd, call.services().driver)
+        .map_err(|e| fs_error(crate::fs::FsError::io(e, shown.clone())))?;
+    let mut stream = crate::runtime::FileStream::new(file, 0, size);
+    let mut buffer = Vec::new();
+    while let Some(piece) = stream
+        .next(buffer)
+        .await
+        .map_err(|e| fs_error(crate::fs::FsError::io(e, shown.clone())))?
+    {
+        buffer = upload.write(piece).await.map_err(fs_error)?;
+        buffer.clear();
+    }
+    Ok(())
+}
+
 /// `POST /files`: a multipart body (one part per file, each part's filename its path,
 /// or `?path=` for a single file) or an `application/octet-stream` body (the file at
 /// `?path=`, optionally `Content-Encoding: gzip`). Each file is written atomically and

@@ -8,9 +8,14 @@ use crate::envd::users::{self, Account, UserError};
 /// The account this call runs as: the one its `Authorization: Basic` (or, on `/files`,
 /// `username=`) names, else the default.
 pub async fn account(call: &Call) -> Result<Account, ApiError> {
-    let asked = call
-        .header("authorization")
-        .and_then(users::basic_user)
+    account_named(call, None).await
+}
+
+/// [`account`], with a user the request's body names first (`/files/compose`).
+pub async fn account_named(call: &Call, named: Option<String>) -> Result<Account, ApiError> {
+    let asked = named
+        .filter(|u| !u.is_empty())
+        .or_else(|| call.header("authorization").and_then(users::basic_user))
         .or_else(|| {
             call.query("username")
                 .filter(|u| !u.is_empty())

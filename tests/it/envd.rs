@@ -579,6 +579,11 @@ up = sb.upload_url(base + '/uploaded.txt')
 out['write'] = httpx.post(up, files={'file': ('uploaded.txt', b'via signed url')}).status_code
 out['written'] = sb.files.read(base + '/uploaded.txt')
 out['read_as_write'] = httpx.post(url, files={'file': ('x', b'no')}).status_code
+# /init, as E2B's orchestrator sends it, changes no credential here.
+init = httpx.post(os.environ['E2B_SANDBOX_URL'] + '/init', json={'accessToken': 'planted', 'envVars': {'A': 'b'}},
+                  headers={'X-Access-Token': 'envd-secret'})
+planted = httpx.get(os.environ['E2B_SANDBOX_URL'] + '/files', params={'path': path}, headers={'X-Access-Token': 'planted'})
+out['init'] = [init.status_code, planted.status_code]
 expired = sb.download_url(path, use_signature_expiration=-5)
 out['expired'] = [httpx.get(expired).status_code, httpx.get(expired).json()['message']]
 "#,
@@ -589,6 +594,7 @@ out['expired'] = [httpx.get(expired).status_code, httpx.get(expired).json()['mes
     assert_eq!(out["write"], 200);
     assert_eq!(out["written"], "via signed url");
     assert_eq!(out["read_as_write"], 401);
+    assert_eq!(out["init"], serde_json::json!([204, 401]));
     assert_eq!(out["expired"][0], 401);
     assert!(
         out["expired"][1].as_str().unwrap().contains("expired"),

@@ -292,6 +292,9 @@ impl Server {
         let factory = Arc::new(service_factory(state.clone(), shutdown.clone(), slots));
         let workers = runtime::start_workers(per_worker, driver, shutdown.clone(), pool, factory)
             .map_err(|e| format!("cannot start worker threads: {e}"))?;
+        // Groups' background work that calls routes in-process starts now, with the
+        // app state whole.
+        crate::routes::started(&state);
         if std::process::id() == 1 {
             start_orphan_reaper(state.clone());
         }

@@ -91,8 +91,10 @@ impl Builder {
             },
         )
         .unwrap_or_else(|e| panic!("the state does not build: {e}"));
+        let state = Arc::new(state);
         TestApp {
-            client: InProcess::new(Arc::new(state)),
+            client: InProcess::new(state.clone()),
+            state,
             root,
             base,
         }
@@ -102,6 +104,7 @@ impl Builder {
 /// The builtin routes over a temporary base directory, removed on drop.
 pub struct TestApp {
     client: InProcess,
+    state: Arc<AppState>,
     root: PathBuf,
     base: PathBuf,
 }
@@ -144,6 +147,11 @@ impl TestApp {
     /// The base directory callers' paths are confined to.
     pub fn base(&self) -> &Path {
         &self.base
+    }
+
+    /// The dispatcher for requests the server makes itself as identity `id`.
+    pub fn acting_as(&self, id: &str) -> InProcess {
+        InProcess::acting_as(self.state.clone(), id)
     }
 
     /// Serves `request`; the answer's body is not taken yet (for streams).

@@ -27,6 +27,8 @@
 //! - [`files`]: `POST /v1/files` uploads, named by `file_id` in environment files;
 //! - [`webhooks`]: webhook endpoints, the events sessions announce to them, and the
 //!   outbox their deliveries wait in (delivered by a thread of their own, retried);
+//! - [`automations`]: scheduled and manual runs of sessions, fired and delivered by a
+//!   thread of their own;
 //! - [`objects`]: the OpenAI shapes; [`error`]: why an operation was refused.
 //!
 //! Two runtimes have a local backend. **codex** runs `codex exec --json` per turn and
@@ -36,6 +38,7 @@
 //! length limit) and run in the base directory, in their own process group.
 
 pub mod app_server;
+pub mod automations;
 pub mod body;
 pub mod codex_map;
 pub mod conversations;

@@ -400,6 +400,16 @@ impl AgentConfig {
         map
     }
 
+    /// An automation target's inline `agent` (`AutomationAgentConfig`): the session's
+    /// agent object without an identity (no `id`, no `name`), secrets dropped alike.
+    pub fn inline_view(&self) -> Value {
+        let mut map = self.common();
+        map.remove("name");
+        let tools: Vec<Value> = self.tools.iter().filter_map(session_tool).collect();
+        map.insert("tools".into(), Value::Array(tools));
+        Value::Object(map)
+    }
+
     /// The session's `agent` object (`AgentSession.agent`): `id` is the saved agent's
     /// (or whatever the session shows there), `tools` the session's `AgentTool`s.
     pub fn snapshot(&self, id: &str) -> Value {
@@ -512,7 +522,7 @@ fn parse_tools(tools: &[Value], at: &str, set: ToolSet) -> Result<Vec<Value>, Ag
                 parse_web_search(&mut f)?
             }
             "computer_use" => return Err(unsupported(f.param("type"), "computer_use cannot be honoured: it drives a browser in an OpenAI-hosted session, which this server has not.")),
-            "automations" => return Err(unsupported(f.param("type"), "automations cannot be honoured: this server has no scheduled wakeups (the automations API is not served).")),
+            "automations" => return Err(unsupported(f.param("type"), "The automations tool cannot be honoured: codex has no tool for an agent to schedule its own wakeups, and this server gives it none. Schedule the session's turns from outside with POST /v1/agents/automations (target existing_session).")),
             other => return Err(invalid(f.param("type"), format!("Unknown tool type '{other}'."))),
         };
         f.done()?;

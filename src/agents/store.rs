@@ -7,6 +7,7 @@
 
 use std::path::Path;
 
+use super::automations::Invocation;
 use super::conversations::Conversation;
 use super::durable::{DurableStore, OpenError};
 use super::records::{Limits, ObjectStore, StoreError, Transaction};
@@ -66,7 +67,8 @@ pub fn restart(t: &mut <AgentsStore as ObjectStore>::Txn<'_>) -> Result<usize, S
         + t.restart::<Session>()?
         + t.restart::<Turn>()?
         + t.restart::<SubagentTurn>()?
-        + t.restart::<Subagent>()?)
+        + t.restart::<Subagent>()?
+        + t.restart::<Invocation>()?)
 }
 
 /// The startup warning of a store kept in memory because `path` could not be opened.

@@ -11,6 +11,7 @@ use std::collections::HashMap;
 use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Mutex, OnceLock};
 
+use super::automations::wake::Wake;
 use super::durable::DurableStore;
 use super::records::{ListQuery, ObjectStore, Page, Record, Scope, StoreError, Transaction};
 use super::webhooks::queue::Queue;
@@ -30,6 +31,8 @@ pub struct Agents<S: ObjectStore = AgentsStore> {
     running: Mutex<HashMap<String, Running>>,
     /// The thread that delivers the webhook outbox (started at its first delivery).
     webhooks: Queue,
+    /// The automations thread's queue (started with the server).
+    automations: Wake,
 }
 
 type Opener<S> = Box<dyn FnOnce() -> S + Send>;
@@ -78,6 +81,7 @@ impl<S: ObjectStore> Agents<S> {
             opener: Mutex::new(None),
             running: Mutex::default(),
             webhooks: Queue::default(),
+            automations: Wake::default(),
         }
     }
 
@@ -89,6 +93,7 @@ impl<S: ObjectStore> Agents<S> {
             opener: Mutex::new(Some(Box::new(open))),
             running: Mutex::default(),
             webhooks: Queue::default(),
+            automations: Wake::default(),
         }
     }
 
@@ -234,6 +239,11 @@ impl<S: ObjectStore> Agents<S> {
     /// The webhook deliverer's queue ([`super::webhooks::outbox`]).
     pub fn webhooks(&self) -> &Queue {
         &self.webhooks
+    }
+
+    /// The automations thread's queue ([`super::automations::scheduler`]).
+    pub fn automations(&self) -> &Wake {
+        &self.automations
     }
 
     fn runs(&self) -> std::sync::MutexGuard<'_, HashMap<String, Running>> {

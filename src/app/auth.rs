@@ -243,6 +243,20 @@ impl Auth {
         self.per_identity
     }
 
+    /// The identity `id` as these holders have it now: a token holder's, or the
+    /// anonymous caller's where one is admitted (local mode, `allow_anonymous`).
+    /// `None` while a token is awaited.
+    pub fn named(&self, id: &str) -> Option<Arc<Identity>> {
+        if self.pending {
+            return None;
+        }
+        if let Some(holder) = self.holders.iter().find(|h| h.identity.id == id) {
+            return Some(holder.identity.clone());
+        }
+        let anonymous_admitted = self.holders.is_empty() || self.anonymous_allowed;
+        (anonymous_admitted && self.anonymous.id == id).then(|| self.anonymous.clone())
+    }
+
     /// The identity of a caller who presents no credential.
     pub fn anonymous(&self) -> Arc<Identity> {
         self.anonymous.clone()

@@ -41,6 +41,16 @@ impl InProcess {
         }
     }
 
+    /// The API port's dispatcher for requests the server makes itself as identity
+    /// `id` (an automation's run): admitted as that identity is in the policy now (its
+    /// scopes, its rules), with no credential; refused 401 when the policy no longer
+    /// has it.
+    pub fn acting_as(state: Arc<AppState>, id: &str) -> InProcess {
+        let mut client = InProcess::new(state);
+        client.service = client.service.acting_as(id);
+        client
+    }
+
     /// Serves `request` and hands back the answer, its body not yet taken (collect it
     /// with [`Answer::body`], or take it piece by piece with [`Answer::next`]). `Err`
     /// where a socket would end without an answer: a line break in the head, a body
@@ -154,6 +164,62 @@ mod tests {
             let reply = app.request("POST", "/shell", &[], &json).await;
             assert_eq!(reply.status, 413);
             assert_eq!(reply.json()["code"], "payload_too_large");
+        });
+    }
+
+    /// A request the server makes for an identity is admitted as the policy has that
+    /// identity now: its scopes hold, and an identity the policy lacks is refused.
+    #[test]
+    fn requests_made_for_an_identity_are_that_identitys_own() {
+        use sha2::{Digest, Sha256};
+        let digest = |token: &str| -> String {
+            Sha256::digest(token.as_bytes())
+                .iter()
+                .map(|b| format!("{b:02x}"))
+                .collect()
+        };
+        let policy = json!({
+            "endpoints": {"files_list": {"scopes": ["files:read"]}, "system_info": {"scopes": ["system:read"]}},
+            "identities": [
+                {"id": "reader", "scopes": ["files:read"], "token_sha256": digest("reader-token")},
+                {"id": "admin", "scopes": ["*"], "token_sha256": digest("admin-token")},
+            ],
+        });
+        let app = TestApp::builder().policy(&policy.to_string()).build();
+        run(async {
+            let status = |id: &'static str, target: &'static str| {
+                let client = app.acting_as(id);
+                async move {
+                    let answer = client.send(Request::new("GET", target)).await.unwrap();
+                    let status = answer.status;
+                    let body: serde_json::Value =
+                        serde_json::from_slice(&answer.body(1 << 20).await.unwrap()).unwrap();
+                    (status, body)
+                }
+            };
+            // No credential is sent: the identity itself is admitted, within its scopes.
+            assert_eq!(status("reader", "/files/list?path=.").await.0, 200);
+            let (refused, body) = status("reader", "/system/info").await;
+            assert_eq!(refused, 403, "{body}");
+            // An identity with every scope.
+            assert_eq!(status("admin", "/system/info").await.0, 200);
+            // Nobody the policy names: 401, and no anonymous fallback with tokens.
+            let (unknown, body) = status("mallory", "/files/list?path=.").await;
+            assert_eq!(unknown, 401, "{body}");
+            assert_eq!(body["code"], "unknown_identity");
+            assert_eq!(status("anonymous", "/files/list?path=.").await.0, 401);
+            // The plain client still needs a credential.
+            assert_eq!(app.get("/files/list?path=.").await.status, 401);
+        });
+        // In local mode the anonymous caller is the one identity.
+        let local = TestApp::new();
+        run(async {
+            let answer = local
+                .acting_as("anonymous")
+                .send(Request::new("GET", "/health"))
+                .await
+                .unwrap();
+            assert_eq!(answer.status, 200);
         });
     }
 

@@ -27,6 +27,10 @@ pub struct ApiService {
     state: Arc<AppState>,
     shutdown: Arc<Shutdown>,
     listener: Listener,
+    /// Requests made by the server itself for an identity (an automation's run, in
+    /// process only): admitted as that identity as the policy has it now, with no
+    /// credential. A socket's service never has one.
+    acting_as: Option<String>,
 }
 
 /// A routed, authorised request waiting for its body.
@@ -49,7 +53,15 @@ impl ApiService {
             state,
             shutdown,
             listener,
+            acting_as: None,
         }
+    }
+
+    /// The service of requests the server makes itself for identity `id` (see
+    /// `acting_as`).
+    pub(crate) fn acting_as(mut self, id: &str) -> ApiService {
+        self.acting_as = Some(id.to_string());
+        self
     }
 
     /// Route, authenticate and authorize; `Err` is the refusal to answer.
@@ -126,13 +138,23 @@ impl ApiService {
             );
             Some((signed, value("signature_expiration"), signature))
         });
-        let identity = match signed {
-            Some((signed, expiration, signature)) if endpoint.spec.auth_required => catalog
+        let identity = match (&self.acting_as, signed) {
+            (Some(id), _) => catalog.auth.named(id).ok_or_else(|| {
+                ApiError::new(
+                    401,
+                    "AuthError",
+                    format!("unauthorized: the identity '{id}' is not in the policy in force"),
+                )
+                .with_code("unknown_identity")
+            }),
+            (None, Some((signed, expiration, signature))) if endpoint.spec.auth_required => catalog
                 .auth
                 .authenticate_signed(&signed, expiration, signature),
-            _ => catalog
-                .auth
-                .authenticate(&head.headers, None, endpoint.spec.auth_required),
+            (None, _) => {
+                catalog
+                    .auth
+                    .authenticate(&head.headers, None, endpoint.spec.auth_required)
+            }
         }
         .map_err(|e| self.decorate(found.index, render(e, style)))?;
         // A refusal once the caller is known: audited, then worded as the route words it.

@@ -39,6 +39,12 @@ pub fn builtin_registrars() -> Vec<Registrar> {
     ]
 }
 
+/// Starts the built-in groups' background work that needs the whole app state (it
+/// calls routes in-process): the server calls it once it serves.
+pub fn started(state: &std::sync::Arc<crate::app::AppState>) {
+    agents::started(state);
+}
+
 /// Every built-in endpoint, in the order `/capabilities` lists them.
 pub fn builtin_endpoints() -> Vec<Endpoint> {
     let mut endpoints = Vec::new();

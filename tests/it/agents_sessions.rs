@@ -14,14 +14,14 @@ use crate::support::{pin, tools, Launch, Server, TempDir};
 use crate::upstream::{serve_upstream, Upstream};
 
 /// What the servers of one test share, so a restarted one finds everything again.
-struct Sandbox {
-    home: TempDir,
-    base: TempDir,
+pub(crate) struct Sandbox {
+    pub(crate) home: TempDir,
+    pub(crate) base: TempDir,
     policy: std::path::PathBuf,
 }
 
 impl Sandbox {
-    fn new(upstream: &Upstream) -> Sandbox {
+    pub(crate) fn new(upstream: &Upstream) -> Sandbox {
         let home = TempDir::new("sessions-home");
         let base = TempDir::new("sessions-base");
         let codex_home = home.path().join("codex");
@@ -43,11 +43,11 @@ impl Sandbox {
         Sandbox { home, base, policy }
     }
 
-    fn server(&self) -> Server {
+    pub(crate) fn server(&self) -> Server {
         self.server_with(&[])
     }
 
-    fn server_with(&self, extra: &[(&str, &str)]) -> Server {
+    pub(crate) fn server_with(&self, extra: &[(&str, &str)]) -> Server {
         let mut launch = Launch::new("uring");
         for (name, value) in extra {
             launch = launch.env(name, value);
@@ -83,8 +83,21 @@ fn sdk(server: &Server, sandbox: &Sandbox, phase: &str) {
 }
 
 fn sdk_with(server: &Server, sandbox: &Sandbox, phase: &str, env: &[(&str, &str)]) {
-    let script =
-        Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/agents_sessions_sdk.py");
+    run_fixture("agents_sessions_sdk.py", server, sandbox, phase, env);
+}
+
+/// Runs one phase of the SDK script `fixture` (in `tests/fixtures/`) against `server`:
+/// it must end with `ok`, validated with the pinned SDK.
+pub(crate) fn run_fixture(
+    fixture: &str,
+    server: &Server,
+    sandbox: &Sandbox,
+    phase: &str,
+    env: &[(&str, &str)],
+) {
+    let script = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures")
+        .join(fixture);
     let output = Command::new(&tools().python)
         .arg(&script)
         .arg(format!("http://{}/v1", server.addr))

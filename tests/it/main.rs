@@ -7,6 +7,7 @@ mod agents;
 mod agents_api;
 mod agents_sessions;
 mod agents_store;
+mod automations;
 mod browser;
 mod codex_app_server;
 mod commands;

@@ -10,6 +10,7 @@
 //! its declared fields (`call.args()`), calls the domain and shapes the answer; the
 //! domain's refusals are worded here.
 
+mod automations;
 mod cli;
 mod conversations;
 mod environments;
@@ -59,6 +60,7 @@ pub fn endpoints() -> Vec<Endpoint> {
     // `/v1/agents/...` (runtimes, environments, executors, sessions): the router tries
     // literal segments first, whatever the order here.
     endpoints.extend(saved::endpoints());
+    endpoints.extend(automations::endpoints());
     endpoints.extend(environments::endpoints());
     endpoints.extend(vaults::endpoints());
     endpoints.extend(sessions::endpoints());
@@ -350,6 +352,10 @@ pub fn registrar() -> crate::app::Registrar {
             // Deliveries the last server left queued go out now.
             crate::agents::webhooks::outbox::resume(&agents);
             setup.provide(agents);
+            // Automations fire from the start: a schedule outlives the server.
+            setup.provide(Arc::new(automations::Starting {
+                read_schedule: true,
+            }));
         } else {
             // Off at startup (a policy may switch it on later): the store is opened by
             // its first use, and a sandbox that never uses agents gets no file.
@@ -368,6 +374,11 @@ pub fn registrar() -> crate::app::Registrar {
                 crate::agents::webhooks::outbox::resume(&agents);
             }
             setup.provide(agents);
+            // The schedule is read only from a store file that exists (reading opens
+            // the store); new automations reach the thread through its queue.
+            setup.provide(Arc::new(automations::Starting {
+                read_schedule: kept,
+            }));
         }
         setup.provide(Arc::new(cli::installer(setup.config)));
         let hub = Arc::new(crate::agents::sessions::live::Hub::default());
@@ -375,6 +386,11 @@ pub fn registrar() -> crate::app::Registrar {
         setup.on_shutdown(move || stopping.stop_all());
         setup.provide(hub);
     })
+}
+
+/// The group's background work, once the server serves: the automations thread.
+pub fn started(state: &Arc<crate::app::AppState>) {
+    automations::start(state.clone());
 }
 
 fn announce_restart(restarted: usize) {

@@ -90,7 +90,7 @@ pub async fn new_session(
 
 /// The environment as answered, and the workspace relative to the base directory (`None`
 /// for `none`).
-async fn environment_of(
+pub(super) async fn environment_of(
     call: &Call,
     environment: &Value,
 ) -> Result<(Value, Option<String>), ApiError> {
@@ -215,7 +215,7 @@ pub fn changes(
 /// The session's agent configuration and the id its snapshot shows: the saved agent
 /// `agent_id` (the caller's) with `overrides` on top, or the inline agent
 /// `overrides` describes (then `agent.model` is required).
-async fn session_agent(
+pub(super) async fn session_agent(
     call: &Call,
     agents: &std::sync::Arc<Agents>,
     agent_id: Option<String>,
@@ -258,7 +258,7 @@ fn agent_changes(map: Map<String, Value>) -> Result<saved::AgentPatch, ApiError>
 
 /// The vaults a session names must be the caller's, and each MCP tool's credential one
 /// of theirs for that tool's URL.
-async fn check_vaults(
+pub(super) async fn check_vaults(
     call: &Call,
     agents: &std::sync::Arc<Agents>,
     ids: &[String],

@@ -164,8 +164,8 @@ fn runtimes_models_and_refusals() {
         // Phase 1's 20, the Agents API's 25 CRUD operations and its 22 of sessions, the
         // executor refusals at the reference's paths too, its webhook endpoints (8) and
         // POST /v1/files, responses.connect and compact: the reference's whole table;
-        // and the MCP relay's three (extensions).
-        json!({"enabled": 83, "total": 83})
+        // and the MCP relay's three and the 10 automations operations (extensions).
+        json!({"enabled": 93, "total": 93})
     );
     assert_eq!(
         caps["endpoints"]["agents_responses_create"]["scopes"],

@@ -17,7 +17,7 @@ use crate::upstream::{serve_upstream, Upstream};
 pub(crate) struct Sandbox {
     pub(crate) home: TempDir,
     pub(crate) base: TempDir,
-    policy: std::path::PathBuf,
+    pub(crate) policy: std::path::PathBuf,
 }
 
 impl Sandbox {
@@ -48,7 +48,11 @@ impl Sandbox {
     }
 
     pub(crate) fn server_with(&self, extra: &[(&str, &str)]) -> Server {
-        let mut launch = Launch::new("uring");
+        self.server_on("uring", extra)
+    }
+
+    pub(crate) fn server_on(&self, driver: &'static str, extra: &[(&str, &str)]) -> Server {
+        let mut launch = Launch::new(driver);
         for (name, value) in extra {
             launch = launch.env(name, value);
         }

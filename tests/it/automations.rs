@@ -6,6 +6,8 @@
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use serde_json::{json, Value};
+
 use crate::agents_sessions::{run_fixture, Sandbox};
 use crate::upstream::serve_upstream;
 
@@ -65,4 +67,92 @@ fn automations_fire_on_schedule_and_survive_a_kill() {
         "after_restart",
         &[("DOWN_FROM", &from), ("DOWN_TO", &to)],
     );
+}
+
+/// A run is its owner's request under the policy in force when it runs: narrowed after
+/// the automation was made, the owner's run is refused as the owner would be, and no
+/// session is created. On epoll, the other driver.
+#[test]
+fn a_run_is_refused_what_its_owner_is_refused_now() {
+    let upstream = serve_upstream();
+    let sandbox = Sandbox::new(&upstream);
+    let server = sandbox.server_on("epoll", &[]);
+    let alice = |method: &str, path: &str, body: Option<Value>| {
+        let body = body.map(|b| b.to_string());
+        let reply = server.request(
+            method,
+            path,
+            &[
+                ("Authorization", "Bearer alice-token"),
+                ("Content-Type", "application/json"),
+            ],
+            body.as_deref().map(str::as_bytes),
+        );
+        (reply.status, reply.json())
+    };
+    let (status, created) = alice(
+        "POST",
+        "/v1/agents/automations",
+        Some(json!({
+            "type": "once", "name": "later", "run_at": unix_now() + 3600,
+            "target": {"type": "new_session", "environment": {"type": "self_hosted", "workspace_directory": "/workspace"},
+                       "agent": {"model": "stub-model"}, "input": "SAY never"},
+        })),
+    );
+    assert_eq!(status, 200, "{created}");
+    let id = created["id"].as_str().unwrap().to_string();
+    assert_eq!(created["x_agent_sandbox"]["next_run_at"], created["run_at"]);
+
+    // Now alice holds agents:use alone, and session creation needs another scope.
+    let revision = || alice("GET", "/capabilities", None).1["policy"]["revision"].clone();
+    assert!(revision().is_string(), "no policy revision");
+    let first = revision();
+    let policy = std::fs::read_to_string(&sandbox.policy).unwrap().replace(
+        "{id: alice, scopes: [\"*\"]",
+        "{id: alice, scopes: [\"agents:use\"]",
+    );
+    assert!(policy.contains("agents:use"), "{policy}");
+    std::fs::write(
+        &sandbox.policy,
+        format!(
+            "{policy}endpoints:\n  agents_sessions_create: {{scopes: [\"sessions:create\"]}}\n"
+        ),
+    )
+    .unwrap();
+    let hung_up = unsafe { libc::kill(server.child.id() as i32, libc::SIGHUP) };
+    assert_eq!(hung_up, 0);
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while revision() == first && std::time::Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert_ne!(revision(), first, "the policy was not reloaded");
+
+    let (status, run) = alice(
+        "POST",
+        &format!("/v1/agents/automations/{id}/invocations"),
+        None,
+    );
+    assert_eq!(status, 200, "{run}");
+    let run_id = run["id"].as_str().unwrap().to_string();
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    let settled = loop {
+        let (_, run) = alice(
+            "GET",
+            &format!("/v1/agents/automations/{id}/invocations/{run_id}"),
+            None,
+        );
+        if run["status"] != "queued" || std::time::Instant::now() > deadline {
+            break run;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    assert_eq!(settled["status"], "failed", "{settled}");
+    assert_eq!(settled["error"]["code"], "missing_scope", "{settled}");
+    assert!(settled["session_id"].is_null(), "{settled}");
+    let (_, sessions) = alice("GET", "/v1/agents/sessions", None);
+    assert_eq!(sessions["data"], json!([]), "a refused run made a session");
+    // The schedule itself is untouched by a manual run.
+    let (_, after) = alice("GET", &format!("/v1/agents/automations/{id}"), None);
+    assert_eq!(after["status"], "active");
+    assert_eq!(after["x_agent_sandbox"]["next_run_at"], created["run_at"]);
 }

@@ -13,7 +13,7 @@
 //! run stays `queued` (and occurrences that come are `skipped`).
 
 use std::cmp::Reverse;
-use std::collections::{BinaryHeap, HashMap};
+use std::collections::{BinaryHeap, HashMap, VecDeque};
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
@@ -29,6 +29,10 @@ use crate::agents::surface::Agents;
 /// How long a run waits for a busy session, and how often it asks.
 pub const BUSY_WAIT: Duration = Duration::from_secs(600);
 pub const BUSY_RETRY: Duration = Duration::from_secs(2);
+
+/// Runs delivered at once; more wait their turn (100 automations due at the same
+/// minute do not start 100 sessions at the same instant).
+pub const IN_FLIGHT: usize = 8;
 
 /// What a delivery answered.
 #[derive(Debug, Clone, PartialEq)]
@@ -165,18 +169,39 @@ async fn run(
             }
         }
     }
+    let mut waiting: VecDeque<(String, String, String)> = VecDeque::new();
+    let mut in_flight = 0usize;
     loop {
         let now = now_ms();
         for (owner, id) in table.take_due((now / 1000) as i64) {
+            monoio::spawn(fire(agents.clone(), owner, id));
+        }
+        while in_flight < IN_FLIGHT {
+            let Some((owner, id, invocation)) = waiting.pop_front() else {
+                break;
+            };
+            in_flight += 1;
             let (agents, deliverer) = (agents.clone(), deliverer.clone());
-            monoio::spawn(async move { fire(agents, deliverer, owner, id).await });
+            monoio::spawn(async move {
+                deliver(agents.clone(), deliverer, owner, id, invocation).await;
+                agents.automations().send(Job::Delivered);
+            });
         }
         let wait = table.wait_ms(now_ms()).unwrap_or(60_000).clamp(1, 60_000);
         match monoio::time::timeout(Duration::from_millis(wait), next(&mut rx)).await {
             Ok(Some(job)) => {
-                take(&mut table, &agents, &deliverer, job);
+                let mut take = |job| match job {
+                    Job::Due { owner, id, at } => table.set(&owner, &id, at),
+                    Job::Deliver {
+                        owner,
+                        id,
+                        invocation,
+                    } => waiting.push_back((owner, id, invocation)),
+                    Job::Delivered => in_flight = in_flight.saturating_sub(1),
+                };
+                take(job);
                 while let Ok(job) = rx.try_recv() {
-                    take(&mut table, &agents, &deliverer, job);
+                    take(job);
                 }
             }
             Ok(None) => return,
@@ -185,23 +210,9 @@ async fn run(
     }
 }
 
-fn take(table: &mut Timetable, agents: &Arc<Agents>, deliverer: &Arc<dyn Deliver>, job: Job) {
-    match job {
-        Job::Due { owner, id, at } => table.set(&owner, &id, at),
-        Job::Deliver {
-            owner,
-            id,
-            invocation,
-        } => {
-            let (agents, deliverer) = (agents.clone(), deliverer.clone());
-            monoio::spawn(async move { deliver(agents, deliverer, owner, id, invocation).await });
-        }
-    }
-}
-
-/// Fires one due automation, then delivers its run; the next occurrence goes back on
-/// the timetable through the queue.
-async fn fire(agents: Arc<Agents>, deliverer: Arc<dyn Deliver>, owner: String, id: String) {
+/// Fires one due automation; its run and its next occurrence go back to the loop
+/// through the queue.
+async fn fire(agents: Arc<Agents>, owner: String, id: String) {
     let now = (now_ms() / 1000) as i64;
     let (o, i) = (owner.clone(), id.clone());
     let fired = agents.transact(move |t| super::fire(t, &o, &i, now)).await;
@@ -213,7 +224,11 @@ async fn fire(agents: Arc<Agents>, deliverer: Arc<dyn Deliver>, owner: String, i
                 at: fired.next,
             });
             if let Some(invocation) = fired.deliver {
-                deliver(agents, deliverer, owner, id, invocation).await;
+                agents.automations().send(Job::Deliver {
+                    owner,
+                    id,
+                    invocation,
+                });
             }
         }
         Err(e) => {

@@ -23,6 +23,8 @@ pub enum Job {
         id: String,
         invocation: String,
     },
+    /// A delivery ended: its place is free (the thread's own).
+    Delivered,
 }
 
 /// The thread's queue, `None` until the thread is started.

@@ -1167,6 +1167,34 @@ const BUILTIN_TOOLS: [&str; 10] = [
     "update_plan",
 ];
 
+/// The dynamic tool an agent's `automations` tool becomes: the session's actor answers
+/// its calls itself (`super::automations::agent_tool`), no client does. The name is
+/// reserved: an application's function may not take it.
+pub const AUTOMATIONS_TOOL: &str = "automations";
+
+/// What the model is told of the automations tool, and the arguments it takes.
+fn automations_tool() -> Value {
+    json!({
+        "type": "function",
+        "name": AUTOMATIONS_TOOL,
+        "description": "Schedule your own wakeups in this session. At each wakeup you receive the automation's instructions as a user message. action=create with name, instructions, and either delay_seconds or run_at (a Unix time in seconds) for one wakeup, or expression (a cron expression, five fields) and timezone (IANA, default UTC) for a periodic one; action=list shows this session's automations; action=pause, resume or delete with automation_id.",
+        "inputSchema": {
+            "type": "object",
+            "properties": {
+                "action": {"type": "string", "enum": ["create", "list", "pause", "resume", "delete"]},
+                "name": {"type": "string", "description": "create: a short name."},
+                "instructions": {"type": "string", "description": "create: the message you receive at each wakeup."},
+                "delay_seconds": {"type": "integer", "minimum": 1, "description": "create, once: seconds from now."},
+                "run_at": {"type": "integer", "description": "create, once: a Unix time in seconds."},
+                "expression": {"type": "string", "description": "create, periodic: a cron expression such as \"0 9 * * 1-5\"."},
+                "timezone": {"type": "string", "description": "create, periodic: an IANA time zone (default UTC)."},
+                "automation_id": {"type": "string", "description": "pause, resume, delete: which automation."}
+            },
+            "required": ["action"]
+        }
+    })
+}
+
 /// The namespace deferred function tools are offered in (codex loads deferred tools
 /// only from a namespace).
 pub const DEFERRED_NAMESPACE: &str = "deferred_tools";
@@ -1265,6 +1293,12 @@ pub fn thread_plan(agent: &Value, cwd: &str) -> Result<ThreadPlan, Unsupported> 
                         format!("function name {name:?} must match ^[a-zA-Z0-9_-]+$ and be at most 128 characters"),
                     ));
                 }
+                if name == AUTOMATIONS_TOOL {
+                    return Err(unsupported(
+                        format!("{param}.name"),
+                        "\"automations\" is the name of the automations tool's function: rename the function (or use {\"type\": \"automations\"})",
+                    ));
+                }
                 if BUILTIN_TOOLS.contains(&name) {
                     return Err(unsupported(
                         format!("{param}.name"),
@@ -1291,6 +1325,8 @@ pub fn thread_plan(agent: &Value, cwd: &str) -> Result<ThreadPlan, Unsupported> 
                 }
             }
             "mcp" => mcp_server(tool, &param, &mut config, &mut env)?,
+            // Answered by the session itself (the actor runs it).
+            "automations" => functions.push(automations_tool()),
             // codex searches the deferred functions itself (their namespace below).
             "tool_search" => {}
             "web_search" => {

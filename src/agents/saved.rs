@@ -484,6 +484,9 @@ fn parse_tools(tools: &[Value], at: &str, set: ToolSet) -> Result<Vec<Value>, Ag
                 if names.contains(&name) {
                     return Err(invalid(f.param("name"), format!("Two function tools are named '{name}'.")));
                 }
+                if name == crate::agents::codex_map::AUTOMATIONS_TOOL {
+                    return Err(unsupported(f.param("name"), "'automations' is the name the automations tool's function has for codex: rename the function, or use {\"type\": \"automations\"}."));
+                }
                 names.push(name.clone());
                 let description = f.required_string("description")?;
                 let parameters = f.raw_object("parameters")?.ok_or_else(|| {
@@ -522,7 +525,12 @@ fn parse_tools(tools: &[Value], at: &str, set: ToolSet) -> Result<Vec<Value>, Ag
                 parse_web_search(&mut f)?
             }
             "computer_use" => return Err(unsupported(f.param("type"), "computer_use cannot be honoured: it drives a browser in an OpenAI-hosted session, which this server has not.")),
-            "automations" => return Err(unsupported(f.param("type"), "The automations tool cannot be honoured: codex has no tool for an agent to schedule its own wakeups, and this server gives it none. Schedule the session's turns from outside with POST /v1/agents/automations (target existing_session).")),
+            "automations" => {
+                if out.iter().any(|t: &Value| t["type"] == "automations") {
+                    return Err(invalid(f.param("type"), "An agent has one automations tool at most."));
+                }
+                json!({"type": "automations"})
+            }
             other => return Err(invalid(f.param("type"), format!("Unknown tool type '{other}'."))),
         };
         f.done()?;
@@ -841,10 +849,28 @@ mod tests {
             refused(tool(json!({"type": "computer_use"})), ""),
             ("tools[1].type".into(), true)
         );
+        // The automations tool is honoured, once.
+        let twice =
+            json!({"model": "m", "tools": [{"type": "automations"}, {"type": "automations"}]});
+        assert_eq!(refused(twice, ""), ("tools[1].type".into(), false));
+        let once = AgentConfig::parse(&map(tool(json!({"type": "automations"}))), "", false);
+        let config = AgentConfig::new(once.unwrap(), "").unwrap();
         assert_eq!(
-            refused(tool(json!({"type": "automations"})), ""),
-            ("tools[1].type".into(), true)
+            config.snapshot("agent_1")["tools"][1],
+            json!({"type": "automations"})
         );
+        let plan =
+            crate::agents::codex_map::thread_plan(&serde_json::to_value(&config).unwrap(), "/w")
+                .unwrap();
+        let tools = &plan.thread_start["dynamicTools"];
+        assert_eq!(tools[1]["name"], "automations", "{tools}");
+        assert_eq!(
+            tools[1]["inputSchema"]["properties"]["action"]["enum"][0],
+            "create"
+        );
+        // Its function's name is the tool's: an application's function cannot take it.
+        let named = json!({"model": "m", "tools": [{"type": "function", "name": "automations", "description": "", "parameters": {}}]});
+        assert_eq!(refused(named, ""), ("tools[0].name".into(), true));
         assert_eq!(
             refused(tool(json!({"type": "programmatic_tool_calling"})), "agent."),
             ("agent.tools[1].type".into(), true)

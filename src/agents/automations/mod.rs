@@ -404,6 +404,16 @@ pub async fn create(
     body: Map<String, Value>,
     target: NewTarget,
 ) -> Result<Value, AgentError> {
+    create_by(agents, owner, body, target, json!({"type": "developer"})).await
+}
+
+async fn create_by(
+    agents: &Arc<Agents>,
+    owner: &str,
+    body: Map<String, Value>,
+    target: NewTarget,
+    created_by: Value,
+) -> Result<Value, AgentError> {
     let now = now();
     let kind = body.get("type").and_then(Value::as_str).unwrap_or_default();
     let when = match kind {
@@ -466,7 +476,7 @@ pub async fn create(
                 metadata,
                 when,
                 status: "active".into(),
-                created_by: json!({"type": "developer"}),
+                created_by,
                 fired: false,
             };
             t.create(Scope::owner(&owner), a.clone())
@@ -871,6 +881,135 @@ pub async fn invocations(
             ))
         })
         .await
+}
+
+/// A call of a session's `automations` tool (`codex_map::AUTOMATIONS_TOOL`): the agent
+/// manages its own wakeups. `create` makes an automation whose target is this session
+/// (its `instructions` the message of each wakeup) and whose `created_by` is the agent's
+/// call; `list` shows the automations that target this session; `pause`, `resume` and
+/// `delete` act on one of those. Everything else is the API's rules (limits, refusals),
+/// said to the model as the call's failure.
+pub async fn agent_tool(
+    agents: &Arc<Agents>,
+    owner: &str,
+    session_id: &str,
+    call_id: &str,
+    arguments: &Value,
+) -> Result<String, String> {
+    // codex passes the model's arguments as JSON, or as their text.
+    let arguments = match arguments {
+        Value::String(text) => serde_json::from_str(text).unwrap_or(Value::Null),
+        other => other.clone(),
+    };
+    let said = |e: AgentError| match e {
+        AgentError::Invalid { param, message } | AgentError::Unsupported { param, message } => {
+            format!("{param}: {message}")
+        }
+        AgentError::Rejected { message, .. } => message,
+        other => format!("{other:?}"),
+    };
+    let text = |key: &str| {
+        arguments
+            .get(key)
+            .and_then(Value::as_str)
+            .map(str::to_string)
+    };
+    let action = text("action").unwrap_or_default();
+    let brief = |a: &Value| {
+        let mut b = json!({"automation_id": a["id"], "name": a["name"], "type": a["type"],
+                           "status": a["status"], "next_run_at": a["x_agent_sandbox"]["next_run_at"]});
+        for key in ["expression", "timezone", "run_at"] {
+            if let Some(v) = a.get(key) {
+                b[key] = v.clone();
+            }
+        }
+        b
+    };
+    match action.as_str() {
+        "create" => {
+            let instructions = text("instructions")
+                .filter(|i| !i.trim().is_empty() && i.chars().count() <= MAX_INSTRUCTIONS)
+                .ok_or("instructions: the message you receive at each wakeup is required")?;
+            let mut body = Map::new();
+            body.insert(
+                "name".into(),
+                json!(text("name").unwrap_or_else(|| "wakeup".into())),
+            );
+            match (
+                text("expression"),
+                arguments.get("delay_seconds").and_then(Value::as_i64),
+            ) {
+                (Some(expression), _) => {
+                    body.insert("type".into(), json!("periodic"));
+                    body.insert("expression".into(), json!(expression));
+                    body.insert(
+                        "timezone".into(),
+                        json!(text("timezone").unwrap_or_else(|| "UTC".into())),
+                    );
+                }
+                (None, Some(delay)) if delay > 0 => {
+                    body.insert("type".into(), json!("once"));
+                    body.insert("run_at".into(), json!(now() + delay));
+                }
+                (None, _) => {
+                    body.insert("type".into(), json!("once"));
+                    body.insert(
+                        "run_at".into(),
+                        arguments.get("run_at").cloned().unwrap_or(Value::Null),
+                    );
+                }
+            }
+            let target = NewTarget {
+                kind: "existing_session".into(),
+                shown: json!({"type": "existing_session", "session_id": session_id, "instructions": instructions}),
+                delivery: json!({"session_id": session_id, "instructions": instructions}),
+                session_id: Some(session_id.to_string()),
+            };
+            let created_by =
+                json!({"type": "agent", "session_id": session_id, "tool_call_id": call_id});
+            let made = create_by(agents, owner, body, target, created_by)
+                .await
+                .map_err(said)?;
+            Ok(json!({"created": brief(&made)}).to_string())
+        }
+        "list" => {
+            let (page, _) = list(
+                agents,
+                owner,
+                None,
+                MAX_AUTOMATIONS_PER_OWNER,
+                Order::Asc,
+                Some(session_id.to_string()),
+            )
+            .await
+            .map_err(said)?;
+            let shown: Vec<Value> = page.iter().map(brief).collect();
+            Ok(json!({"automations": shown}).to_string())
+        }
+        "pause" | "resume" | "delete" => {
+            let id = text("automation_id").ok_or("automation_id is required")?;
+            // Only what wakes this session: an agent cannot touch its owner's others.
+            let found = get(agents, owner, &id).await.map_err(said)?;
+            if found["target"]["session_id"] != session_id {
+                return Err(format!("No automation '{id}' wakes this session."));
+            }
+            let done = match action.as_str() {
+                "pause" => pause(agents, owner, &id).await,
+                "resume" => resume(agents, owner, &id).await,
+                _ => delete(agents, owner, &id).await,
+            }
+            .map_err(said)?;
+            Ok(match action.as_str() {
+                "delete" => json!({"deleted": id}),
+                _ => json!({action.as_str(): brief(&done)}),
+            }
+            .to_string())
+        }
+        "" => Err("action is required: create, list, pause, resume or delete".into()),
+        other => Err(format!(
+            "Unknown action '{other}': create, list, pause, resume or delete"
+        )),
+    }
 }
 
 /// What firing an occurrence did.

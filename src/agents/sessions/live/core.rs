@@ -213,6 +213,14 @@ pub enum Effect {
         thread: String,
         name: Option<String>,
     },
+    /// Run the session's own tool (the automations tool) for call `call_id`; feed its
+    /// output back as [`CoreInput::Answer`] with `id` (`Ok`: the text the model reads;
+    /// `Err`: why it failed).
+    RunTool {
+        id: RpcId,
+        call_id: String,
+        arguments: Value,
+    },
     /// A notification of an open sub-agent thread.
     Child {
         method: String,
@@ -230,10 +238,19 @@ pub enum Effect {
 enum Purpose {
     ThreadStart,
     ThreadResume,
-    TurnStart { turn: String },
+    TurnStart {
+        turn: String,
+    },
     Steer,
     Interrupt,
-    ReadChild { thread: String },
+    ReadChild {
+        thread: String,
+    },
+    /// The actor's own tool ran (the shell's [`Effect::RunTool`]).
+    Tool {
+        turn: String,
+        call_id: String,
+    },
 }
 
 /// What the commit in flight was for.
@@ -288,6 +305,9 @@ enum Phase {
 struct PendingCall {
     request: Value,
     turn: String,
+    /// A call of the automations tool, which the actor answers itself: no client
+    /// sees it as a required action or may answer it.
+    internal: bool,
 }
 
 /// The root turn running now.
@@ -440,7 +460,7 @@ impl Core {
                 self.script.extend(steps);
             }
             CoreInput::Request { id, method, params } => {
-                let steps = self.request(id, &method, params);
+                let steps = self.request(now, id, &method, params);
                 self.script.extend(steps);
             }
             CoreInput::Exited { why } => self.exited(now, why),
@@ -766,7 +786,7 @@ impl Core {
         if turn
             .pending
             .get(call_id)
-            .is_none_or(|call| call.turn != turn_id)
+            .is_none_or(|call| call.turn != turn_id || call.internal)
         {
             return self.refuse(unknown(), out);
         }
@@ -887,7 +907,7 @@ impl Core {
         steps
     }
 
-    fn request(&mut self, id: Value, method: &str, params: Value) -> Vec<Step> {
+    fn request(&mut self, now: Now, id: Value, method: &str, params: Value) -> Vec<Step> {
         let turn = self.turn.as_mut().filter(|t| !t.ended);
         let mapped = match (method, turn) {
             ("item/tool/call", Some(turn)) => turn.mapper.tool_call(&params).map(|m| (m, turn)),
@@ -904,18 +924,44 @@ impl Core {
                 )),
             })];
         };
+        let mut internal = Vec::new();
         for fact in &mapped.facts {
             if let Fact::ToolCall(call) = fact {
+                let ours = call.name == codex_map::AUTOMATIONS_TOOL;
                 turn.pending.insert(
                     call.call_id.clone(),
                     PendingCall {
                         request: id.clone(),
                         turn: turn.id.clone(),
+                        internal: ours,
                     },
                 );
+                if ours {
+                    internal.push((
+                        turn.id.clone(),
+                        call.call_id.clone(),
+                        call.arguments.clone(),
+                    ));
+                }
             }
         }
-        self.apply_mapped(mapped)
+        let mut steps = self.apply_mapped(mapped);
+        // The call shows as a function_call item like any; the actor answers it.
+        for (turn, call_id, arguments) in internal {
+            let rpc = self.next_rpc;
+            self.next_rpc += 1;
+            let purpose = Purpose::Tool {
+                turn,
+                call_id: call_id.clone(),
+            };
+            self.rpcs.insert(rpc, (purpose, now.at + self.rpc_timeout));
+            steps.push(Step::Emit(Effect::RunTool {
+                id: rpc,
+                call_id,
+                arguments,
+            }));
+        }
+        steps
     }
 
     /// What the mapper said, as steps: facts first (stored, calls registered), then its
@@ -945,6 +991,8 @@ impl Core {
                 steps.push(Step::Commit(write, Awaiting::Items));
             }
         }
+        // The actor's own tool waits for no client.
+        calls.retain(|call| call.name != codex_map::AUTOMATIONS_TOOL);
         let requires_action = !calls.is_empty();
         for call in calls {
             let write = Write::RequiresAction {
@@ -1191,6 +1239,34 @@ impl Core {
                 self.script.extend(out.into_iter().map(Step::Emit));
             }
             (Purpose::Interrupt, _) => {}
+            (Purpose::Tool { turn, call_id }, result) => {
+                let result = match result {
+                    Ok(output) => ToolResult {
+                        success: true,
+                        output: Some(output),
+                        error: None,
+                    },
+                    Err(e) => ToolResult {
+                        success: false,
+                        output: None,
+                        error: Some(e.message),
+                    },
+                };
+                // A turn that ended meanwhile (cancelled) no longer waits for it.
+                let Some(active) = self.turn.as_mut().filter(|t| !t.ended && t.id == turn) else {
+                    return;
+                };
+                let Some(call) = active.pending.remove(&call_id) else {
+                    return;
+                };
+                let (answer, mapped) = active.mapper.tool_result(&call_id, &result);
+                self.script.push_back(Step::Emit(Effect::Respond {
+                    request: call.request,
+                    result: Ok(answer),
+                }));
+                let steps = self.apply_mapped(mapped);
+                self.script.extend(steps);
+            }
             (Purpose::ReadChild { thread }, result) => {
                 let name = result
                     .ok()
@@ -1695,6 +1771,7 @@ mod tests {
                     }
                 ),
                 Effect::OpenChild { thread, .. } => format!("open child {thread}"),
+                Effect::RunTool { call_id, .. } => format!("run tool {call_id}"),
                 Effect::Child { method, .. } => format!("child {method}"),
                 Effect::Log(_) => "log".into(),
                 Effect::Stop => "stop".into(),
@@ -2097,6 +2174,93 @@ mod tests {
             })
             .is_empty());
         assert_eq!(names(&d.say(4, "SAY late")), ["answer 4 stopped"]);
+    }
+
+    /// A call of the automations tool is answered by the actor: it shows as a
+    /// function_call item, asks no client for action, and no client may answer it.
+    #[test]
+    fn the_automations_tool_is_answered_by_the_actor_not_a_client() {
+        let capture = capture(
+            &include_str!("../../../../tests/fixtures/codex/tool.jsonl")
+                .replace("lookup_weather", codex_map::AUTOMATIONS_TOOL),
+        );
+        let mut d = Driver::ready(&capture.thread);
+        d.begin(1, &capture.turns[0].0);
+        let notifications = &capture.turns[0].1;
+        let call_started = notifications
+            .iter()
+            .position(|(m, p)| m == "item/started" && p["item"]["type"] == "dynamicToolCall")
+            .unwrap();
+        d.notify(&notifications[..=call_started]);
+        let codex_turn = capture.turns[0].0["turn"]["id"].clone();
+        let called = d.feed(CoreInput::Request {
+            id: json!(0),
+            method: "item/tool/call".into(),
+            params: json!({"threadId": capture.thread, "turnId": codex_turn, "callId": "call_up2",
+                           "namespace": null, "tool": "automations", "arguments": {"action": "list"}}),
+        });
+        let said = names(&called);
+        assert!(has(&said, "run tool call_up2"), "{said:?}");
+        assert!(
+            has(&said, "publish agent.session.turn.item.added"),
+            "{said:?}"
+        );
+        assert!(
+            !said.iter().any(|n| n.contains("requires_action")),
+            "{said:?}"
+        );
+        let Some(Effect::RunTool { id, arguments, .. }) =
+            called.iter().find(|e| matches!(e, Effect::RunTool { .. }))
+        else {
+            unreachable!()
+        };
+        assert_eq!(arguments, &json!({"action": "list"}));
+        // A client cannot answer it.
+        let client = d.feed(CoreInput::Command {
+            waiter: 2,
+            inputs: vec![Input::ToolResult {
+                turn_id: d.session.active_turn.clone().unwrap(),
+                call_id: "call_up2".into(),
+                result: ToolResult {
+                    success: true,
+                    output: Some(json!("forged")),
+                    error: None,
+                },
+            }],
+        });
+        assert!(
+            matches!(
+                &client[..],
+                [Effect::Answer {
+                    reply: Reply::Applied(Err(AgentError::Invalid { .. })),
+                    ..
+                }]
+            ),
+            "{client:?}"
+        );
+        // Its answer goes to codex, with no session status change.
+        let answered = d.feed(CoreInput::Answer {
+            id: *id,
+            result: Ok(json!("{\"automations\": []}")),
+        });
+        let said = names(&answered);
+        assert_eq!(
+            said.first().map(String::as_str),
+            Some("respond ok"),
+            "{said:?}"
+        );
+        assert!(
+            !said.iter().any(|n| n.contains("agent.session.in_progress")),
+            "{said:?}"
+        );
+        let Effect::Respond {
+            result: Ok(answer), ..
+        } = &answered[0]
+        else {
+            unreachable!()
+        };
+        assert_eq!(answer["success"], true);
+        assert_eq!(answer["contentItems"][0]["text"], "{\"automations\": []}");
     }
 
     #[test]

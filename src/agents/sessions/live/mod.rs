@@ -523,6 +523,30 @@ impl Actor {
                 }
                 None
             }
+            Effect::RunTool {
+                id,
+                call_id,
+                arguments,
+            } => {
+                // On a task of its own, as RPC answers are: the loop goes on reading.
+                let (agents, owner, session) = (
+                    self.agents.clone(),
+                    self.owner.clone(),
+                    self.session.clone(),
+                );
+                let answers = answers.clone();
+                monoio::spawn(async move {
+                    let output = crate::agents::automations::agent_tool(
+                        &agents, &owner, &session, &call_id, &arguments,
+                    )
+                    .await;
+                    let result = output
+                        .map(Value::String)
+                        .map_err(|why| RpcError::new(RpcError::INTERNAL_ERROR, why));
+                    let _ = answers.unbounded_send((id, result));
+                });
+                None
+            }
             Effect::OpenChild { thread, name } => {
                 self.open_subagent(&thread, name, now_unix()).await;
                 None

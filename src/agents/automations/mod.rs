@@ -1012,6 +1012,43 @@ pub async fn agent_tool(
     }
 }
 
+/// A deleted session's agent-made automations (`created_by` that session): deleted,
+/// as the session's own wakeups are nobody else's. Automations a developer pointed at
+/// the session stay (they are the developer's to delete).
+pub async fn forget_session(
+    agents: &Arc<Agents>,
+    owner: &str,
+    session_id: &str,
+) -> Result<(), AgentError> {
+    let (owner, session) = (owner.to_string(), session_id.to_string());
+    let gone = agents
+        .transact(move |t| {
+            let all = t.list::<Automation>(Scope::owner(&owner), &ListQuery::all())?;
+            let mut gone = Vec::new();
+            for a in all.data {
+                if a.created_by["type"] == "agent" && a.created_by["session_id"] == session {
+                    t.delete::<Automation>(Scope::owner(&owner), &a.id)?;
+                    match t.delete::<Entry>(Scope::owner(SCHEDULER), &a.id) {
+                        Ok(_) | Err(StoreError::NotFound) => {}
+                        Err(e) => return Err(e.into()),
+                    }
+                    gone.push(a.id);
+                }
+            }
+            Ok::<_, AgentError>((owner, gone))
+        })
+        .await?;
+    let (owner, ids) = gone;
+    for id in ids {
+        agents.automations().send(Job::Due {
+            owner: owner.clone(),
+            id,
+            at: None,
+        });
+    }
+    Ok(())
+}
+
 /// What firing an occurrence did.
 #[derive(Debug, Default, PartialEq)]
 pub struct Fired {

@@ -380,6 +380,8 @@ async fn delete(call: Call) -> Result<Response, ApiError> {
             e => ApiError::from(e),
         })?;
     super::session_live::forget(&call, &id)?;
+    // The session's agent's own wakeups go with it (others' stay, their runs failing).
+    crate::agents::automations::forget_session(&agents, &call.identity.id, &id).await?;
     let scratch = call.config().state_dir.join("sessions").join(&id);
     sessions::remove_leftovers(scratch, codex_home(&call), deleted.thread_id).await;
     Ok(Response::ok(&json!({

@@ -100,7 +100,8 @@ pub enum When {
 }
 
 impl When {
-    /// The first occurrence strictly after `now`, for a periodic one.
+    /// What is next from `now`: a periodic automation's first occurrence strictly
+    /// after it, a one-time one's `run_at`.
     fn next_after(&self, now: i64) -> Option<i64> {
         match self {
             When::Periodic {
@@ -362,12 +363,6 @@ fn checked_schedule(expression: &str, timezone: &str) -> Result<(), AgentError> 
         .map_err(|r| invalid(r.param, r.message))
 }
 
-/// What an automation's `when` says is next, from `now`: a periodic one's next
-/// occurrence, a one-time one's `run_at`.
-fn first_at(when: &When, now: i64) -> Option<i64> {
-    when.next_after(now)
-}
-
 /// Writes the schedule entry of `automation` (or removes it), in the transaction that
 /// changed it.
 fn index<T: Transaction>(t: &mut T, owner: &str, a: &Automation) -> Result<(), StoreError> {
@@ -469,7 +464,7 @@ async fn create_by(
                     shown: target.shown,
                     session_id: target.session_id,
                 },
-                next_at: first_at(&when, now),
+                next_at: when.next_after(now),
                 id,
                 created_at: now as u64,
                 name,
@@ -666,7 +661,7 @@ pub async fn update(
                 a.metadata = metadata;
             }
             if a.status == "active" {
-                a.next_at = first_at(&a.when, now);
+                a.next_at = a.when.next_after(now);
             }
             t.put(scope, a.clone())?;
             index(t, &owner, &a)?;
@@ -741,7 +736,7 @@ async fn set_status(
                 a.next_at = match (active, &a.when) {
                     (false, _) => None,
                     (true, When::Once { run_at }) => Some(*run_at),
-                    (true, when) => first_at(when, now),
+                    (true, when) => when.next_after(now),
                 };
                 t.put(scope, a.clone())?;
                 index(t, &owner, &a)?;

@@ -29,6 +29,8 @@ use crate::app::{handler, AppState, Call, Endpoint};
 use crate::http::Response;
 
 const COLLECTION: &str = "/v1/agents/automations";
+/// Where a new-session run creates its session.
+const SESSIONS: &str = "/v1/agents/sessions";
 const MEMBER: &str = "/v1/agents/automations/{automation_id}";
 const ID: &str = "automation_id";
 const RUN_ID: &str = "invocation_id";
@@ -490,15 +492,13 @@ impl Deliver for AppDeliverer {
     ) -> Pin<Box<dyn Future<Output = Delivered> + 'a>> {
         Box::pin(async move {
             let (target, body, session) = match delivery {
-                Delivery::NewSession(body) => {
-                    (COLLECTION.replace("automations", "sessions"), body, None)
-                }
+                Delivery::NewSession(body) => (SESSIONS.to_string(), body, None),
                 Delivery::ExistingSession {
                     session_id,
                     instructions,
                 } => (
                     format!(
-                        "/v1/agents/sessions/{}/events",
+                        "{SESSIONS}/{}/events",
                         percent_encoding::utf8_percent_encode(
                             &session_id,
                             percent_encoding::NON_ALPHANUMERIC

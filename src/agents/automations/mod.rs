@@ -376,11 +376,22 @@ fn index<T: Transaction>(t: &mut T, owner: &str, a: &Automation) -> Result<(), S
                 at,
             },
         ),
-        _ => match t.delete::<Entry>(scope, &a.id) {
-            Ok(_) | Err(StoreError::NotFound) => Ok(()),
-            Err(e) => Err(e),
-        },
+        _ => unschedule(t, &a.id),
     }
+}
+
+/// Removes automation `id`'s schedule entry, if it has one.
+fn unschedule<T: Transaction>(t: &mut T, id: &str) -> Result<(), StoreError> {
+    match t.delete::<Entry>(Scope::owner(SCHEDULER), id) {
+        Ok(_) | Err(StoreError::NotFound) => Ok(()),
+        Err(e) => Err(e),
+    }
+}
+
+/// Writes back a changed automation and its schedule entry, in one transaction.
+fn save<T: Transaction>(t: &mut T, owner: &str, a: &Automation) -> Result<(), StoreError> {
+    t.put(Scope::owner(owner), a.clone())?;
+    index(t, owner, a)
 }
 
 fn due_job(owner: &str, a: &Automation) -> Job {
@@ -663,8 +674,7 @@ pub async fn update(
             if a.status == "active" {
                 a.next_at = a.when.next_after(now);
             }
-            t.put(scope, a.clone())?;
-            index(t, &owner, &a)?;
+            save(t, &owner, &a)?;
             Ok::<_, AgentError>((owner, a))
         })
         .await?;
@@ -681,10 +691,7 @@ pub async fn delete(agents: &Arc<Agents>, owner: &str, id: &str) -> Result<Value
             let a: Automation = t
                 .delete(Scope::owner(&owner), &id)
                 .map_err(store_refusal(&id))?;
-            match t.delete::<Entry>(Scope::owner(SCHEDULER), &a.id) {
-                Ok(_) | Err(StoreError::NotFound) => {}
-                Err(e) => return Err(e.into()),
-            }
+            unschedule(t, &a.id)?;
             Ok::<_, AgentError>((owner, id))
         })
         .await?;
@@ -738,8 +745,7 @@ async fn set_status(
                     (true, When::Once { run_at }) => Some(*run_at),
                     (true, when) => when.next_after(now),
                 };
-                t.put(scope, a.clone())?;
-                index(t, &owner, &a)?;
+                save(t, &owner, &a)?;
             }
             Ok::<_, AgentError>((owner, a))
         })
@@ -1023,10 +1029,7 @@ pub async fn forget_session(
             for a in all.data {
                 if a.created_by["type"] == "agent" && a.created_by["session_id"] == session {
                     t.delete::<Automation>(Scope::owner(&owner), &a.id)?;
-                    match t.delete::<Entry>(Scope::owner(SCHEDULER), &a.id) {
-                        Ok(_) | Err(StoreError::NotFound) => {}
-                        Err(e) => return Err(e.into()),
-                    }
+                    unschedule(t, &a.id)?;
                     gone.push(a.id);
                 }
             }
@@ -1067,10 +1070,7 @@ pub fn fire<T: Transaction>(
     let mut a: Automation = match t.get(scope, id) {
         Ok(a) => a,
         Err(StoreError::NotFound) => {
-            match t.delete::<Entry>(Scope::owner(SCHEDULER), id) {
-                Ok(_) | Err(StoreError::NotFound) => {}
-                Err(e) => return Err(e.into()),
-            }
+            unschedule(t, id)?;
             return Ok(Fired::default());
         }
         Err(e) => return Err(e.into()),
@@ -1111,8 +1111,7 @@ pub fn fire<T: Transaction>(
             a.fired = true;
         }
     }
-    t.put(scope, a.clone())?;
-    index(t, owner, &a)?;
+    save(t, owner, &a)?;
     let deliver = (!pending).then(|| invocation.id.clone());
     record(t, owner, invocation)?;
     Ok(Fired {

@@ -14,13 +14,11 @@ use std::sync::Arc;
 
 use serde_json::{json, Map, Value};
 
-use super::stored::paging;
+use super::stored::{list_page, page_query, paging};
 use super::{agents_of, invalid, path_value, route};
 use crate::agents::automations::scheduler::{self, Deliver, Delivered};
 use crate::agents::automations::{self, Delivery, NewTarget, Outcome, MAX_INSTRUCTIONS};
 use crate::agents::body::metadata;
-use crate::agents::objects::label;
-use crate::agents::records::Order;
 use crate::agents::sessions::inputs::{parse_messages, Part};
 use crate::agents::Agents;
 use crate::api::{ApiError, Method, Param};
@@ -176,35 +174,22 @@ async fn create(call: Call) -> Result<Response, ApiError> {
 
 async fn list(call: Call) -> Result<Response, ApiError> {
     let args = call.args()?;
+    let (order, limit, after) = page_query(&args);
+    let session_id = args.str("session_id").map(str::to_string);
     let (data, has_more) = automations::list(
         &agents_of(&call)?,
         &call.identity.id,
-        args.str("after").map(str::to_string),
-        args.uint("limit").unwrap_or(20) as usize,
-        order(&args),
-        args.str("session_id").map(str::to_string),
+        after,
+        limit,
+        order,
+        session_id,
     )
     .await?;
-    Ok(page(data, has_more))
+    Ok(list_page(data, has_more, &DIFFERENCES))
 }
 
-fn order(args: &crate::api::Args) -> Order {
-    args.str("order")
-        .and_then(Order::parse)
-        .unwrap_or(Order::Desc)
-}
-
-fn page(data: Vec<Value>, has_more: bool) -> Response {
-    let id = |v: Option<&Value>| v.and_then(|v| v.get("id")).cloned();
-    Response::ok(&json!({
-        "object": "list",
-        "first_id": id(data.first()),
-        "last_id": id(data.last()),
-        "has_more": has_more,
-        "data": data,
-        "x_agent_sandbox": label("agent-sandbox", &["local_scheduler"]),
-    }))
-}
+/// What the lists of this module say about themselves.
+const DIFFERENCES: [&str; 1] = ["local_scheduler"];
 
 async fn get(call: Call) -> Result<Response, ApiError> {
     let id = path_value(&call, ID);
@@ -254,16 +239,17 @@ async fn invoke(call: Call) -> Result<Response, ApiError> {
 async fn runs(call: Call) -> Result<Response, ApiError> {
     let args = call.args()?;
     let id = path_value(&call, ID);
+    let (order, limit, after) = page_query(&args);
     let (data, has_more) = automations::invocations(
         &agents_of(&call)?,
         &call.identity.id,
         &id,
-        args.str("after").map(str::to_string),
-        args.uint("limit").unwrap_or(20) as usize,
-        order(&args),
+        after,
+        limit,
+        order,
     )
     .await?;
-    Ok(page(data, has_more))
+    Ok(list_page(data, has_more, &DIFFERENCES))
 }
 
 async fn run(call: Call) -> Result<Response, ApiError> {

@@ -330,26 +330,12 @@ pub(super) fn metadata_filter(call: &Call) -> Vec<(String, String)> {
 }
 
 fn paging(args: &crate::api::Args) -> (Order, usize, Option<String>) {
-    (
-        args.str("order")
-            .and_then(Order::parse)
-            .unwrap_or(Order::Desc),
-        args.uint("limit").unwrap_or(20) as usize,
-        args.str("after").map(str::to_string),
-    )
+    super::stored::page_query(args)
 }
 
 /// A list page in OpenAI's shape.
 fn page(data: Vec<Value>, has_more: bool) -> Response {
-    let id = |v: Option<&Value>| v.and_then(|v| v.get("id")).cloned();
-    Response::ok(&json!({
-        "object": "list",
-        "first_id": id(data.first()),
-        "last_id": id(data.last()),
-        "has_more": has_more,
-        "data": data,
-        "x_agent_sandbox": label("agent-sandbox", &DIFFERENCES),
-    }))
+    super::stored::list_page(data, has_more, &DIFFERENCES)
 }
 
 /// Where the children's codex keeps its threads: `CODEX_HOME`, else `~/.codex`.

@@ -20,6 +20,31 @@ pub struct Named {
     pub param: &'static str,
 }
 
+/// The query's `order` (default `desc`), `limit` (default 20) and `after`, as
+/// [`paging`] declares them.
+pub fn page_query(args: &crate::api::Args) -> (Order, usize, Option<String>) {
+    (
+        args.str("order")
+            .and_then(Order::parse)
+            .unwrap_or(Order::Desc),
+        args.uint("limit").unwrap_or(20) as usize,
+        args.str("after").map(str::to_string),
+    )
+}
+
+/// A list page in OpenAI's shape, labelled with the list's `differences`.
+pub fn list_page(data: Vec<serde_json::Value>, has_more: bool, differences: &[&str]) -> Response {
+    let id = |v: Option<&serde_json::Value>| v.and_then(|v| v.get("id")).cloned();
+    Response::ok(&json!({
+        "object": "list",
+        "first_id": id(data.first()),
+        "last_id": id(data.last()),
+        "has_more": has_more,
+        "data": data,
+        "x_agent_sandbox": label("agent-sandbox", differences),
+    }))
+}
+
 /// `limit`, `order`, `after`: a page of a list, as OpenAI lists.
 pub fn paging() -> Vec<Param> {
     vec![

@@ -43,9 +43,25 @@ pub enum AgentEvent {
     Completed(Usage),
     /// The turn failed: the CLI's message.
     Failed(String),
+    /// The model provider refused the turn with this HTTP status (Claude Code's
+    /// `api_error_status`), and the CLI's message.
+    ProviderError { status: u16, message: String },
+    /// A piece of the assistant message being written (Claude Code streams them; the
+    /// finished [`Item::Message`] follows with the whole text).
+    Delta(String),
     /// A complaint the CLI may still recover from (codex retries after an `error`
     /// event); kept to explain a turn that ends without a result.
     Notice(String),
+}
+
+impl AgentEvent {
+    /// Whether this is the turn's last event.
+    pub fn ends_turn(&self) -> bool {
+        matches!(
+            self,
+            AgentEvent::Completed(_) | AgentEvent::Failed(_) | AgentEvent::ProviderError { .. }
+        )
+    }
 }
 
 #[derive(Deserialize)]

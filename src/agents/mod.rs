@@ -15,7 +15,7 @@
 //! - [`run`]: a turn run to its end, producing the Response and its stream events;
 //!   [`turn`]: the CLI process of one turn;
 //! - [`runtime`]: the declared runtimes and their CLIs, [`events`] what their output
-//!   says;
+//!   says; [`claude`]: how Claude Code is started and read;
 //! - [`saved`] (saved agents and [`saved::AgentConfig`], which sessions start from),
 //!   [`environments`] (this sandbox as the Agents API's environment, its files, and
 //!   environment templates), [`vaults`] (credentials for MCP servers, sealed by
@@ -31,15 +31,19 @@
 //!   thread of their own;
 //! - [`objects`]: the OpenAI shapes; [`error`]: why an operation was refused.
 //!
-//! Two runtimes have a local backend. **codex** runs `codex exec --json` per turn and
+//! Three runtimes have a local backend. **codex** runs `codex exec --json` per turn and
 //! `codex exec resume <thread_id>` for the next one (the CLI keeps the thread on disk).
 //! **qwen-code** runs `qwen --output-format stream-json --approval-mode yolo`, and
-//! `--resume <session_id>` for the next turn. Both read the prompt on stdin (no argv
-//! length limit) and run in the base directory, in their own process group.
+//! `--resume <session_id>` for the next turn. **claude-code** runs `claude -p
+//! --output-format stream-json` with a session id the server names, in a config
+//! directory of that session's own, and `--resume <id>` for the next turn. All read the
+//! prompt on stdin (no argv length limit) and run in the base directory, in their own
+//! process group; a cancel kills the CLI and every command it started.
 
 pub mod app_server;
 pub mod automations;
 pub mod body;
+pub mod claude;
 pub mod codex_map;
 pub mod conversations;
 pub mod durable;

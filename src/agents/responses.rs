@@ -434,7 +434,7 @@ impl<S: ObjectStore> Agents<S> {
         }
     }
 
-    /// Stops a running response: its CLI's process group is killed. Answers the
+    /// Stops a running response: its CLI and everything it started are killed. Answers the
     /// response as cancelled.
     pub async fn cancel(self: &Arc<Self>, owner: &str, id: &str) -> Result<Value, AgentError> {
         let running = self.running_turn(owner, id);
@@ -445,7 +445,7 @@ impl<S: ObjectStore> Agents<S> {
         match running {
             Some((pgid, cancelled)) if record.running => {
                 cancelled.store(true, Ordering::Relaxed);
-                kill_group(pgid);
+                kill_tree(pgid).await;
                 let mut object = record.object;
                 object["status"] = json!("cancelled");
                 Ok(object)
@@ -473,7 +473,7 @@ impl<S: ObjectStore> Agents<S> {
             .map_err(AgentError::store("response", id, "response_id"))?;
         if let (Some((pgid, cancelled)), true) = (running, record.running) {
             cancelled.store(true, Ordering::Relaxed);
-            kill_group(pgid);
+            kill_tree(pgid).await;
         }
         Ok(())
     }
@@ -531,10 +531,10 @@ pub(super) fn response_object<S: ObjectStore>(id: &str, turn: &Prepared<S>) -> V
     })
 }
 
-fn kill_group(pgid: i32) {
-    if let Some(pid) = rustix::process::Pid::from_raw(pgid) {
-        let _ = rustix::process::kill_process_group(pid, rustix::process::Signal::KILL);
-    }
+/// The turn's CLI and every command it started (Claude Code's Bash puts each command in
+/// a session of its own, which a group kill misses).
+async fn kill_tree(pgid: i32) {
+    let _ = crate::runtime::file::blocking(move || crate::process::tree::kill_tree(pgid)).await;
 }
 
 /// A new response id.

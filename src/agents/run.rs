@@ -18,7 +18,7 @@ use super::events::{AgentEvent, Item, Usage};
 use super::objects::{output_item, usage_json};
 use super::records::{ObjectStore, Scope, Transaction};
 use super::responses::{response_object, InputItem, Prepared, ResponseRecord, TurnGuard};
-use super::runtime::{Runtime, Session};
+use super::runtime::{Runtime, Session, TurnSession};
 use super::surface::Agents;
 use super::turn::Turn;
 use crate::process::ChildRegistry;
@@ -81,6 +81,9 @@ pub struct Launch<'a> {
     pub cwd: OwnedFd,
     pub env: Vec<(OsString, OsString)>,
     pub children: &'a Arc<ChildRegistry>,
+    /// Where Claude Code's per-session config directories go
+    /// (`<ABX_STATE_DIR>/claude-code`).
+    pub claude_home: PathBuf,
 }
 
 /// A started turn.
@@ -105,8 +108,65 @@ struct Outcome {
     output: Vec<Value>,
     other: Vec<Value>,
     session: Option<String>,
-    result: Option<Result<Usage, String>>,
+    result: Option<Result<Usage, Failure>>,
     client_gone: bool,
+}
+
+/// Why a turn failed, as a Response's `error`.
+struct Failure {
+    /// OpenAI's `ResponseError.code`.
+    code: &'static str,
+    message: String,
+    /// The model provider's HTTP status, when it refused.
+    provider_status: Option<u16>,
+}
+
+impl Failure {
+    fn cli(message: String) -> Failure {
+        Failure {
+            code: "server_error",
+            message,
+            provider_status: None,
+        }
+    }
+
+    /// The provider's refusal in OpenAI's terms: a 400 is the prompt's fault, a 429 a
+    /// rate limit, anything else the server's.
+    fn provider(status: u16, message: String) -> Failure {
+        let code = match status {
+            400 | 413 | 422 => "invalid_prompt",
+            429 => "rate_limit_exceeded",
+            _ => "server_error",
+        };
+        Failure {
+            code,
+            message,
+            provider_status: Some(status),
+        }
+    }
+
+    fn json(&self) -> Value {
+        let mut error = json!({"code": self.code, "message": self.message});
+        if let Some(status) = self.provider_status {
+            error["type"] = json!(match status {
+                400 | 413 | 422 => "invalid_request_error",
+                401 => "authentication_error",
+                403 => "permission_error",
+                429 => "rate_limit_error",
+                529 => "overloaded_error",
+                _ => "api_error",
+            });
+            error["x_agent_sandbox"] = json!({"provider_status": status});
+        }
+        error
+    }
+}
+
+/// An assistant message whose text is streaming now.
+struct Writing {
+    index: usize,
+    value: Value,
+    text: String,
 }
 
 /// Starts the CLI of `turn` and keeps its response (unless `store: false`). A
@@ -120,8 +180,31 @@ pub async fn start<S: ObjectStore>(
     launch: Launch<'_>,
 ) -> Result<TurnRun<S>, AgentError> {
     let runtime = turn.runtime;
-    let mut argv = runtime.turn_argv(turn.resume.as_deref(), turn.cli_model.as_deref());
+    let named = runtime
+        .names_new_sessions()
+        .then(super::claude::new_session_id);
+    let session = match (turn.resume.as_deref(), named.as_deref()) {
+        (Some(id), _) => TurnSession::Resume(id),
+        (None, Some(id)) => TurnSession::Named(id),
+        (None, None) => TurnSession::New,
+    };
+    let mut argv = runtime.turn_argv(session, turn.cli_model.as_deref());
     argv[0] = launch.program.display().to_string();
+    let mut env = launch.env;
+    if runtime == Runtime::ClaudeCode {
+        let id = turn
+            .resume
+            .as_deref()
+            .or(named.as_deref())
+            .unwrap_or_default();
+        match claude_env(&launch.claude_home, id, &mut env).await {
+            Ok(()) => {}
+            Err(e) => {
+                turn.abandon().await;
+                return Err(e);
+            }
+        }
+    }
     let id = turn.id.clone();
     let response = response_object(&id, &turn);
     let started = Turn::start(
@@ -129,7 +212,7 @@ pub async fn start<S: ObjectStore>(
         argv,
         &turn.prompt,
         launch.cwd,
-        launch.env,
+        env,
         launch.children,
     )
     .await;
@@ -183,6 +266,39 @@ pub async fn start<S: ObjectStore>(
     })
 }
 
+/// Claude Code's environment: [`super::claude::ENV`] over the children's, and the
+/// config directory of CLI session `id` (made now, on the pool).
+async fn claude_env(
+    home: &std::path::Path,
+    id: &str,
+    env: &mut Vec<(OsString, OsString)>,
+) -> Result<(), AgentError> {
+    let Some(dir) = super::claude::config_dir(home, id) else {
+        return Err(AgentError::Failed(format!(
+            "'{id}' is not a Claude Code session id"
+        )));
+    };
+    let made = dir.clone();
+    crate::runtime::file::blocking(move || std::fs::create_dir_all(&made))
+        .await
+        .and_then(|r| r)
+        .map_err(|e| {
+            AgentError::Failed(format!(
+                "Claude Code's config directory {} cannot be made: {e}",
+                dir.display()
+            ))
+        })?;
+    let mut set = |name: &str, value: OsString| {
+        env.retain(|(k, _)| k != name);
+        env.push((name.into(), value));
+    };
+    for (name, value) in super::claude::ENV {
+        set(name, value.into());
+    }
+    set("CLAUDE_CONFIG_DIR", dir.into_os_string());
+    Ok(())
+}
+
 impl<S: ObjectStore> TurnRun<S> {
     /// Runs the turn to its end and returns the final Response.
     pub async fn whole(self) -> Value {
@@ -221,6 +337,7 @@ impl<S: ObjectStore> TurnRun<S> {
 
     async fn drive<K: Sink>(mut self, events: &mut Events<'_, K>) -> Value {
         let mut outcome = Outcome::default();
+        let mut writing: Option<Writing> = None;
         loop {
             // A stream's reader that leaves ends the turn at once, not at the next item.
             let next = monoio::select! {
@@ -239,20 +356,79 @@ impl<S: ObjectStore> TurnRun<S> {
                     outcome.session = Some(id);
                 }
                 AgentEvent::Item(Item::Other(value)) => outcome.other.push(value),
+                AgentEvent::Delta(piece) => {
+                    let sent = match writing.as_mut() {
+                        Some(open) => {
+                            open.text.push_str(&piece);
+                            text_delta(events, open, &piece).await
+                        }
+                        None => {
+                            let index = outcome.output.len();
+                            let value = output_item(
+                                &Item::Message {
+                                    text: String::new(),
+                                },
+                                self.runtime,
+                            );
+                            let mut open = Writing {
+                                index,
+                                value,
+                                text: piece.clone(),
+                            };
+                            let sent = match open_message(events, open.index, &open.value).await {
+                                Ok(()) => text_delta(events, &mut open, &piece).await,
+                                Err(gone) => Err(gone),
+                            };
+                            writing = Some(open);
+                            sent
+                        }
+                    };
+                    if sent.is_err() {
+                        outcome.client_gone = true;
+                        break;
+                    }
+                }
                 AgentEvent::Item(item) => {
-                    let value = output_item(&item, self.runtime);
-                    let index = outcome.output.len();
-                    outcome.output.push(value.clone());
-                    if item_events(events, index, &item, &value).await.is_err() {
+                    // A streamed message ends with its whole text; anything else ends
+                    // the one streaming (with what it streamed) before it is shown.
+                    let closing = match (&item, writing.take()) {
+                        (Item::Message { text }, Some(open)) => Some((open, text.clone(), true)),
+                        (_, Some(open)) => {
+                            let text = open.text.clone();
+                            Some((open, text, false))
+                        }
+                        (_, None) => None,
+                    };
+                    let mut sent = Ok(());
+                    let mut shown = false;
+                    if let Some((open, text, is_this)) = closing {
+                        shown = is_this;
+                        sent = close_message(events, &mut outcome, open, &text, "completed").await;
+                    }
+                    if !shown && sent.is_ok() {
+                        let value = output_item(&item, self.runtime);
+                        let index = outcome.output.len();
+                        outcome.output.push(value.clone());
+                        sent = item_events(events, index, &item, &value).await;
+                    }
+                    if sent.is_err() {
                         // Nobody reads the stream: the turn is not finished for anyone.
                         outcome.client_gone = true;
                         break;
                     }
                 }
                 AgentEvent::Completed(usage) => outcome.result = Some(Ok(usage)),
-                AgentEvent::Failed(message) => outcome.result = Some(Err(message)),
+                AgentEvent::Failed(message) => outcome.result = Some(Err(Failure::cli(message))),
+                AgentEvent::ProviderError { status, message } => {
+                    outcome.result = Some(Err(Failure::provider(status, message)))
+                }
                 AgentEvent::Notice(_) => {}
             }
+        }
+        if let Some(open) = writing.take() {
+            // The turn ended under it (a cancel, a failure): kept as far as it came.
+            let text = open.text.clone();
+            let _ = close_message(events, &mut outcome, open, &text, "incomplete").await;
         }
         if outcome.client_gone {
             self.turn.kill().await;
@@ -316,9 +492,9 @@ impl<S: ObjectStore> TurnRun<S> {
                 response["usage"] = usage_json(*usage);
                 "response.completed"
             }
-            (Some(Err(message)), false) => {
+            (Some(Err(failure)), false) => {
                 response["status"] = json!("failed");
-                response["error"] = json!({"code": "server_error", "message": message});
+                response["error"] = failure.json();
                 "response.failed"
             }
             (None, false) => {
@@ -369,13 +545,34 @@ async fn item_events<K: Sink>(
     item: &Item,
     value: &Value,
 ) -> Result<(), Gone> {
-    let id = value["id"].clone();
     let Item::Message { text } = item else {
         let added = json!({"output_index": index, "item": value});
         events.send("response.output_item.added", added).await?;
         let done = json!({"output_index": index, "item": value});
         return events.send("response.output_item.done", done).await;
     };
+    // A message the CLI gave whole: its text is one delta.
+    open_message(events, index, value).await?;
+    let mut delta = text_at(value, index, "delta", json!(text));
+    delta["logprobs"] = json!([]);
+    events.send("response.output_text.delta", delta).await?;
+    message_done(events, index, value).await
+}
+
+/// The fields of a message's text events, with `key` set to `value`.
+fn text_at(item: &Value, index: usize, key: &str, value: Value) -> Value {
+    let mut data = json!({"item_id": item["id"], "output_index": index, "content_index": 0});
+    data[key] = value;
+    data
+}
+
+/// A message's `output_item.added` (in progress, no content yet) and its
+/// `content_part.added`.
+async fn open_message<K: Sink>(
+    events: &mut Events<'_, K>,
+    index: usize,
+    value: &Value,
+) -> Result<(), Gone> {
     let mut opened = value.clone();
     opened["status"] = json!("in_progress");
     opened["content"] = json!([]);
@@ -386,25 +583,39 @@ async fn item_events<K: Sink>(
         )
         .await?;
     let empty = json!({"type": "output_text", "text": "", "annotations": [], "logprobs": []});
-    let at = json!({"item_id": id, "output_index": index, "content_index": 0});
-    let with = |key: &str, value: Value| {
-        let mut data = at.clone();
-        data[key] = value;
-        data
-    };
     events
-        .send("response.content_part.added", with("part", empty))
-        .await?;
-    let mut delta = with("delta", json!(text));
+        .send(
+            "response.content_part.added",
+            text_at(value, index, "part", empty),
+        )
+        .await
+}
+
+async fn text_delta<K: Sink>(
+    events: &mut Events<'_, K>,
+    open: &mut Writing,
+    piece: &str,
+) -> Result<(), Gone> {
+    let mut delta = text_at(&open.value, open.index, "delta", json!(piece));
     delta["logprobs"] = json!([]);
-    events.send("response.output_text.delta", delta).await?;
-    let mut done = with("text", json!(text));
+    events.send("response.output_text.delta", delta).await
+}
+
+/// A message's `output_text.done`, `content_part.done` and `output_item.done`
+/// (`value` holds its final text).
+async fn message_done<K: Sink>(
+    events: &mut Events<'_, K>,
+    index: usize,
+    value: &Value,
+) -> Result<(), Gone> {
+    let text = value["content"][0]["text"].clone();
+    let mut done = text_at(value, index, "text", text);
     done["logprobs"] = json!([]);
     events.send("response.output_text.done", done).await?;
     events
         .send(
             "response.content_part.done",
-            with("part", value["content"][0].clone()),
+            text_at(value, index, "part", value["content"][0].clone()),
         )
         .await?;
     events
@@ -413,4 +624,19 @@ async fn item_events<K: Sink>(
             json!({"output_index": index, "item": value}),
         )
         .await
+}
+
+/// Ends the streaming message `open` with `text`, kept in the output.
+async fn close_message<K: Sink>(
+    events: &mut Events<'_, K>,
+    outcome: &mut Outcome,
+    open: Writing,
+    text: &str,
+    status: &str,
+) -> Result<(), Gone> {
+    let mut value = open.value;
+    value["status"] = json!(status);
+    value["content"][0]["text"] = json!(text);
+    outcome.output.push(value.clone());
+    message_done(events, open.index, &value).await
 }

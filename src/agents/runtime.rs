@@ -112,7 +112,10 @@ impl Runtime {
 
     /// Whether this build has a local backend for it.
     pub fn implemented(self) -> bool {
-        matches!(self, Runtime::Codex | Runtime::QwenCode)
+        matches!(
+            self,
+            Runtime::Codex | Runtime::QwenCode | Runtime::ClaudeCode
+        )
     }
 
     /// The CLI of an implemented runtime.
@@ -128,6 +131,11 @@ impl Runtime {
                 package: "@qwen-code/qwen-code",
                 version: pin("QWEN_CODE_VERSION"),
             }),
+            Runtime::ClaudeCode => Some(Cli {
+                program: "claude",
+                package: "@anthropic-ai/claude-code",
+                version: pin("CLAUDE_CODE_VERSION"),
+            }),
             _ => None,
         }
     }
@@ -138,9 +146,20 @@ impl Runtime {
             .map(|cli| format!("npm install -g {}@{}", cli.package, cli.version))
     }
 
+    /// Whether the server names a new CLI session itself ([`TurnSession::Named`]): Claude
+    /// Code's state directory is per session, so its id must be known before the CLI
+    /// starts.
+    pub fn names_new_sessions(self) -> bool {
+        self == Runtime::ClaudeCode
+    }
+
     /// The argv of one turn: a new session, or `resume` of the CLI's own session id.
     /// The prompt goes to stdin.
-    pub fn turn_argv(self, resume: Option<&str>, model: Option<&str>) -> Vec<String> {
+    pub fn turn_argv(self, session: TurnSession<'_>, model: Option<&str>) -> Vec<String> {
+        let resume = match session {
+            TurnSession::Resume(id) => Some(id),
+            TurnSession::New | TurnSession::Named(_) => None,
+        };
         // `--model=VALUE` in one word: a model that starts with `-` cannot become an
         // option of the CLI.
         let mut argv: Vec<String> = Vec::new();
@@ -183,6 +202,9 @@ impl Runtime {
                     argv.push(format!("--model={model}"));
                 }
             }
+            Runtime::ClaudeCode => {
+                argv = super::claude::turn_argv(session, model);
+            }
             _ => {}
         }
         argv
@@ -218,6 +240,41 @@ impl Runtime {
             _ => Vec::new(),
         }
     }
+
+    /// What reads this runtime's output, line by line (some formats need state: a
+    /// Claude Code command's output comes lines after the command).
+    pub fn reader(self) -> LineReader {
+        match self {
+            Runtime::ClaudeCode => LineReader::Claude(Box::default()),
+            other => LineReader::Stateless(other),
+        }
+    }
+}
+
+/// Reads a CLI's stdout, line by line, into [`AgentEvent`]s.
+pub enum LineReader {
+    Stateless(Runtime),
+    Claude(Box<super::claude::lines::ClaudeLines>),
+}
+
+impl LineReader {
+    pub fn line(&mut self, line: &str) -> Vec<AgentEvent> {
+        match self {
+            LineReader::Stateless(runtime) => runtime.parse_line(line),
+            LineReader::Claude(reader) => reader.line(line),
+        }
+    }
+}
+
+/// Which CLI session a turn runs in.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TurnSession<'a> {
+    /// A new one, named by the CLI.
+    New,
+    /// A new one with this id ([`Runtime::names_new_sessions`]).
+    Named(&'a str),
+    /// The CLI's session with this id, continued.
+    Resume(&'a str),
 }
 
 /// `--version` of each CLI path, once per server.
@@ -298,7 +355,12 @@ mod tests {
 
     #[test]
     fn every_pin_the_server_reads_is_written() {
-        for key in ["CODEX_VERSION", "QWEN_CODE_VERSION", "NODE_MINIMUM_MAJOR"] {
+        for key in [
+            "CODEX_VERSION",
+            "QWEN_CODE_VERSION",
+            "CLAUDE_CODE_VERSION",
+            "NODE_MINIMUM_MAJOR",
+        ] {
             assert!(!pin(key).is_empty(), "{key}");
         }
         assert!(pin("CODEX_VERSION")
@@ -312,12 +374,12 @@ mod tests {
 
     #[test]
     fn codex_turns_start_or_resume() {
-        let fresh = Runtime::Codex.turn_argv(None, Some("gpt-5"));
+        let fresh = Runtime::Codex.turn_argv(TurnSession::New, Some("gpt-5"));
         assert_eq!(fresh[..3], ["codex", "exec", "--json"]);
         assert!(fresh.ends_with(&["--model=gpt-5".into(), "-".into()]));
-        let next = Runtime::Codex.turn_argv(Some("T1"), None);
+        let next = Runtime::Codex.turn_argv(TurnSession::Resume("T1"), None);
         assert_eq!(next[..4], ["codex", "exec", "resume", "T1"]);
-        let qwen = Runtime::QwenCode.turn_argv(Some("S1"), None);
+        let qwen = Runtime::QwenCode.turn_argv(TurnSession::Resume("S1"), None);
         assert!(qwen.windows(2).any(|w| w == ["--resume", "S1"]));
     }
 

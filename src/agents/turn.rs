@@ -15,7 +15,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::events::AgentEvent;
-use super::runtime::Runtime;
+use super::runtime::{LineReader, Runtime};
 use crate::process::output::Stream;
 use crate::process::run::Outputs;
 use crate::process::{pipe, Child, ChildRegistry, ExitCode, Spawn};
@@ -31,6 +31,7 @@ const AFTER_EXIT: Duration = Duration::from_secs(2);
 /// A running turn.
 pub struct Turn {
     runtime: Runtime,
+    reader: LineReader,
     child: Child,
     outputs: Outputs,
     /// Stdout not yet ended by a newline.
@@ -72,6 +73,7 @@ impl Turn {
         let outputs = Outputs::of(&mut child)?;
         Ok(Turn {
             runtime,
+            reader: runtime.reader(),
             child,
             outputs,
             partial: String::new(),
@@ -104,7 +106,7 @@ impl Turn {
     }
 
     fn parse(&mut self, line: &str) {
-        for event in self.runtime.parse_line(line) {
+        for event in self.reader.line(line) {
             match event {
                 AgentEvent::Notice(message) => self.last_complaint = Some(message),
                 other => self.pending.push_back(other),
@@ -116,7 +118,7 @@ impl Turn {
     pub async fn next(&mut self) -> Option<AgentEvent> {
         loop {
             if let Some(event) = self.pending.pop_front() {
-                if matches!(event, AgentEvent::Completed(_) | AgentEvent::Failed(_)) {
+                if event.ends_turn() {
                     self.ended = true;
                     self.pending.clear();
                 }
@@ -170,11 +172,7 @@ impl Turn {
         if !rest.trim().is_empty() {
             self.parse(rest.trim_end());
         }
-        if self
-            .pending
-            .iter()
-            .any(|e| matches!(e, AgentEvent::Completed(_) | AgentEvent::Failed(_)))
-        {
+        if self.pending.iter().any(AgentEvent::ends_turn) {
             return;
         }
         let code = match self.exited {
@@ -214,8 +212,8 @@ impl Turn {
         }
     }
 
-    /// Ends the CLI's whole process group now.
+    /// Ends the CLI and every command it started, now.
     pub async fn kill(&mut self) {
-        let _ = self.child.kill().await;
+        let _ = self.child.kill_tree().await;
     }
 }

@@ -242,6 +242,17 @@ impl Child {
         self.signal_group(rustix::process::Signal::KILL)?;
         self.wait().await
     }
+
+    /// Kills the child and every descendant, those in sessions of their own included
+    /// ([`super::tree`]), and waits for the leader. Once the leader has exited its
+    /// descendants cannot be told apart: only its group is killed then.
+    pub async fn kill_tree(&mut self) -> io::Result<ExitCode> {
+        if self.try_wait()?.is_none() {
+            let root = self.pid;
+            let _ = crate::runtime::file::blocking(move || super::tree::kill_tree(root)).await;
+        }
+        self.kill().await
+    }
 }
 
 /// Reaps a child that was sent SIGKILL, on a short-lived thread of its own: the wait is

@@ -12,6 +12,7 @@
 //! - [`registry`] ([`ChildRegistry`]): every live group, including groups whose leader
 //!   has exited ([`group`]), so shutdown can end them all; the reaper of orphans
 //!   re-parented to a PID-1 server. [`procfs`]: what `/proc` says about processes.
+//! - [`tree`]: a child and every descendant, whatever session each put itself in.
 //! - [`guardian`]: the process that ends every recorded group if the server dies.
 
 pub mod child;
@@ -28,6 +29,7 @@ pub mod secrets;
 pub mod shlex;
 pub mod spawn;
 pub mod table;
+pub mod tree;
 
 pub use child::{Child, ExitCode, Spawn};
 pub use env::Environment;

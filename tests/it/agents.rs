@@ -92,7 +92,8 @@ fn runtimes_models_and_refusals() {
         json!(["cursor-agent", "cursor_agent"])
     );
     assert_eq!(qwen["version"], pin("QWEN_CODE_VERSION").as_str());
-    for declared in ["claude-code", "cursor", "command"] {
+    assert_eq!(by_id("claude-code")["implemented"], true);
+    for declared in ["cursor", "command"] {
         assert_eq!(by_id(declared)["implemented"], false);
     }
     assert_eq!(codex["x_agent_sandbox"]["local"], true);
@@ -104,13 +105,13 @@ fn runtimes_models_and_refusals() {
         .iter()
         .map(|m| m["id"].as_str().unwrap())
         .collect();
-    assert_eq!(ids, ["codex", "qwen-code"]);
+    assert_eq!(ids, ["codex", "qwen-code", "claude-code"]);
     let (status, model) = server.v1_get("/v1/models/qwen");
     assert_eq!(
         (status, model["id"].clone(), model["object"].clone()),
         (200, json!("qwen-code"), json!("model"))
     );
-    let reply = server.get("/v1/models/claude-code");
+    let reply = server.get("/v1/models/cursor");
     assert_eq!(reply.status, 404);
     assert_eq!(reply.header("x-should-retry"), Some("false"));
     let body = reply.json();
@@ -720,7 +721,7 @@ items = client.conversations.items.list(conv.id, order="asc")
 assert [i.role for i in items.data] == ["user", "assistant"], items
 assert client.responses.retrieve(r2.id).id == r2.id
 models = [m.id for m in client.models.list()]
-assert models == ["codex", "qwen-code"], models
+assert models == ["codex", "qwen-code", "claude-code"], models
 print("ok")
 "#;
     run_sdk_script(script, &server);

@@ -9,6 +9,7 @@ mod agents_sessions;
 mod agents_store;
 mod automations;
 mod browser;
+mod claude_code;
 mod codex_app_server;
 mod commands;
 mod core_http;

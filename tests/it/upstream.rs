@@ -1,7 +1,8 @@
 //! The scripted stub of the upstream model API that the agent CLIs talk to in these
 //! tests, served by the test process on 127.0.0.1, so no test reaches a model provider.
-//! It speaks the Responses API (`POST …/responses`, what codex asks) and Chat
-//! Completions (`POST …/chat/completions`, what qwen-code asks), both streamed.
+//! It speaks the Responses API (`POST …/responses`, what codex asks), Chat
+//! Completions (`POST …/chat/completions`, what qwen-code asks) and Anthropic's
+//! Messages API (`POST /v1/messages`, what Claude Code asks), all streamed.
 //!
 //! The stub reads the last line of the user's text that starts with a keyword (the CLIs
 //! wrap context around the prompt) and follows it:
@@ -10,12 +11,12 @@
 //! |---|---|
 //! | `SAY <text>` | answers `<text>` (streamed as deltas on the Responses API) |
 //! | `REUSE <text>` | answers `<text>` as `SAY` does, under the message id every `REUSE` answer has (a provider that reuses ids) |
-//! | `SHELL <command>` | asks the agent to run `<command>` (codex's `exec_command`, qwen's `run_shell_command`), then answers `done` |
+//! | `SHELL <command>` | asks the agent to run `<command>` (codex's `exec_command`, qwen's `run_shell_command`, Claude Code's `Bash`), then answers `done` |
 //! | `MCP <tool> <json-args>` | calls the MCP tool `<tool>` (in codex's `mcp__<server>` namespace), then answers `done` |
 //! | `CALL <tool> <json-args>` | calls the function tool `<tool>` the request offers (a codex dynamic tool: a top-level `function`, or one inside a `namespace`), then, once the tool's output is in the input, answers `tool said: <output>` |
 //! | `REASON <text>` | streams a reasoning item whose summary is `<text>`, then answers `reasoned` |
 //! | `SLOW` / `SLOW <text>` | starts an answer (streams `<text>`, on the Responses API) and never finishes it (for cancels) |
-//! | `FAIL` / `FAIL400` | is an upstream 500 / 400 |
+//! | `FAIL` / `FAIL400` / `FAIL429` | is an upstream 500 / 400 / 429 |
 //!
 //! A chat request whose system message is qwen-code's summariser (its `/compress`) is
 //! answered with a short summary, whatever the history's scripts say.
@@ -84,6 +85,15 @@ pub(crate) fn script_of(request: &Value) -> Script {
         } else if item["role"] == "tool" {
             script.tool_done = true;
             script.tool_output = Some(text_of(&item["content"]));
+        }
+        let anthropic_result = item["content"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .find(|block| block["type"] == "tool_result");
+        if let Some(result) = anthropic_result {
+            script.tool_done = true;
+            script.tool_output = Some(text_of(&result["content"]));
         }
         if item["role"] == "user" {
             let text = text_of(&item["content"]);
@@ -286,12 +296,16 @@ pub(crate) fn respond(mut stream: TcpStream, path: &str, request: &Value) -> std
     if let Some(kind) = script.strip_prefix("FAIL") {
         // FAIL is a 500; FAIL400 a refusal no client retries (qwen retries 5xx itself for
         // about 105 s, 28 attempts, before it gives up).
-        let status = if kind == "400" {
-            "400 Bad Request"
-        } else {
-            "500 Internal Server Error"
+        let status = match kind {
+            "400" => "400 Bad Request",
+            "429" => "429 Too Many Requests",
+            _ => "500 Internal Server Error",
         };
-        let body = r#"{"error":{"message":"the stub is down","type":"server_error"}}"#;
+        let body = if path.starts_with("/v1/messages") {
+            r#"{"type":"error","error":{"type":"api_error","message":"the stub is down"}}"#
+        } else {
+            r#"{"error":{"message":"the stub is down","type":"server_error"}}"#
+        };
         return write!(stream, "HTTP/1.1 {status}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}", body.len());
     }
     write!(
@@ -314,6 +328,9 @@ pub(crate) fn respond(mut stream: TcpStream, path: &str, request: &Value) -> std
     } else {
         String::new()
     };
+    if path.starts_with("/v1/messages") {
+        return anthropic(&mut stream, &script, tool_done, &text);
+    }
     if path.ends_with("/chat/completions") {
         let prompt_tokens = (request.to_string().len() as u64 / 4).max(7);
         if script.starts_with("SLOW") {
@@ -378,6 +395,83 @@ pub(crate) fn respond(mut stream: TcpStream, path: &str, request: &Value) -> std
         "usage": {"input_tokens": 10, "output_tokens": 3, "total_tokens": 13,
                   "input_tokens_details": {"cached_tokens": 2}, "output_tokens_details": {"reasoning_tokens": 0}}}}),
     )
+}
+
+/// One answer of the Messages API, streamed as Anthropic specifies: `message_start`,
+/// one content block (a `tool_use` of `Bash`, or text in word-sized `text_delta`s),
+/// `message_delta` with the stop reason and output tokens, `message_stop`.
+fn anthropic(
+    stream: &mut TcpStream,
+    script: &str,
+    tool_done: bool,
+    text: &str,
+) -> std::io::Result<()> {
+    let event = |stream: &mut TcpStream, name: &str, mut data: Value| {
+        data["type"] = json!(name);
+        sse(stream, name, data)
+    };
+    let usage = json!({"input_tokens": 10, "output_tokens": 1, "cache_read_input_tokens": 2,
+                       "cache_creation_input_tokens": 0});
+    event(
+        stream,
+        "message_start",
+        json!({"message": {"id": fresh_id("msg_up"), "type": "message",
+        "role": "assistant", "model": "stub-model", "content": [], "stop_reason": null,
+        "stop_sequence": null, "usage": usage}}),
+    )?;
+    if let (Some(command), false) = (script.strip_prefix("SHELL "), tool_done) {
+        event(
+            stream,
+            "content_block_start",
+            json!({"index": 0, "content_block": {"type": "tool_use",
+            "id": fresh_id("toolu_up"), "name": "Bash", "input": {}}}),
+        )?;
+        let input = json!({"command": command, "description": "the script's command"}).to_string();
+        event(
+            stream,
+            "content_block_delta",
+            json!({"index": 0,
+            "delta": {"type": "input_json_delta", "partial_json": input}}),
+        )?;
+        event(stream, "content_block_stop", json!({"index": 0}))?;
+        event(
+            stream,
+            "message_delta",
+            json!({"delta": {"stop_reason": "tool_use", "stop_sequence": null},
+            "usage": {"output_tokens": 5}}),
+        )?;
+        return event(stream, "message_stop", json!({}));
+    }
+    let slow = script.strip_prefix("SLOW");
+    let text = match slow {
+        Some(rest) => rest.trim_start(),
+        None => text,
+    };
+    event(
+        stream,
+        "content_block_start",
+        json!({"index": 0, "content_block": {"type": "text", "text": ""}}),
+    )?;
+    for piece in text.split_inclusive(' ') {
+        event(
+            stream,
+            "content_block_delta",
+            json!({"index": 0,
+            "delta": {"type": "text_delta", "text": piece}}),
+        )?;
+    }
+    if slow.is_some() {
+        std::thread::sleep(Duration::from_secs(60));
+        return Ok(());
+    }
+    event(stream, "content_block_stop", json!({"index": 0}))?;
+    event(
+        stream,
+        "message_delta",
+        json!({"delta": {"stop_reason": "end_turn", "stop_sequence": null},
+        "usage": {"output_tokens": 3}}),
+    )?;
+    event(stream, "message_stop", json!({}))
 }
 
 /// qwen-code's `/compress` asks its model for a summary with this system prompt.

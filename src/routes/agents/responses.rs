@@ -355,6 +355,7 @@ async fn launch<'a>(call: &'a Call, located: &Located) -> Result<Launch<'a>, Api
         cwd,
         env: cli::environment(call, located),
         children: &call.services().children,
+        claude_home: call.config().state_dir.join("claude-code"),
     })
 }
 

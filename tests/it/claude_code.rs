@@ -1,0 +1,277 @@
+//! The claude-code runtime against the real binary and the real Claude Code CLI (the
+//! pinned `@anthropic-ai/claude-code`, its native binary from npm's platform package),
+//! whose only model API is the scripted stub of [`crate::upstream`] speaking Anthropic's
+//! Messages API on 127.0.0.1. The official `openai` SDK drives `/v1` and validates every
+//! answer and event (`tests/fixtures/claude_code_sdk.py`); this side checks what only
+//! the test sees: what the CLI sent the model, what it wrote, which processes are left,
+//! and (traced with strace) every address the CLI tried to reach.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use serde_json::Value;
+
+use crate::support::{pin, tools, Launch, Server, TempDir};
+use crate::upstream::{serve_upstream, Upstream};
+
+/// A server with the agents group on whose Claude Code talks to `upstream`; `path` is
+/// the children's `PATH` (the pinned CLIs, or a tracing wrapper ahead of them).
+fn claude_server(upstream: &Upstream, home: &TempDir, path: &str) -> Server {
+    Launch::new("uring")
+        .env("ABX_SERVER_ENABLED_GROUPS", "agents")
+        .env("ABX_STATE_DIR", home.path().join("state").to_str().unwrap())
+        .env("ANTHROPIC_BASE_URL", &format!("http://{}", upstream.addr))
+        .env("ANTHROPIC_API_KEY", "stub-key")
+        // The CLI retries 429 and 5xx several times by default, seconds apart.
+        .env("CLAUDE_CODE_MAX_RETRIES", "0")
+        .env("HOME", home.path().to_str().unwrap())
+        .env("PATH", path)
+        .start()
+}
+
+fn run_fixture(server: &Server, phase: &str) -> String {
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/claude_code_sdk.py");
+    let output = Command::new(&tools().python)
+        .arg(&script)
+        .arg(format!("http://{}/v1", server.addr))
+        .arg(phase)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout).to_string();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        output.status.success() && stdout.trim_end().ends_with("ok"),
+        "phase {phase}\nstdout: {stdout}\nstderr: {stderr}"
+    );
+    stdout
+}
+
+/// The user text of a Messages API request, all turns joined.
+fn user_text(request: &Value) -> String {
+    request["messages"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|m| m["role"] == "user")
+        .map(|m| m["content"].to_string())
+        .collect()
+}
+
+#[test]
+fn the_sdk_drives_claude_code_on_v1() {
+    let upstream = serve_upstream();
+    let home = TempDir::new("claude-home");
+    let server = claude_server(&upstream, &home, &tools().path);
+
+    let (status, runtimes) = server.v1_get("/v1/agents/runtimes");
+    assert_eq!(status, 200, "{runtimes}");
+    let claude = runtimes["data"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["id"] == "claude-code")
+        .unwrap()
+        .clone();
+    assert_eq!(claude["implemented"], true, "{claude}");
+    assert_eq!(claude["installed"], true, "{claude}");
+    assert_eq!(claude["version"], pin("CLAUDE_CODE_VERSION"), "{claude}");
+    let (_, models) = server.v1_get("/v1/models");
+    assert!(
+        models["data"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|m| m["id"] == "claude-code"),
+        "{models}"
+    );
+
+    // Sessions still run on codex: an agent whose model names claude-code is refused,
+    // naming the field, before anything is stored.
+    let (status, refused) = server.v1_post(
+        "/v1/agents/sessions",
+        serde_json::json!({"agent": {"model": "claude-code/opus"}, "input": "SAY hi",
+                           "environment": {"type": "none"}}),
+    );
+    assert_eq!(status, 400, "{refused}");
+    assert_eq!(refused["error"]["param"], "agent.model", "{refused}");
+    assert_eq!(
+        refused["error"]["code"], "unsupported_parameter",
+        "{refused}"
+    );
+    let (_, sessions) = server.v1_get("/v1/agents/sessions");
+    assert_eq!(sessions["data"], serde_json::json!([]), "{sessions}");
+
+    run_fixture(&server, "main");
+    let seen = upstream.seen.lock().unwrap().clone();
+    // Continuing a response resumed the CLI's own session: the model saw the first turn.
+    let continued = seen
+        .iter()
+        .find(|r| user_text(r).contains("SAY second turn"))
+        .expect("the second turn reached the model");
+    assert!(
+        user_text(continued).contains("hello from claude"),
+        "{continued}"
+    );
+    let later = seen
+        .iter()
+        .find(|r| user_text(r).contains("SAY later in conversation"))
+        .unwrap();
+    assert!(user_text(later).contains("first in conversation"));
+    // The model named in `claude-code/<model>` is what the CLI asked for.
+    assert!(seen.iter().any(|r| r["model"] == "stub-model"));
+    assert!(seen.iter().any(|r| r["model"] != "stub-model"));
+    let made = std::fs::read_to_string(server.base_dir().join("claude.txt"))
+        .expect("the CLI ran the command in the base directory");
+    assert_eq!(made.trim(), "made-by-claude");
+    // Each CLI session kept its state in a config directory of its own.
+    let sessions = std::fs::read_dir(home.path().join("state/claude-code"))
+        .unwrap()
+        .count();
+    assert!(sessions >= 8, "{sessions} session directories");
+    assert!(
+        !home.path().join(".claude").exists() && !home.path().join(".claude.json").exists(),
+        "the CLI wrote into HOME"
+    );
+}
+
+#[test]
+fn a_cancel_or_a_hang_up_ends_the_cli_and_its_command() {
+    let upstream = serve_upstream();
+    let home = TempDir::new("claude-cancel");
+    let server = claude_server(&upstream, &home, &tools().path);
+    let said = run_fixture(&server, "cancel");
+    assert!(
+        said.contains("cancel ended") && said.contains("hang-up ended"),
+        "{said}"
+    );
+}
+
+/// A `claude` ahead of the real one on `PATH` that runs it under strace, logging every
+/// connect and send with an address (DNS included) of it and its children.
+fn traced_claude(dir: &Path, log: &Path) -> String {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let strace = root.join(".tools/strace");
+    let real = root.join(".tools/npm/node_modules/.bin/claude");
+    let bin = dir.join("bin");
+    std::fs::create_dir_all(&bin).unwrap();
+    let wrapper = bin.join("claude");
+    std::fs::write(
+        &wrapper,
+        format!(
+            "#!/bin/sh\nLD_LIBRARY_PATH={lib} exec {strace} -f -qq -e trace=connect,sendto,sendmsg,sendmmsg -e signal=none -o {log}.$$ {real} \"$@\"\n",
+            lib = strace.join("usr/lib/x86_64-linux-gnu").display(),
+            strace = strace.join("usr/bin/strace").display(),
+            log = log.display(),
+            real = real.display(),
+        ),
+    )
+    .unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&wrapper, std::fs::Permissions::from_mode(0o755)).unwrap();
+    format!("{}:{}", bin.display(), tools().path)
+}
+
+/// Every inet address the traced processes tried, as `host:port`.
+fn addresses(logs: &[PathBuf]) -> Vec<String> {
+    let mut found = Vec::new();
+    for log in logs {
+        let text = std::fs::read_to_string(log).unwrap_or_default();
+        for line in text.lines() {
+            if let Some(at) = line
+                .find("sin_addr=inet_addr(\"")
+                .or(line.find("inet_pton(AF_INET6, \""))
+            {
+                let rest = &line[at..];
+                let host = rest.split('"').nth(1).unwrap_or("?");
+                let port = line
+                    .split("htons(")
+                    .nth(1)
+                    .and_then(|p| p.split(')').next())
+                    .unwrap_or("?");
+                found.push(format!("{host}:{port}"));
+            }
+        }
+    }
+    found
+}
+
+fn logs_in(dir: &Path, prefix: &str) -> Vec<PathBuf> {
+    std::fs::read_dir(dir)
+        .unwrap()
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| p.file_name().unwrap().to_string_lossy().starts_with(prefix))
+        .collect()
+}
+
+#[test]
+fn the_cli_reaches_nothing_but_the_stub() {
+    let upstream = serve_upstream();
+    let home = TempDir::new("claude-traced");
+    let log = home.path().join("trace");
+    let path = traced_claude(home.path(), &log);
+    let stub = format!("127.0.0.1:{}", upstream.addr.port());
+
+    // The detector works: the bare CLI, without the variable the server always sets,
+    // looks up Anthropic's hosts (DNS), and the trace shows it.
+    let control = home.path().join("control");
+    std::fs::create_dir_all(&control).unwrap();
+    let mut bare = Command::new(home.path().join("bin/claude"))
+        .args(["-p", "--output-format", "json"])
+        .current_dir(&control)
+        .env_clear()
+        .env("PATH", &path)
+        .env("HOME", &control)
+        .env("ANTHROPIC_BASE_URL", format!("http://{}", upstream.addr))
+        .env("ANTHROPIC_API_KEY", "stub-key")
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    {
+        use std::io::Write;
+        bare.stdin
+            .take()
+            .unwrap()
+            .write_all(b"SAY control")
+            .unwrap();
+    }
+    assert!(bare.wait().unwrap().success());
+    let control_seen = addresses(&logs_in(home.path(), "trace"));
+    assert!(control_seen.contains(&stub), "{control_seen:?}");
+    assert!(
+        control_seen.iter().any(|a| a != &stub),
+        "the trace saw no traffic but the stub's from a CLI that makes some: {control_seen:?}"
+    );
+    for old in logs_in(home.path(), "trace") {
+        std::fs::remove_file(old).unwrap();
+    }
+
+    // Through the server: a turn with a shell command, and its continuation.
+    let server = claude_server(&upstream, &home, &path);
+    let (status, first) = server.v1_post(
+        "/v1/responses",
+        serde_json::json!({"model": "claude-code", "input": "SHELL echo traced"}),
+    );
+    assert_eq!(
+        (status, first["status"].clone()),
+        (200, "completed".into()),
+        "{first}"
+    );
+    let (status, second) = server.v1_post(
+        "/v1/responses",
+        serde_json::json!({"model": "claude-code", "input": "SAY again", "previous_response_id": first["id"]}),
+    );
+    assert_eq!(
+        (status, second["status"].clone()),
+        (200, "completed".into()),
+        "{second}"
+    );
+    let seen = addresses(&logs_in(home.path(), "trace"));
+    assert!(seen.contains(&stub), "the trace missed the stub: {seen:?}");
+    let other: Vec<&String> = seen.iter().filter(|a| *a != &stub).collect();
+    assert!(
+        other.is_empty(),
+        "the CLI reached beyond the stub: {other:?}"
+    );
+}

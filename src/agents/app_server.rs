@@ -65,6 +65,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use futures_channel::{mpsc, oneshot};
+
+use super::claude::thread::ClaudeThread;
 use futures_core::Stream;
 use serde_json::{json, Value};
 
@@ -110,6 +112,10 @@ pub struct AppServerLaunch {
     pub cwd: OwnedFd,
     /// The whole environment of the process (`CODEX_HOME`, the provider's key, `PATH`).
     pub env: Vec<(OsString, OsString)>,
+    /// Set for a Claude Code CLI in `--input-format stream-json` mode: `args` is its
+    /// whole argv after the program, no handshake is made, and this translator speaks
+    /// codex's protocol for it ([`super::claude::thread`]).
+    pub claude: Option<ClaudeThread>,
 }
 
 /// What the server says, in its order.
@@ -200,6 +206,8 @@ struct Shared {
     next_id: u64,
     /// Set once the process is gone: what every later request fails with.
     ended: Option<RpcError>,
+    /// The translator of a Claude Code CLI (`None`: codex, which speaks JSON-RPC).
+    claude: Option<ClaudeThread>,
 }
 
 /// A running `codex app-server`.
@@ -236,11 +244,12 @@ impl AppServer {
         registry: &Arc<ChildRegistry>,
         client_name: &str,
     ) -> io::Result<(AppServer, Incoming)> {
-        let mut argv = vec![
-            launch.program.to_string_lossy().into_owned(),
-            "app-server".to_string(),
-        ];
+        let mut argv = vec![launch.program.to_string_lossy().into_owned()];
+        if launch.claude.is_none() {
+            argv.push("app-server".to_string());
+        }
         argv.extend(launch.args);
+        let speaks_claude = launch.claude.is_some();
         let spec = Spawn {
             user: None,
             argv,
@@ -262,7 +271,10 @@ impl AppServer {
         };
         let stdout = PipeReader::new(stdout)?;
         let stderr = PipeReader::new(stderr)?;
-        let shared = Rc::new(RefCell::new(Shared::default()));
+        let shared = Rc::new(RefCell::new(Shared {
+            claude: launch.claude,
+            ..Shared::default()
+        }));
         let (outbox, lines) = mpsc::unbounded();
         let (messages_tx, messages) = mpsc::channel(INCOMING_QUEUE);
         let (stop_tx, stop) = oneshot::channel();
@@ -278,6 +290,7 @@ impl AppServer {
             stderr_tail: VecDeque::new(),
             shared: shared.clone(),
             incoming: messages_tx,
+            outbox: speaks_claude.then(|| outbox.clone()),
             stop,
             stop_at: None,
             exit: None,
@@ -294,6 +307,10 @@ impl AppServer {
             #[cfg(test)]
             pgid,
         };
+        if speaks_claude {
+            // The CLI takes its first input at once: there is no handshake.
+            return Ok((server, Incoming { messages }));
+        }
         let params = json!({
             "clientInfo": {"name": client_name, "title": null, "version": env!("CARGO_PKG_VERSION")},
             "capabilities": {"experimentalApi": true, "optOutNotificationMethods": OPTED_OUT},
@@ -346,24 +363,43 @@ impl AppServer {
         let shared = self.shared.clone();
         let within = self.request_timeout;
         let method = method.to_string();
+        let translated = {
+            let mut state = shared.borrow_mut();
+            let ended = state.ended.is_some();
+            match state.claude.as_mut() {
+                Some(thread) if !ended => Some(thread.request(&method, &params)),
+                _ => None,
+            }
+        };
+        let translated = translated.map(|(reaction, answer)| {
+            for line in reaction.write {
+                self.send(line);
+            }
+            answer.map_err(|(code, message)| RpcError::new(code, message))
+        });
         let registered = {
             let mut state = shared.borrow_mut();
             match &state.ended {
                 Some(ended) => Err(ended.clone()),
+                None if translated.is_some() => Ok((0, None)),
                 None => {
                     let id = state.next_id;
                     state.next_id += 1;
                     let (tx, rx) = oneshot::channel();
                     state.pending.insert(id, tx);
-                    Ok((id, rx))
+                    Ok((id, Some(rx)))
                 }
             }
         };
-        if let Ok((id, _)) = &registered {
+        if let Ok((id, Some(_))) = &registered {
             self.send(json!({"id": id, "method": method, "params": params}));
         }
         async move {
             let (id, answer) = registered?;
+            let Some(answer) = answer else {
+                // Claude Code's translator answered at once.
+                return translated.unwrap_or_else(|| Ok(Value::Null));
+            };
             let _forget = Forget {
                 shared: &shared,
                 id,
@@ -413,8 +449,12 @@ impl AppServer {
         }
     }
 
-    /// Answers a [`Message::Request`] with its result or an error.
+    /// Answers a [`Message::Request`] with its result or an error (Claude Code asks
+    /// none: nothing is sent to it).
     pub fn respond(&self, id: Value, result: Result<Value, RpcError>) {
+        if self.shared.borrow().claude.is_some() {
+            return;
+        }
         let message = match result {
             Ok(result) => json!({"id": id, "result": result}),
             Err(error) => json!({"id": id, "error": error.to_json()}),
@@ -452,6 +492,16 @@ impl AppServer {
     /// Closes codex's stdin, lets it exit for [`SHUTDOWN_GRACE`], then kills its process
     /// group; returns once it is reaped.
     pub async fn shutdown(mut self) {
+        let closing = self
+            .shared
+            .borrow_mut()
+            .claude
+            .as_mut()
+            .map(ClaudeThread::closing)
+            .unwrap_or_default();
+        for line in closing {
+            self.send(line);
+        }
         self.outbox = None;
         if let Some(stop) = self.stop.take() {
             let _ = stop.send(());
@@ -515,6 +565,9 @@ struct Reader {
     stderr_tail: VecDeque<String>,
     shared: Rc<RefCell<Shared>>,
     incoming: mpsc::Sender<Message>,
+    /// Claude Code's stdin, for what its translator answers lines with (the interrupt
+    /// of a turn nobody waits for); let go at the stop, so the stdin can close.
+    outbox: Option<mpsc::UnboundedSender<Vec<u8>>>,
     stop: oneshot::Receiver<()>,
     /// When a stop was asked for (or stdout ended with codex still running): the kill
     /// follows [`SHUTDOWN_GRACE`] later.
@@ -580,6 +633,7 @@ impl Reader {
                 }
                 Wake::Stop => {
                     self.stop_at = Some(Instant::now());
+                    self.outbox = None;
                 }
                 Wake::Deadline if self.exit.is_some() => {
                     // A descendant holds the pipes past the grace: codex is gone all
@@ -587,7 +641,7 @@ impl Reader {
                     self.stdout = None;
                     self.stderr = None;
                 }
-                Wake::Deadline => self.kill(),
+                Wake::Deadline => self.kill().await,
             }
         }
         // Nothing of codex's group may outlive it (a command it left running, a helper
@@ -603,8 +657,16 @@ impl Reader {
         let _ = done.send(());
     }
 
-    fn kill(&mut self) {
+    /// Kills the process and every command it started, those in sessions of their own
+    /// too (Claude Code's Bash puts each command in one), while their parent links
+    /// still say whose they are.
+    async fn kill(&mut self) {
         self.killed = true;
+        if self.exit.is_none() {
+            let root = self.child.pid();
+            let _ =
+                crate::runtime::file::blocking(move || crate::process::tree::kill_tree(root)).await;
+        }
         let _ = self.child.signal_group(rustix::process::Signal::KILL);
     }
 
@@ -628,7 +690,7 @@ impl Reader {
                 MAX_LINE >> 20
             ));
             self.stdout = None;
-            self.kill();
+            self.kill().await;
         }
     }
 
@@ -636,6 +698,9 @@ impl Reader {
         let line = line.strip_suffix(b"\r").unwrap_or(line);
         if line.iter().all(u8::is_ascii_whitespace) {
             return;
+        }
+        if self.shared.borrow().claude.is_some() {
+            return self.take_claude_line(line).await;
         }
         let mut message: Value = match serde_json::from_slice(line) {
             Ok(message) => message,
@@ -682,6 +747,31 @@ impl Reader {
         }
     }
 
+    /// A Claude Code line: its notifications go to [`Incoming`], what it makes the
+    /// translator write goes to the CLI's stdin.
+    async fn take_claude_line(&mut self, line: &[u8]) {
+        let now_ms = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis() as u64);
+        let text = String::from_utf8_lossy(line);
+        let reaction = match self.shared.borrow_mut().claude.as_mut() {
+            Some(thread) => thread.line(&text, now_ms),
+            None => return,
+        };
+        if !reaction.write.is_empty() {
+            if let Some(outbox) = &self.outbox {
+                for line in reaction.write {
+                    let mut bytes = line.to_string().into_bytes();
+                    bytes.push(b'\n');
+                    let _ = outbox.unbounded_send(bytes);
+                }
+            }
+        }
+        for (method, params) in reaction.notify {
+            self.forward(Message::Notification { method, params }).await;
+        }
+    }
+
     /// Queues a message for [`Incoming`], waiting while the queue is full (the
     /// backpressure), unless a stop comes first. Once stopping, a message goes only if
     /// there is room: the caller is shutting down and may not read any more.
@@ -695,6 +785,7 @@ impl Reader {
             ready = poll_fn(|cx| incoming.poll_ready(cx)) => ready.is_ok(),
             _ = &mut self.stop => {
                 self.stop_at = Some(Instant::now());
+                self.outbox = None;
                 false
             }
         };
@@ -742,7 +833,11 @@ impl Reader {
             None => "ended".to_string(),
         };
         let tail: Vec<String> = self.stderr_tail.iter().cloned().collect();
-        let mut message = format!("codex app-server {status}");
+        let program = match self.shared.borrow().claude.is_some() {
+            true => "claude",
+            false => "codex app-server",
+        };
+        let mut message = format!("{program} {status}");
         if let Some(failure) = &self.failure {
             message.push_str(" because ");
             message.push_str(failure);
@@ -863,6 +958,7 @@ pub(crate) mod tests {
             )
             .unwrap();
             AppServerLaunch {
+                claude: None,
                 program,
                 args: Vec::new(),
                 cwd,

@@ -275,3 +275,99 @@ fn the_cli_reaches_nothing_but_the_stub() {
         "the CLI reached beyond the stub: {other:?}"
     );
 }
+
+/// The Agents API's sessions on claude-code: one long-lived Claude Code per running
+/// session (its stream-json input and output translated into codex's protocol), driven
+/// by the SDK (`tests/fixtures/claude_sessions_sdk.py`); a restart resumes the CLI's own
+/// session, and a delete removes its config directory.
+#[test]
+fn the_sdk_drives_sessions_on_claude_code_and_a_restart_resumes_them() {
+    use crate::agents_sessions::{run_fixture, Sandbox};
+    let upstream = serve_upstream();
+    let sandbox = Sandbox::new(&upstream);
+    // `/workspace` is the base directory itself.
+    let written = sandbox.base.path().join("notes.txt");
+    let anthropic = format!("http://{}", upstream.addr);
+    let extra = [
+        ("ANTHROPIC_BASE_URL", anthropic.as_str()),
+        ("ANTHROPIC_API_KEY", "stub-key"),
+        ("CLAUDE_CODE_MAX_RETRIES", "0"),
+    ];
+    let write_path = written.to_str().unwrap();
+    {
+        let server = sandbox.server_with(&extra);
+        run_fixture(
+            "claude_sessions_sdk.py",
+            &server,
+            &sandbox,
+            "main",
+            &[("WRITE_PATH", write_path)],
+        );
+    }
+    assert_eq!(
+        std::fs::read_to_string(&written).unwrap().trim(),
+        "written by claude"
+    );
+    let seen = upstream.seen.lock().unwrap().clone();
+    // The agent's instructions reached the model, and the continuation saw the first turn.
+    let continued = seen
+        .iter()
+        .find(|r| user_text(r).contains("SAY continued"))
+        .expect("the continuation reached the model");
+    assert!(user_text(continued).contains("hello from claude"));
+    assert!(continued["system"]
+        .to_string()
+        .contains("Follow the script."));
+    // The steer reached the model inside the running turn: Claude Code surfaces a
+    // message sent mid-turn as a system message after the tool's result.
+    let steered = seen
+        .iter()
+        .find(|r| r["messages"].to_string().contains("SAY steered"))
+        .expect("the steer reached the model");
+    assert!(
+        steered["messages"].to_string().contains("slept"),
+        "{steered}"
+    );
+    // The model named by the update is what the CLI asked for next.
+    let switched = seen
+        .iter()
+        .find(|r| user_text(r).contains("SAY on the second model"))
+        .unwrap();
+    assert_eq!(switched["model"], "stub-model-2", "{}", switched["model"]);
+
+    let config_dirs = |state: &Path| -> Vec<PathBuf> {
+        std::fs::read_dir(state.join("claude-code"))
+            .map(|d| d.flatten().map(|e| e.path()).collect())
+            .unwrap_or_default()
+    };
+    let state = sandbox.home.path().join("state");
+    assert_eq!(
+        config_dirs(&state).len(),
+        1,
+        "one CLI session, one config directory"
+    );
+    let before = seen.len();
+    drop(seen);
+    // A new server: the session's next turn resumes the CLI session where it was.
+    let server = sandbox.server_with(&extra);
+    run_fixture(
+        "claude_sessions_sdk.py",
+        &server,
+        &sandbox,
+        "after_restart",
+        &[],
+    );
+    let seen = upstream.seen.lock().unwrap().clone();
+    let resumed = seen[before..]
+        .iter()
+        .find(|r| user_text(r).contains("SAY after restart"))
+        .unwrap();
+    assert!(
+        user_text(resumed).contains("hello from claude"),
+        "not resumed"
+    );
+    assert!(
+        config_dirs(&state).is_empty(),
+        "the deleted session's config directory is left"
+    );
+}

@@ -17,6 +17,7 @@
 //! | `REASON <text>` | streams a reasoning item whose summary is `<text>`, then answers `reasoned` |
 //! | `SLOW` / `SLOW <text>` | starts an answer (streams `<text>`, on the Responses API) and never finishes it (for cancels) |
 //! | `FAIL` / `FAIL400` / `FAIL429` | is an upstream 500 / 400 / 429 |
+//! | `WRITE <path> <text>` | asks Claude Code's `Write` tool to write `<text>` to the absolute `<path>`, then answers `written` (Messages API only) |
 //!
 //! A chat request whose system message is qwen-code's summariser (its `/compress`) is
 //! answered with a short summary, whatever the history's scripts say.
@@ -38,8 +39,8 @@ use crate::support::{serve_stub, Stub};
 pub(crate) type Upstream = Stub<Value>;
 
 /// The words a script starts with.
-const KEYWORDS: [&str; 8] = [
-    "SAY ", "REUSE ", "SHELL ", "MCP ", "CALL ", "REASON ", "SLOW", "FAIL",
+const KEYWORDS: [&str; 9] = [
+    "SAY ", "REUSE ", "SHELL ", "MCP ", "CALL ", "REASON ", "SLOW", "FAIL", "WRITE ",
 ];
 
 /// The message id of every `REUSE` answer: a provider that reuses ids.
@@ -308,6 +309,15 @@ pub(crate) fn respond(mut stream: TcpStream, path: &str, request: &Value) -> std
         };
         return write!(stream, "HTTP/1.1 {status}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}", body.len());
     }
+    if path.starts_with("/v1/messages") && request["stream"] != json!(true) {
+        // Claude Code asks without streaming only to check a model it is switched to.
+        let body = json!({"id": fresh_id("msg_up"), "type": "message", "role": "assistant",
+            "model": request["model"], "content": [{"type": "text", "text": "ok"}],
+            "stop_reason": "end_turn", "stop_sequence": null,
+            "usage": {"input_tokens": 1, "output_tokens": 1}})
+        .to_string();
+        return write!(stream, "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}", body.len());
+    }
     write!(
         stream,
         "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nConnection: close\r\n\r\n"
@@ -419,14 +429,29 @@ fn anthropic(
         "role": "assistant", "model": "stub-model", "content": [], "stop_reason": null,
         "stop_sequence": null, "usage": usage}}),
     )?;
-    if let (Some(command), false) = (script.strip_prefix("SHELL "), tool_done) {
+    let tool = match (
+        script.strip_prefix("SHELL "),
+        script.strip_prefix("WRITE "),
+        tool_done,
+    ) {
+        (Some(command), _, false) => Some((
+            "Bash",
+            json!({"command": command, "description": "the script's command"}),
+        )),
+        (_, Some(rest), false) => {
+            let (path, content) = rest.split_once(' ').unwrap_or((rest, ""));
+            Some(("Write", json!({"file_path": path, "content": content})))
+        }
+        _ => None,
+    };
+    if let Some((name, input)) = tool {
         event(
             stream,
             "content_block_start",
             json!({"index": 0, "content_block": {"type": "tool_use",
-            "id": fresh_id("toolu_up"), "name": "Bash", "input": {}}}),
+            "id": fresh_id("toolu_up"), "name": name, "input": {}}}),
         )?;
-        let input = json!({"command": command, "description": "the script's command"}).to_string();
+        let input = input.to_string();
         event(
             stream,
             "content_block_delta",
@@ -445,6 +470,7 @@ fn anthropic(
     let slow = script.strip_prefix("SLOW");
     let text = match slow {
         Some(rest) => rest.trim_start(),
+        None if script.starts_with("WRITE ") => "written",
         None => text,
     };
     event(

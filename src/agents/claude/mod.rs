@@ -1,5 +1,6 @@
 //! Claude Code (`@anthropic-ai/claude-code`), the third runtime: how its CLI is started
-//! headless and what it needs around it. [`lines`] reads what one turn prints.
+//! headless and what it needs around it. [`lines`] reads what one `/v1` turn prints;
+//! [`thread`] makes one long-lived CLI serve an Agents API session as a codex thread.
 //!
 //! Facts this rests on (the CLI's behaviour is the spec; `docs/agents.md` has the
 //! rest):
@@ -23,6 +24,7 @@
 //!   deliberately, and runs the CLI in `bypassPermissions` mode.
 
 pub mod lines;
+pub mod thread;
 
 use std::path::{Path, PathBuf};
 
@@ -63,6 +65,38 @@ pub fn turn_argv(session: TurnSession<'_>, model: Option<&str>) -> Vec<String> {
         argv.push(format!("--model={model}"));
     }
     argv
+}
+
+/// The arguments (after the program) of the long-lived CLI of an Agents API session
+/// ([`thread`]): stream-json both ways, each input echoed when taken up.
+pub fn session_args(
+    session: TurnSession<'_>,
+    model: Option<&str>,
+    instructions: Option<&str>,
+) -> Vec<String> {
+    let mut argv = turn_argv(session, model);
+    argv.remove(0);
+    let at = argv
+        .iter()
+        .position(|a| a == "--permission-mode")
+        .unwrap_or(0);
+    argv.splice(
+        at..at,
+        ["--input-format", "stream-json", "--replay-user-messages"].map(String::from),
+    );
+    if let Some(instructions) = instructions.filter(|i| !i.is_empty()) {
+        argv.push(format!("--append-system-prompt={instructions}"));
+    }
+    argv
+}
+
+/// The CLI model a session agent's `model` names: `claude-code/<model>` passes
+/// `<model>`, `claude-code` (or an alias) the CLI's default.
+pub fn agent_model(model: &str) -> Option<&str> {
+    model
+        .split_once('/')
+        .map(|(_, m)| m)
+        .filter(|m| !m.is_empty())
 }
 
 /// A new session id: a random (version 4) UUID, the form the CLI requires.
@@ -129,6 +163,14 @@ mod tests {
             .windows(2)
             .any(|w| w == ["--permission-mode", "bypassPermissions"]));
         assert_eq!(fresh.last().unwrap(), "--model=opus");
+        let session = session_args(TurnSession::Resume("S"), None, Some("-Be brief"));
+        assert!(session
+            .windows(2)
+            .any(|w| w == ["--input-format", "stream-json"]));
+        assert!(session.contains(&"--replay-user-messages".to_string()));
+        assert_eq!(session.last().unwrap(), "--append-system-prompt=-Be brief");
+        assert_eq!(agent_model("claude-code/opus"), Some("opus"));
+        assert_eq!(agent_model("claude-code"), None);
         let next = turn_argv(TurnSession::Resume("S"), None);
         assert!(next.windows(2).any(|w| w == ["--resume", "S"]));
         assert!(!next.iter().any(|a| a == "--session-id"));

@@ -116,6 +116,9 @@ pub async fn update(
                     ));
                 }
                 let config = open_config(&session)?.overridden(patch);
+                let value = serde_json::to_value(&config)
+                    .map_err(|e| AgentError::Failed(e.to_string()))?;
+                check_runtime(&value, Some(runtime_of(&session.agent)))?;
                 super::vaults::check_mcp_credentials(
                     t,
                     &owner,
@@ -205,13 +208,30 @@ pub async fn remove_leftovers(
     codex_home: Option<PathBuf>,
     thread: Option<String>,
 ) {
+    remove_dirs_and_rollouts(vec![scratch], codex_home, thread).await
+}
+
+/// [`remove_leftovers`] of a claude-code session: its scratch directory and its CLI
+/// session's config directory (its history, shell snapshots, settings).
+pub async fn remove_claude_leftovers(scratch: PathBuf, config: Option<PathBuf>) {
+    let dirs = std::iter::once(scratch).chain(config).collect();
+    remove_dirs_and_rollouts(dirs, None, None).await
+}
+
+async fn remove_dirs_and_rollouts(
+    dirs: Vec<PathBuf>,
+    codex_home: Option<PathBuf>,
+    thread: Option<String>,
+) {
     let removed = crate::runtime::file::blocking(move || {
         let mut failures = Vec::new();
-        match std::fs::remove_dir_all(&scratch) {
-            Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
-                failures.push(format!("{}: {e}", scratch.display()))
+        for dir in dirs {
+            match std::fs::remove_dir_all(&dir) {
+                Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                    failures.push(format!("{}: {e}", dir.display()))
+                }
+                _ => {}
             }
-            _ => {}
         }
         if let (Some(home), Some(thread)) = (codex_home, thread) {
             let suffix = format!("-{thread}.jsonl");
@@ -317,4 +337,68 @@ pub async fn list(
             }
         })
         .await
+}
+
+/// The runtime a session's agent runs on: a `model` that names claude-code (`claude-code`
+/// or `claude-code/<model>`, or an alias) runs on Claude Code, anything else on codex
+/// (whose model it is).
+pub fn runtime_of(agent: &serde_json::Value) -> crate::agents::Runtime {
+    use crate::agents::Runtime;
+    let model = agent["model"].as_str().unwrap_or_default();
+    let named = model.split_once('/').map_or(model, |(runtime, _)| runtime);
+    match Runtime::parse(named) {
+        Some(Runtime::ClaudeCode) => Runtime::ClaudeCode,
+        _ => Runtime::Codex,
+    }
+}
+
+/// What a claude-code session cannot honour, as the 400 naming it: Claude Code runs its
+/// own tools (Bash, file edits) and takes no function, MCP or hosted tools from the
+/// Agents API here, nor a reasoning effort, a service tier or codex's sub-agents.
+/// `agent` is the serialised `AgentConfig`; a session's runtime is fixed when it is
+/// created (`was`: the runtime before an update).
+pub fn check_runtime(
+    agent: &serde_json::Value,
+    was: Option<crate::agents::Runtime>,
+) -> Result<(), AgentError> {
+    use crate::agents::Runtime;
+    let runtime = runtime_of(agent);
+    let model = agent["model"].as_str().unwrap_or_default();
+    let named = model.split_once('/').map_or(model, |(runtime, _)| runtime);
+    if let Some(other) =
+        Runtime::parse(named).filter(|r| !matches!(r, Runtime::Codex | Runtime::ClaudeCode))
+    {
+        return Err(AgentError::invalid(
+            "agent.model",
+            format!("Sessions run on codex or claude-code; '{model}' names the {} runtime, which serves /v1/responses and conversations.", other.name()),
+        ));
+    }
+    if was.is_some_and(|was| was != runtime) {
+        return Err(AgentError::invalid(
+            "agent.model",
+            format!("A session's runtime is fixed when it is created; this one runs on {}: keep a model of that runtime, or create a new session.", was.map_or("", |r| r.name())),
+        ));
+    }
+    if runtime != Runtime::ClaudeCode {
+        return Ok(());
+    }
+    let refuse = |param: &str, what: &str| {
+        Err(AgentError::invalid(
+            param,
+            format!("Unsupported parameter: a claude-code session takes no {what}; Claude Code runs its own tools (Bash, file edits, search) in the workspace."),
+        ))
+    };
+    if agent["tools"].as_array().is_some_and(|t| !t.is_empty()) {
+        return refuse("agent.tools[0]", "tools");
+    }
+    if !agent["reasoning"]["effort"].is_null() {
+        return refuse("agent.reasoning.effort", "reasoning effort");
+    }
+    if agent["multi_agent"]["enabled"] == serde_json::Value::Bool(true) {
+        return refuse("agent.multi_agent.enabled", "codex sub-agents");
+    }
+    if agent["service_tier"].as_str().is_some_and(|t| t != "auto") {
+        return refuse("agent.service_tier", "service tier");
+    }
+    Ok(())
 }

@@ -18,7 +18,7 @@ use crate::agents::sessions::inputs::Input;
 use crate::agents::sessions::live::{Hub, Launch, SendError};
 use crate::agents::sessions::records::{KeyClaim, Session};
 use crate::agents::surface::AgentsStore;
-use crate::agents::{AgentError, Runtime};
+use crate::agents::AgentError;
 use crate::api::ApiError;
 use crate::app::Call;
 use crate::http::sse::{self, SseSender};
@@ -82,11 +82,13 @@ fn agent_refusal(e: AgentError) -> ApiError {
     }
 }
 
-/// How the session's app-server would start: the codex CLI (installed on first use),
+/// How the session's app-server would start: the codex CLI, or Claude Code for an agent
+/// whose model names it (either installed on first use),
 /// the workspace opened beneath the base directory, and the bearers of the agent's MCP
 /// servers from the session's vaults.
 async fn launch(call: &Call, session: &Session) -> Result<Launch, ApiError> {
-    let located = cli::ready(call, Runtime::Codex).await?;
+    let runtime = crate::agents::sessions::runtime_of(&session.agent);
+    let located = cli::ready(call, runtime).await?;
     let env = cli::environment(call, &located);
     let workspace = match &session.workspace {
         Some(rel) => {
@@ -119,6 +121,8 @@ async fn launch(call: &Call, session: &Session) -> Result<Launch, ApiError> {
         registry: call.services().children.clone(),
         agent,
         relay_base: relay_base(call),
+        runtime,
+        claude_home: call.config().state_dir.join("claude-code"),
     })
 }
 

@@ -236,23 +236,10 @@ pub(super) async fn session_agent(
     // What codex cannot honour is refused now, not at the first turn.
     let agent = serde_json::to_value(&config)
         .map_err(|e| ApiError::new(500, "server_error", e.to_string()))?;
-    // Sessions run on codex threads; a model that names another runtime (the way
-    // `/v1/responses` selects one) would reach codex as a model name.
-    let model = agent["model"].as_str().unwrap_or_default();
-    let named = model.split_once('/').map_or(model, |(runtime, _)| runtime);
-    if let Some(runtime) =
-        crate::agents::Runtime::parse(named).filter(|r| *r != crate::agents::Runtime::Codex)
-    {
-        return Err(invalid(
-            "agent.model",
-            format!(
-                "Sessions run on codex in this build; '{}' names the {} runtime, which serves /v1/responses and conversations. Give the agent a codex model, or use /v1/responses with model '{model}'.",
-                model,
-                runtime.name()
-            ),
-        )
-        .with_code("unsupported_parameter"));
-    }
+    // A model naming claude-code runs the session on Claude Code; what it cannot
+    // honour is refused here.
+    crate::agents::sessions::check_runtime(&agent, None)
+        .map_err(|e| ApiError::from(e).with_code("unsupported_parameter"))?;
     crate::agents::codex_map::thread_plan(&agent, "/")
         .map_err(|u| invalid(&u.param, u.message).with_code("unsupported_parameter"))?;
     Ok((config, id))

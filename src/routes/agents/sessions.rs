@@ -369,7 +369,16 @@ async fn delete(call: Call) -> Result<Response, ApiError> {
     // The session's agent's own wakeups go with it (others' stay, their runs failing).
     crate::agents::automations::forget_session(&agents, &call.identity.id, &id).await?;
     let scratch = call.config().state_dir.join("sessions").join(&id);
-    sessions::remove_leftovers(scratch, codex_home(&call), deleted.thread_id).await;
+    if sessions::runtime_of(&deleted.agent) == crate::agents::Runtime::ClaudeCode {
+        let home = call.config().state_dir.join("claude-code");
+        let config = deleted
+            .thread_id
+            .as_deref()
+            .and_then(|thread| crate::agents::claude::config_dir(&home, thread));
+        sessions::remove_claude_leftovers(scratch, config).await;
+    } else {
+        sessions::remove_leftovers(scratch, codex_home(&call), deleted.thread_id).await;
+    }
     Ok(Response::ok(&json!({
         "id": id, "object": "agent.session.deleted", "deleted": true,
         "x_agent_sandbox": label("agent-sandbox", &DIFFERENCES),

@@ -81,6 +81,12 @@ pub struct Launch {
     /// Where codex reaches this server (`http://host:port`), for the MCP relay; `None`
     /// before the server is bound (then codex would get the bearers: never started).
     pub relay_base: Option<String>,
+    /// The runtime whose CLI `program` is: codex, or claude-code (one long-lived
+    /// Claude Code translated into codex's protocol, `crate::agents::claude::thread`).
+    pub runtime: crate::agents::Runtime,
+    /// Where Claude Code's per-session config directories go
+    /// (`<ABX_STATE_DIR>/claude-code`).
+    pub claude_home: PathBuf,
 }
 
 /// Why inputs were not applied: the session's refusal, or why its actor could not be
@@ -567,9 +573,9 @@ impl Actor {
     }
 
     /// Starts the app-server; what `thread/start` (or `thread/resume`) takes.
-    async fn start(&mut self, launch: Launch) -> Result<(Started, Incoming), AgentError> {
+    async fn start(&mut self, mut launch: Launch) -> Result<(Started, Incoming), AgentError> {
         let session = self.load().await?;
-        let (cwd_fd, cwd_path, sandbox) = match launch.workspace {
+        let (cwd_fd, cwd_path, sandbox) = match launch.workspace.take() {
             Some((fd, path)) => (fd, path, "danger-full-access"),
             None => {
                 let scratch = launch.scratch.clone();
@@ -587,6 +593,9 @@ impl Actor {
                 (fd, launch.scratch.clone(), "read-only")
             }
         };
+        if launch.runtime == crate::agents::Runtime::ClaudeCode {
+            return self.start_claude(launch, &session, cwd_fd, &cwd_path).await;
+        }
         let mut agent = launch.agent;
         let Some(base) = launch.relay_base.as_deref() else {
             return Err(AgentError::Failed(
@@ -605,6 +614,7 @@ impl Actor {
             args: Vec::new(),
             cwd: cwd_fd,
             env,
+            claude: None,
         };
         let (app, incoming) = AppServer::start(spawn, &launch.registry, "agent-sandbox")
             .await
@@ -618,6 +628,81 @@ impl Actor {
         plan.env.clear();
         let started = Started {
             thread_params: params,
+            plan,
+        };
+        Ok((started, incoming))
+    }
+
+    /// Starts the session's Claude Code: its CLI session continues the stored thread id
+    /// (a resume) or gets a new one, in a config directory of its own; the agent's model
+    /// and instructions are its flags. It takes no tools (refused when the session was
+    /// created), so the plan the core reads is a bare one.
+    async fn start_claude(
+        &mut self,
+        launch: Launch,
+        session: &Session,
+        cwd_fd: OwnedFd,
+        cwd_path: &std::path::Path,
+    ) -> Result<(Started, Incoming), AgentError> {
+        use crate::agents::claude;
+        use crate::agents::runtime::TurnSession;
+        let resumed = session
+            .thread_id
+            .clone()
+            .filter(|id| claude::is_session_id(id));
+        let thread = resumed.clone().unwrap_or_else(claude::new_session_id);
+        let cli_session = match &resumed {
+            Some(id) => TurnSession::Resume(id),
+            None => TurnSession::Named(&thread),
+        };
+        let model = launch.agent["model"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string();
+        let instructions = launch.agent["instructions"].as_str();
+        let args = claude::session_args(cli_session, claude::agent_model(&model), instructions);
+        let config = claude::config_dir(&launch.claude_home, &thread)
+            .ok_or_else(|| AgentError::Failed(format!("'{thread}' is not a session id")))?;
+        let made = config.clone();
+        crate::runtime::file::blocking(move || std::fs::create_dir_all(&made))
+            .await
+            .and_then(|r| r)
+            .map_err(|e| {
+                AgentError::Failed(format!(
+                    "Claude Code's config directory {} cannot be made: {e}",
+                    config.display()
+                ))
+            })?;
+        let mut env = launch.env;
+        let mut set = |name: &str, value: OsString| {
+            env.retain(|(k, _)| k != name);
+            env.push((name.into(), value));
+        };
+        for (name, value) in claude::ENV {
+            set(name, value.into());
+        }
+        set("CLAUDE_CONFIG_DIR", config.into_os_string());
+        let cwd = cwd_path.to_string_lossy().into_owned();
+        let bare = json!({"model": model, "tools": []});
+        let plan = codex_map::thread_plan(&bare, &cwd)
+            .map_err(|u| AgentError::invalid(u.param, u.message))?;
+        let spawn = AppServerLaunch {
+            program: launch.program,
+            args,
+            cwd: cwd_fd,
+            env,
+            claude: Some(claude::thread::ClaudeThread::new(
+                &thread,
+                &cwd,
+                claude::agent_model(&model),
+            )),
+        };
+        let (app, incoming) = AppServer::start(spawn, &launch.registry, "agent-sandbox")
+            .await
+            .map_err(|e| AgentError::Failed(format!("claude did not start: {e}")))?;
+        self.app = Some(app);
+        let started = Started {
+            thread_params: plan.thread_start.clone(),
             plan,
         };
         Ok((started, incoming))

@@ -163,6 +163,19 @@ impl Server {
             "ABX_SERVER_POLICY_FILE",
             crate::agents::seal::KEY_VAR,
         ]);
+        // The model API's key, when the agents group may run Claude Code (it is named,
+        // or a policy may turn it on): the CLI reaches the model through the relay,
+        // which holds the key, so the model's commands cannot read it
+        // (`agents::claude::relay`).
+        let agents_may_run = self
+            .config
+            .enabled_groups
+            .contains(&crate::api::Group::Agents)
+            || self.config.policy_path.is_some()
+            || self.config.policy_inline.is_some();
+        if agents_may_run {
+            crate::process::secrets::keep(&crate::agents::claude::relay::KEY_VARS);
+        }
         if self.config.policy_path.is_some() || self.config.policy_inline.is_some() {
             // The policy's token_env variables too; a document that does not load is
             // reported once, by the build below.

@@ -84,6 +84,8 @@ pub struct Launch<'a> {
     /// Where Claude Code's per-session config directories go
     /// (`<ABX_STATE_DIR>/claude-code`).
     pub claude_home: PathBuf,
+    /// Where the CLI reaches this server (`http://host:port`), for the model relay.
+    pub relay_base: Option<String>,
 }
 
 /// A started turn.
@@ -100,6 +102,8 @@ pub struct TurnRun<S: ObjectStore> {
     /// Raised by a cancel or a delete of the response.
     cancelled: Arc<AtomicBool>,
     guard: TurnGuard<S>,
+    /// The model relay's capability of this turn's Claude Code, closed with the turn.
+    _model_relay: Option<super::claude::relay::Opened>,
 }
 
 /// What a turn's events left once it ended.
@@ -191,14 +195,18 @@ pub async fn start<S: ObjectStore>(
     let mut argv = runtime.turn_argv(session, turn.cli_model.as_deref());
     argv[0] = launch.program.display().to_string();
     let mut env = launch.env;
+    let mut model_relay = None;
     if runtime == Runtime::ClaudeCode {
         let id = turn
             .resume
             .as_deref()
             .or(named.as_deref())
             .unwrap_or_default();
-        match claude_env(&launch.claude_home, id, &mut env).await {
-            Ok(()) => {}
+        let prepared = claude_env(&launch.claude_home, id, &mut env)
+            .await
+            .and_then(|()| relay_env(launch.relay_base.as_deref(), &mut env));
+        match prepared {
+            Ok(opened) => model_relay = opened,
             Err(e) => {
                 turn.abandon().await;
                 return Err(e);
@@ -263,6 +271,7 @@ pub async fn start<S: ObjectStore>(
         input_items: turn.input_items,
         cancelled,
         guard: turn.guard,
+        _model_relay: model_relay,
     })
 }
 
@@ -297,6 +306,23 @@ async fn claude_env(
     }
     set("CLAUDE_CONFIG_DIR", dir.into_os_string());
     Ok(())
+}
+
+/// Points Claude Code at the model relay when the server holds the model API's key
+/// (`super::claude::relay`); the capability lives as long as what it returns.
+pub(super) fn relay_env(
+    relay_base: Option<&str>,
+    env: &mut Vec<(OsString, OsString)>,
+) -> Result<Option<super::claude::relay::Opened>, AgentError> {
+    let Some(upstream) = super::claude::relay::Upstream::configured() else {
+        return Ok(None);
+    };
+    let Some(base) = relay_base else {
+        return Err(AgentError::Failed(
+            "the server's address is not known yet: send the request again".into(),
+        ));
+    };
+    Ok(Some(super::claude::relay::open(upstream, base, env)))
 }
 
 impl<S: ObjectStore> TurnRun<S> {

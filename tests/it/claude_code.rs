@@ -85,22 +85,6 @@ fn the_sdk_drives_claude_code_on_v1() {
         "{models}"
     );
 
-    // Sessions still run on codex: an agent whose model names claude-code is refused,
-    // naming the field, before anything is stored.
-    let (status, refused) = server.v1_post(
-        "/v1/agents/sessions",
-        serde_json::json!({"agent": {"model": "claude-code/opus"}, "input": "SAY hi",
-                           "environment": {"type": "none"}}),
-    );
-    assert_eq!(status, 400, "{refused}");
-    assert_eq!(refused["error"]["param"], "agent.model", "{refused}");
-    assert_eq!(
-        refused["error"]["code"], "unsupported_parameter",
-        "{refused}"
-    );
-    let (_, sessions) = server.v1_get("/v1/agents/sessions");
-    assert_eq!(sessions["data"], serde_json::json!([]), "{sessions}");
-
     run_fixture(&server, "main");
     let seen = upstream.seen.lock().unwrap().clone();
     // Continuing a response resumed the CLI's own session: the model saw the first turn.
@@ -123,6 +107,30 @@ fn the_sdk_drives_claude_code_on_v1() {
     let made = std::fs::read_to_string(server.base_dir().join("claude.txt"))
         .expect("the CLI ran the command in the base directory");
     assert_eq!(made.trim(), "made-by-claude");
+    // The key reached the model API (added by the relay), never the model's commands.
+    assert!(seen
+        .iter()
+        .filter(|r| r.get("messages").is_some())
+        .all(|r| r["_x_api_key"] == "stub-key"));
+    let (status, shown) = server.v1_post(
+        "/v1/responses",
+        serde_json::json!({"model": "claude-code", "input": "SHELL env > claude-env.txt; cat /proc/$PPID/environ | tr '\\0' '\\n' >> claude-env.txt"}),
+    );
+    assert_eq!(
+        (status, shown["status"].clone()),
+        (200, "completed".into()),
+        "{shown}"
+    );
+    let env = std::fs::read_to_string(server.base_dir().join("claude-env.txt")).unwrap();
+    assert!(
+        !env.contains("stub-key"),
+        "the model's command read the key:\n{env}"
+    );
+    assert!(
+        env.contains("ANTHROPIC_API_KEY=agent-sandbox-model-relay"),
+        "{env}"
+    );
+    assert!(env.contains("/v1/agents/model_relay/"), "{env}");
     // Each CLI session kept its state in a config directory of its own.
     let sessions = std::fs::read_dir(home.path().join("state/claude-code"))
         .unwrap()
@@ -247,8 +255,10 @@ fn the_cli_reaches_nothing_but_the_stub() {
         std::fs::remove_file(old).unwrap();
     }
 
-    // Through the server: a turn with a shell command, and its continuation.
+    // Through the server: a turn with a shell command, and its continuation. The CLI
+    // reaches the model through the server's relay.
     let server = claude_server(&upstream, &home, &path);
+    let relay = format!("127.0.0.1:{}", server.addr.port());
     let (status, first) = server.v1_post(
         "/v1/responses",
         serde_json::json!({"model": "claude-code", "input": "SHELL echo traced"}),
@@ -268,11 +278,18 @@ fn the_cli_reaches_nothing_but_the_stub() {
         "{second}"
     );
     let seen = addresses(&logs_in(home.path(), "trace"));
-    assert!(seen.contains(&stub), "the trace missed the stub: {seen:?}");
-    let other: Vec<&String> = seen.iter().filter(|a| *a != &stub).collect();
+    assert!(
+        seen.contains(&relay),
+        "the trace missed the relay: {seen:?}"
+    );
+    let other: Vec<&String> = seen.iter().filter(|a| *a != &relay).collect();
     assert!(
         other.is_empty(),
-        "the CLI reached beyond the stub: {other:?}"
+        "the CLI reached beyond the relay: {other:?}"
+    );
+    assert!(
+        upstream.seen.lock().unwrap().len() >= 3,
+        "the relay reached the stub"
     );
 }
 

@@ -527,6 +527,8 @@ pub struct Received {
     pub method: String,
     /// Path and query, as sent.
     pub target: String,
+    /// Header names in lower case, with their values.
+    pub headers: Vec<(String, String)>,
     pub body: Vec<u8>,
 }
 
@@ -564,12 +566,14 @@ pub fn serve_stub<T: Clone + Send + 'static>(
             std::thread::spawn(move || {
                 let _ = stream.set_read_timeout(read_timeout);
                 let mut reader = BufReader::new(stream);
-                let Some((method, target, body)) = read_request(&mut reader) else {
+                let mut headers = Vec::new();
+                let Some((method, target, body)) = read_request(&mut reader, &mut headers) else {
                     return;
                 };
                 let received = Received {
                     method,
                     target,
+                    headers,
                     body,
                 };
                 let record = (serve.0)(&received);
@@ -583,7 +587,11 @@ pub fn serve_stub<T: Clone + Send + 'static>(
 
 /// One request read by a test's stub server: method, target and body (by
 /// `Content-Length`); `None` when the client closed before a request line.
-pub fn read_request<R: BufRead>(reader: &mut R) -> Option<(String, String, Vec<u8>)> {
+/// The headers go into `headers` (names in lower case).
+pub fn read_request<R: BufRead>(
+    reader: &mut R,
+    headers: &mut Vec<(String, String)>,
+) -> Option<(String, String, Vec<u8>)> {
     let mut line = String::new();
     if reader.read_line(&mut line).unwrap_or(0) == 0 {
         return None;
@@ -601,6 +609,7 @@ pub fn read_request<R: BufRead>(reader: &mut R) -> Option<(String, String, Vec<u
             if name.eq_ignore_ascii_case("content-length") {
                 length = value.trim().parse().unwrap_or(0);
             }
+            headers.push((name.trim().to_ascii_lowercase(), value.trim().to_string()));
         }
     }
     let mut body = vec![0; length];

@@ -513,7 +513,14 @@ fn is_summary_request(request: &Value) -> bool {
 pub(crate) fn serve_upstream() -> Upstream {
     serve_stub(
         None,
-        |received| serde_json::from_slice(&received.body).unwrap_or(Value::Null),
+        |received| {
+            let mut request: Value = serde_json::from_slice(&received.body).unwrap_or(Value::Null);
+            // The Messages API's key, kept beside the body (what the model relay added).
+            if let Some((_, key)) = received.headers.iter().find(|(n, _)| n == "x-api-key") {
+                request["_x_api_key"] = json!(key);
+            }
+            request
+        },
         |stream, received, request| {
             let _ = respond(stream, &received.target, &request);
         },

@@ -1,6 +1,7 @@
 //! Claude Code (`@anthropic-ai/claude-code`), the third runtime: how its CLI is started
 //! headless and what it needs around it. [`lines`] reads what one `/v1` turn prints;
-//! [`thread`] makes one long-lived CLI serve an Agents API session as a codex thread.
+//! [`thread`] makes one long-lived CLI serve an Agents API session as a codex thread;
+//! [`relay`] keeps the model API's key on the server's side.
 //!
 //! Facts this rests on (the CLI's behaviour is the spec; `docs/agents.md` has the
 //! rest):
@@ -24,6 +25,7 @@
 //!   deliberately, and runs the CLI in `bypassPermissions` mode.
 
 pub mod lines;
+pub mod relay;
 pub mod thread;
 
 use std::path::{Path, PathBuf};

@@ -28,6 +28,8 @@ pub const IDEMPOTENCY_KEYS: usize = 64;
 
 /// What every session object differs in from OpenAI's (documented in docs/agents.md).
 pub const DIFFERENCES: [&str; 2] = ["codex_thread", "tools_run_locally"];
+/// What a claude-code session differs in: it runs on a Claude Code CLI session.
+pub const CLAUDE_DIFFERENCES: [&str; 2] = ["cli_session", "tools_run_locally"];
 
 pub static SESSIONS: Collection = Collection {
     name: "session",
@@ -221,8 +223,22 @@ impl Object for Session {
             "prompt_cache_options": self.prompt_cache_options,
             "review": self.review,
             "spend_control": self.spend_control,
-            "x_agent_sandbox": with_thread(label("codex", &DIFFERENCES), self.thread_id.as_deref()),
+            "x_agent_sandbox": self.label(),
         })
+    }
+}
+
+impl Session {
+    /// The session's label: the runtime it runs on, and that runtime's own session id
+    /// (codex's thread, Claude Code's session).
+    fn label(&self) -> Value {
+        let runtime = super::runtime_of(&self.agent);
+        if runtime == crate::agents::Runtime::ClaudeCode {
+            let mut label = label(runtime.name(), &CLAUDE_DIFFERENCES);
+            label["claude_session_id"] = json!(self.thread_id);
+            return label;
+        }
+        with_thread(label("codex", &DIFFERENCES), self.thread_id.as_deref())
     }
 }
 

@@ -361,6 +361,69 @@ async fn plain(
     Ok(head)
 }
 
+/// A connection to a peer, plain or TLS, for an exchange read piece by piece (the
+/// model relay streams what the model API answers as it comes).
+pub struct Conn {
+    stream: TcpStream,
+    tls: Option<Box<rustls::ClientConnection>>,
+}
+
+impl Conn {
+    /// Connects to one of `target`'s checked addresses (a private one only when
+    /// `private_ok`), with TLS for https.
+    pub async fn open(target: &Target, private_ok: bool) -> Result<Conn, Unreachable> {
+        let stream = connect(target, private_ok).await?;
+        let tls = match target.scheme {
+            Scheme::Http => None,
+            Scheme::Https => {
+                let name = rustls::pki_types::ServerName::try_from(target.host.clone())
+                    .map_err(|e| Unreachable(format!("{}: {e}", target.host)))?;
+                let connection = rustls::ClientConnection::new(tls_config(), name)
+                    .map_err(|e| Unreachable(format!("{}: {e}", target.host)))?;
+                Some(Box::new(connection))
+            }
+        };
+        Ok(Conn { stream, tls })
+    }
+
+    pub async fn write_all(&mut self, bytes: Vec<u8>) -> std::io::Result<()> {
+        match self.tls.as_mut() {
+            None => self.stream.write_all(bytes).await.0.map(drop),
+            Some(tls) => {
+                tls.writer().write_all(&bytes)?;
+                flush(&mut self.stream, tls).await
+            }
+        }
+    }
+
+    /// The next bytes the peer sent (decrypted); `None` once it closed.
+    pub async fn read(&mut self) -> std::io::Result<Option<Vec<u8>>> {
+        let Some(tls) = self.tls.as_mut() else {
+            let (read, buf) = self.stream.read(Vec::with_capacity(16 * 1024)).await;
+            return Ok((read? > 0).then_some(buf));
+        };
+        loop {
+            let mut plain = Vec::new();
+            let mut chunk = [0u8; 16 * 1024];
+            loop {
+                match tls.reader().read(&mut chunk) {
+                    Ok(0) => return Ok((!plain.is_empty()).then_some(plain)),
+                    Ok(n) => plain.extend_from_slice(&chunk[..n]),
+                    Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
+                    Err(e) => return Err(e),
+                }
+            }
+            if !plain.is_empty() {
+                return Ok(Some(plain));
+            }
+            flush(&mut self.stream, tls).await?;
+            if !fill(&mut self.stream, tls).await? {
+                return Ok(None);
+            }
+        }
+    }
+}
+
 fn tls_config() -> Arc<rustls::ClientConfig> {
     static CONFIG: OnceLock<Arc<rustls::ClientConfig>> = OnceLock::new();
     CONFIG

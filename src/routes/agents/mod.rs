@@ -16,6 +16,7 @@ mod conversations;
 mod environments;
 mod files;
 mod mcp_relay;
+mod model_relay;
 mod reference_ids;
 mod resource;
 mod responses;
@@ -67,6 +68,7 @@ pub fn endpoints() -> Vec<Endpoint> {
     endpoints.extend(webhooks::endpoints());
     endpoints.extend(files::endpoints());
     endpoints.extend(mcp_relay::endpoints());
+    endpoints.extend(model_relay::endpoints());
     endpoints.extend([
         route(
             Method::Post,

@@ -356,6 +356,7 @@ async fn launch<'a>(call: &'a Call, located: &Located) -> Result<Launch<'a>, Api
         env: cli::environment(call, located),
         children: &call.services().children,
         claude_home: call.config().state_dir.join("claude-code"),
+        relay_base: super::session_live::relay_base(call),
     })
 }
 

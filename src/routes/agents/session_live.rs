@@ -128,7 +128,7 @@ async fn launch(call: &Call, session: &Session) -> Result<Launch, ApiError> {
 
 /// Where this machine's codex reaches the API port: the bound address, with a wildcard
 /// one (`0.0.0.0`, `::`) read as loopback.
-fn relay_base(call: &Call) -> Option<String> {
+pub(super) fn relay_base(call: &Call) -> Option<String> {
     let mut addr = *call.services().bound_api.get()?;
     if addr.ip().is_unspecified() {
         addr.set_ip(match addr {

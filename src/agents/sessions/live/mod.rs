@@ -223,6 +223,7 @@ impl Hub {
                 workspace: None,
                 children: HashMap::new(),
                 relayed: Vec::new(),
+                model_relay: None,
                 waiters: HashMap::new(),
                 next_waiter: 0,
             };
@@ -318,6 +319,8 @@ struct Actor {
     children: HashMap<String, ChildThread>,
     /// The MCP relay's capabilities this actor's codex was given, closed when it stops.
     relayed: Vec<String>,
+    /// The model relay's capability of this actor's Claude Code, closed when it stops.
+    model_relay: Option<crate::agents::claude::relay::Opened>,
     /// The reply slots of the commands the core holds.
     waiters: HashMap<Waiter, oneshot::Sender<Outcome>>,
     next_waiter: Waiter,
@@ -682,6 +685,7 @@ impl Actor {
             set(name, value.into());
         }
         set("CLAUDE_CONFIG_DIR", config.into_os_string());
+        self.model_relay = crate::agents::run::relay_env(launch.relay_base.as_deref(), &mut env)?;
         let cwd = cwd_path.to_string_lossy().into_owned();
         let bare = json!({"model": model, "tools": []});
         let plan = codex_map::thread_plan(&bare, &cwd)

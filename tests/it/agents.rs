@@ -165,8 +165,9 @@ fn runtimes_models_and_refusals() {
         // Phase 1's 20, the Agents API's 25 CRUD operations and its 22 of sessions, the
         // executor refusals at the reference's paths too, its webhook endpoints (8) and
         // POST /v1/files, responses.connect and compact: the reference's whole table;
-        // and the MCP relay's three and the 10 automations operations (extensions).
-        json!({"enabled": 93, "total": 93})
+        // and the MCP relay's three, the 10 automations operations and the model relay
+        // (extensions).
+        json!({"enabled": 94, "total": 94})
     );
     assert_eq!(
         caps["endpoints"]["agents_responses_create"]["scopes"],

@@ -388,3 +388,59 @@ fn the_sdk_drives_sessions_on_claude_code_and_a_restart_resumes_them() {
         "the deleted session's config directory is left"
     );
 }
+
+/// The first request on claude-code installs the pinned CLI into the server's own
+/// prefix, npm running the wrapper's postinstall, which puts the native binary (from the
+/// platform package) in place of the wrapper's placeholder script; the turn then runs
+/// on it. npm reads the packages from the cache `scripts/tools` filled.
+#[test]
+fn the_cli_is_installed_on_first_use_with_its_native_binary() {
+    let upstream = serve_upstream();
+    let home = TempDir::new("claude-first-use");
+    let cache = std::env::var("HOME").map_or("/root/.npm".to_string(), |h| format!("{h}/.npm"));
+    let state = home.path().join("state");
+    let server = Launch::new("uring")
+        .env("ABX_SERVER_ENABLED_GROUPS", "agents")
+        .env("ABX_STATE_DIR", state.to_str().unwrap())
+        .env("ANTHROPIC_BASE_URL", &format!("http://{}", upstream.addr))
+        .env("ANTHROPIC_API_KEY", "stub-key")
+        .env("HOME", home.path().to_str().unwrap())
+        // No claude on it: the machine's npm and node only.
+        .env("PATH", "/usr/local/bin:/usr/bin:/bin")
+        .env("npm_config_cache", &cache)
+        .env("npm_config_fetch_retries", "0")
+        .start();
+    let entry = |server: &Server| {
+        let (_, list) = server.v1_get("/v1/agents/runtimes");
+        list["data"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|r| r["id"] == "claude-code")
+            .unwrap()
+            .clone()
+    };
+    assert_eq!(entry(&server)["installed"], false);
+    let (status, answer) = server.v1_post(
+        "/v1/responses",
+        serde_json::json!({"model": "claude-code", "input": "SAY installed first"}),
+    );
+    assert_eq!(status, 200, "{answer}");
+    assert_eq!(answer["status"], "completed", "{answer}");
+    let after = entry(&server);
+    assert_eq!(
+        (after["installed"].clone(), after["source"].clone()),
+        (true.into(), "managed".into()),
+        "{after}"
+    );
+    assert_eq!(after["version"], pin("CLAUDE_CODE_VERSION"));
+    let binary = state
+        .join(format!("runtimes/claude-{}", pin("CLAUDE_CODE_VERSION")))
+        .join("node_modules/@anthropic-ai/claude-code/bin/claude.exe");
+    let size = std::fs::metadata(&binary).unwrap().len();
+    assert!(
+        size > 100 << 20,
+        "{} is {size} bytes: not the native binary",
+        binary.display()
+    );
+}

@@ -202,7 +202,7 @@ pub async fn start<S: ObjectStore>(
             .as_deref()
             .or(named.as_deref())
             .unwrap_or_default();
-        let prepared = claude_env(&launch.claude_home, id, &mut env)
+        let prepared = super::claude::environment(&launch.claude_home, id, &mut env)
             .await
             .and_then(|()| relay_env(launch.relay_base.as_deref(), &mut env));
         match prepared {
@@ -273,39 +273,6 @@ pub async fn start<S: ObjectStore>(
         guard: turn.guard,
         _model_relay: model_relay,
     })
-}
-
-/// Claude Code's environment: [`super::claude::ENV`] over the children's, and the
-/// config directory of CLI session `id` (made now, on the pool).
-async fn claude_env(
-    home: &std::path::Path,
-    id: &str,
-    env: &mut Vec<(OsString, OsString)>,
-) -> Result<(), AgentError> {
-    let Some(dir) = super::claude::config_dir(home, id) else {
-        return Err(AgentError::Failed(format!(
-            "'{id}' is not a Claude Code session id"
-        )));
-    };
-    let made = dir.clone();
-    crate::runtime::file::blocking(move || std::fs::create_dir_all(&made))
-        .await
-        .and_then(|r| r)
-        .map_err(|e| {
-            AgentError::Failed(format!(
-                "Claude Code's config directory {} cannot be made: {e}",
-                dir.display()
-            ))
-        })?;
-    let mut set = |name: &str, value: OsString| {
-        env.retain(|(k, _)| k != name);
-        env.push((name.into(), value));
-    };
-    for (name, value) in super::claude::ENV {
-        set(name, value.into());
-    }
-    set("CLAUDE_CONFIG_DIR", dir.into_os_string());
-    Ok(())
 }
 
 /// Points Claude Code at the model relay when the server holds the model API's key

@@ -444,3 +444,68 @@ fn the_cli_is_installed_on_first_use_with_its_native_binary() {
         binary.display()
     );
 }
+
+/// Under `ABX_CHILD_USER` Claude Code runs as that user (as codex does): its config
+/// directory is one of that user's (the state directory stays the server's), and its
+/// commands run as that user too.
+#[test]
+fn under_a_child_user_the_cli_and_its_commands_run_as_that_user() {
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+    let upstream = serve_upstream();
+    let home = TempDir::new("claude-child-user");
+    let base = TempDir::new("claude-child-base");
+    // The base directory is the model's workspace: the child user writes there.
+    std::fs::set_permissions(base.path(), std::fs::Permissions::from_mode(0o777)).unwrap();
+    let server = Launch::new("uring")
+        .base_dir(base.path())
+        .env("ABX_SERVER_ENABLED_GROUPS", "agents")
+        .env("ABX_CHILD_USER", "65534:65534")
+        .env("ABX_STATE_DIR", home.path().join("state").to_str().unwrap())
+        .env("ANTHROPIC_BASE_URL", &format!("http://{}", upstream.addr))
+        .env("ANTHROPIC_API_KEY", "stub-key")
+        .env("CLAUDE_CODE_MAX_RETRIES", "0")
+        .env("HOME", home.path().to_str().unwrap())
+        .env("PATH", &tools().path)
+        .start();
+    let root = Path::new("/tmp/agent-sandbox-claude-code-65534");
+    let dirs_in = |root: &Path| -> Vec<PathBuf> {
+        std::fs::read_dir(root)
+            .map(|d| d.flatten().map(|e| e.path()).collect())
+            .unwrap_or_default()
+    };
+    let before = dirs_in(root);
+    let (status, answer) = server.v1_post(
+        "/v1/responses",
+        serde_json::json!({"model": "claude-code", "input": "SHELL id -u > who.txt"}),
+    );
+    assert_eq!(
+        (status, answer["status"].clone()),
+        (200, "completed".into()),
+        "{answer}"
+    );
+    let who = std::fs::read_to_string(base.path().join("who.txt")).unwrap();
+    assert_eq!(who.trim(), "65534");
+    // The turn's CLI session made a directory of its own there, the child user's.
+    let dirs: Vec<PathBuf> = dirs_in(root)
+        .into_iter()
+        .filter(|d| !before.contains(d))
+        .collect();
+    assert_eq!(
+        dirs.len(),
+        1,
+        "no new config directory in {}",
+        root.display()
+    );
+    for dir in &dirs {
+        assert_eq!(
+            std::fs::metadata(dir).unwrap().uid(),
+            65534,
+            "{}",
+            dir.display()
+        );
+    }
+    assert!(
+        !home.path().join("state/claude-code").exists(),
+        "nothing of the CLI's in the server's state directory"
+    );
+}

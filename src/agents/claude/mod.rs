@@ -127,9 +127,95 @@ pub fn is_session_id(id: &str) -> bool {
 }
 
 /// The config directory of CLI session `id` under `home` (the server's
-/// `<ABX_STATE_DIR>/claude-code`); `None` for an id that is not a session id.
+/// `<ABX_STATE_DIR>/claude-code`, see [`config_root`]); `None` for an id that is not a
+/// session id.
 pub fn config_dir(home: &Path, id: &str) -> Option<PathBuf> {
-    is_session_id(id).then(|| home.join(id))
+    is_session_id(id).then(|| config_root(home).join(id))
+}
+
+/// Where the config directories go: `home` (under the state directory, which only the
+/// server's user can enter), or, when children run as another user (`ABX_CHILD_USER`),
+/// a directory of that user's, `/tmp/agent-sandbox-claude-code-<uid>`: the CLI must
+/// write its directory, and opening the state directory to that user would open the
+/// store too. Every command of the sandbox runs as that user then, so a session's
+/// directory is no more private than its files are.
+pub fn config_root(home: &Path) -> PathBuf {
+    match crate::process::spawn::child_user() {
+        None => home.to_path_buf(),
+        Some((uid, _)) => PathBuf::from(format!("/tmp/agent-sandbox-claude-code-{uid}")),
+    }
+}
+
+/// Makes the config directory `dir` (blocking), owned by the children's user when
+/// `ABX_CHILD_USER` sets one. A root in `/tmp` that is a link, not a directory, or
+/// another user's is refused: nobody can make the server hand a directory elsewhere to
+/// the CLI.
+fn make_config_dir(dir: &Path) -> std::io::Result<()> {
+    use std::os::unix::fs::{DirBuilderExt, MetadataExt};
+    let Some((uid, gid)) = crate::process::spawn::child_user() else {
+        return std::fs::create_dir_all(dir);
+    };
+    let root = dir.parent().unwrap_or(dir);
+    match std::fs::DirBuilder::new().mode(0o700).create(root) {
+        Err(e) if e.kind() != std::io::ErrorKind::AlreadyExists => return Err(e),
+        _ => {}
+    }
+    let meta = std::fs::symlink_metadata(root)?;
+    if !meta.file_type().is_dir() || (meta.uid() != uid && meta.uid() != 0) {
+        return Err(std::io::Error::other(format!(
+            "{} is not a directory of the children's user",
+            root.display()
+        )));
+    }
+    let own = |path: &Path| {
+        rustix::fs::chownat(
+            rustix::fs::CWD,
+            path,
+            Some(rustix::fs::Uid::from_raw(uid)),
+            Some(rustix::fs::Gid::from_raw(gid)),
+            rustix::fs::AtFlags::SYMLINK_NOFOLLOW,
+        )
+    };
+    own(root)?;
+    match std::fs::DirBuilder::new().mode(0o700).create(dir) {
+        Err(e) if e.kind() != std::io::ErrorKind::AlreadyExists => return Err(e),
+        _ => {}
+    }
+    own(dir)?;
+    Ok(())
+}
+
+/// Claude Code's environment: [`ENV`] over the children's, and the config directory of
+/// CLI session `id` under `home`, made now (on the pool).
+pub async fn environment(
+    home: &Path,
+    id: &str,
+    env: &mut Vec<(std::ffi::OsString, std::ffi::OsString)>,
+) -> Result<(), super::AgentError> {
+    let Some(dir) = config_dir(home, id) else {
+        return Err(super::AgentError::Failed(format!(
+            "'{id}' is not a Claude Code session id"
+        )));
+    };
+    let made = dir.clone();
+    crate::runtime::file::blocking(move || make_config_dir(&made))
+        .await
+        .and_then(|r| r)
+        .map_err(|e| {
+            super::AgentError::Failed(format!(
+                "Claude Code's config directory {} cannot be made: {e}",
+                dir.display()
+            ))
+        })?;
+    let mut set = |name: &str, value: std::ffi::OsString| {
+        env.retain(|(k, _)| k != name);
+        env.push((name.into(), value));
+    };
+    for (name, value) in ENV {
+        set(name, value.into());
+    }
+    set("CLAUDE_CONFIG_DIR", dir.into_os_string());
+    Ok(())
 }
 
 #[cfg(test)]

@@ -664,27 +664,8 @@ impl Actor {
             .to_string();
         let instructions = launch.agent["instructions"].as_str();
         let args = claude::session_args(cli_session, claude::agent_model(&model), instructions);
-        let config = claude::config_dir(&launch.claude_home, &thread)
-            .ok_or_else(|| AgentError::Failed(format!("'{thread}' is not a session id")))?;
-        let made = config.clone();
-        crate::runtime::file::blocking(move || std::fs::create_dir_all(&made))
-            .await
-            .and_then(|r| r)
-            .map_err(|e| {
-                AgentError::Failed(format!(
-                    "Claude Code's config directory {} cannot be made: {e}",
-                    config.display()
-                ))
-            })?;
         let mut env = launch.env;
-        let mut set = |name: &str, value: OsString| {
-            env.retain(|(k, _)| k != name);
-            env.push((name.into(), value));
-        };
-        for (name, value) in claude::ENV {
-            set(name, value.into());
-        }
-        set("CLAUDE_CONFIG_DIR", config.into_os_string());
+        claude::environment(&launch.claude_home, &thread, &mut env).await?;
         self.model_relay = crate::agents::run::relay_env(launch.relay_base.as_deref(), &mut env)?;
         let cwd = cwd_path.to_string_lossy().into_owned();
         let bare = json!({"model": model, "tools": []});

@@ -311,16 +311,19 @@ fn the_sdk_drives_sessions_on_claude_code_and_a_restart_resumes_them() {
         ("CLAUDE_CODE_MAX_RETRIES", "0"),
     ];
     let write_path = written.to_str().unwrap();
-    {
-        let server = sandbox.server_with(&extra);
-        run_fixture(
-            "claude_sessions_sdk.py",
-            &server,
-            &sandbox,
-            "main",
-            &[("WRITE_PATH", write_path)],
-        );
-    }
+    let mut server = sandbox.server_with(&extra);
+    run_fixture(
+        "claude_sessions_sdk.py",
+        &server,
+        &sandbox,
+        "main",
+        &[("WRITE_PATH", write_path)],
+    );
+    // kill -9 in the middle of a turn: the restarted server marks it failed.
+    run_fixture("claude_sessions_sdk.py", &server, &sandbox, "slow", &[]);
+    unsafe { libc::kill(server.child.id() as i32, libc::SIGKILL) };
+    let _ = server.child.wait();
+    drop(server);
     assert_eq!(
         std::fs::read_to_string(&written).unwrap().trim(),
         "written by claude"

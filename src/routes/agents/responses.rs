@@ -150,7 +150,7 @@ async fn compact(call: Call) -> Result<Response, ApiError> {
             return Err(super::invalid(
                 "model",
                 format!(
-                    "compaction is not supported for {}: its exec mode emits no compaction item",
+                    "compaction is not supported for {}: only qwen-code's /compress is run as a compaction here (codex exec emits no compaction item; Claude Code compacts its own context when it needs to)",
                     runtime.name()
                 ),
             )

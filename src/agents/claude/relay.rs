@@ -211,6 +211,20 @@ pub async fn forward(
     body: &[u8],
 ) -> Result<Answer, Unreachable> {
     let target = Target::parse_any(&upstream.base).map_err(Unreachable)?;
+    // The operator's model API may well be on a private network (a gateway, a stub).
+    let conn = Conn::open(&target, true).await?;
+    exchange(conn, &target, upstream, path_and_query, headers, body).await
+}
+
+/// The exchange of [`forward`] over `conn`, a connection to `target`.
+async fn exchange(
+    mut conn: Conn,
+    target: &Target,
+    upstream: &Upstream,
+    path_and_query: &str,
+    headers: &[(&str, &str)],
+    body: &[u8],
+) -> Result<Answer, Unreachable> {
     let base_path = target.path.trim_end_matches('/');
     let mut request = format!(
         "POST {base_path}{path_and_query} HTTP/1.1\r\nHost: {}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\nAccept-Encoding: identity\r\n{}: {}\r\n",
@@ -227,8 +241,6 @@ pub async fn forward(
     request.push_str("\r\n");
     let mut bytes = request.into_bytes();
     bytes.extend_from_slice(body);
-    // The operator's model API may well be on a private network (a gateway, a stub).
-    let mut conn = Conn::open(&target, true).await?;
     let failed = |e: std::io::Error| Unreachable(format!("the model API at {}: {e}", target.host));
     conn.write_all(bytes).await.map_err(failed)?;
     let mut head = Vec::new();
@@ -285,4 +297,139 @@ pub async fn forward(
             done,
         },
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::{BufRead, BufReader, Read, Write};
+    use std::sync::Arc;
+
+    /// The server's certificate, signed by [`CA`], which the test's client trusts.
+    const CERT: &str = include_str!("../../../tests/fixtures/tls/localhost-cert.pem");
+    const CA: &str = include_str!("../../../tests/fixtures/tls/test-ca.pem");
+    /// A key made for this test only (`tests/fixtures/tls/`), for a certificate nobody
+    /// else trusts.
+    const KEY: &str = include_str!("../../../tests/fixtures/tls/localhost-key.pem");
+
+    fn provider() -> Arc<rustls::crypto::CryptoProvider> {
+        #[allow(deprecated)]
+        Arc::new(rustls::crypto::ring::default_provider())
+    }
+
+    /// A TLS server on 127.0.0.1 that answers one request with a chunked event stream,
+    /// its pieces apart in time; returns its port and what it read.
+    fn tls_server() -> (u16, std::sync::mpsc::Receiver<String>) {
+        use rustls::pki_types::pem::PemObject;
+        use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+        let certs = vec![CertificateDer::from_pem_slice(CERT.as_bytes()).unwrap()];
+        let key = PrivateKeyDer::from_pem_slice(KEY.as_bytes()).unwrap();
+        let config = rustls::ServerConfig::builder_with_provider(provider())
+            .with_safe_default_protocol_versions()
+            .unwrap()
+            .with_no_client_auth()
+            .with_single_cert(certs, key)
+            .unwrap();
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let (socket, _) = listener.accept().unwrap();
+            let connection = rustls::ServerConnection::new(Arc::new(config)).unwrap();
+            let mut tls = rustls::StreamOwned::new(connection, socket);
+            let mut reader = BufReader::new(&mut tls);
+            let mut head = String::new();
+            loop {
+                let mut line = String::new();
+                reader.read_line(&mut line).unwrap();
+                head.push_str(&line);
+                if line == "\r\n" {
+                    break;
+                }
+            }
+            let length: usize = head
+                .lines()
+                .find_map(|l| l.strip_prefix("Content-Length: "))
+                .unwrap()
+                .trim()
+                .parse()
+                .unwrap();
+            let mut body = vec![0; length];
+            reader.read_exact(&mut body).unwrap();
+            tx.send(format!("{head}{}", String::from_utf8_lossy(&body)))
+                .unwrap();
+            tls.write_all(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n").unwrap();
+            for piece in ["event: a\ndata: {}\n\n", "event: b\ndata: {\"x\":1}\n\n"] {
+                tls.write_all(format!("{:x}\r\n{piece}\r\n", piece.len()).as_bytes())
+                    .unwrap();
+                tls.flush().unwrap();
+                std::thread::sleep(std::time::Duration::from_millis(50));
+            }
+            tls.write_all(b"0\r\n\r\n").unwrap();
+            tls.flush().unwrap();
+            tls.conn.send_close_notify();
+            let _ = tls.flush();
+        });
+        (port, rx)
+    }
+
+    #[test]
+    fn the_relay_speaks_tls_adds_the_key_and_hands_on_a_chunked_stream() {
+        use rustls::pki_types::pem::PemObject;
+        let (port, seen) = tls_server();
+        let mut roots = rustls::RootCertStore::empty();
+        roots
+            .add(rustls::pki_types::CertificateDer::from_pem_slice(CA.as_bytes()).unwrap())
+            .unwrap();
+        let config = Arc::new(
+            rustls::ClientConfig::builder_with_provider(provider())
+                .with_safe_default_protocol_versions()
+                .unwrap()
+                .with_root_certificates(roots)
+                .with_no_client_auth(),
+        );
+        let upstream = Upstream {
+            base: format!("https://localhost:{port}/gateway"),
+            header: ("x-api-key", "the-real-key".into()),
+        };
+        let pieces = crate::testing::run(async move {
+            let target = Target::parse_any(&upstream.base).unwrap();
+            let conn = Conn::open_with(&target, true, config).await.unwrap();
+            let headers = [("anthropic-version", "2023-06-01")];
+            let mut answer = exchange(
+                conn,
+                &target,
+                &upstream,
+                "/v1/messages?beta=true",
+                &headers,
+                br#"{"stream":true}"#,
+            )
+            .await
+            .unwrap();
+            assert_eq!(answer.status, 200);
+            assert_eq!(answer.content_type, "text/event-stream");
+            let mut pieces = Vec::new();
+            while let Some(piece) = answer.body.next().await.unwrap() {
+                pieces.push(String::from_utf8(piece).unwrap());
+            }
+            pieces
+        });
+        // Each chunk is handed on as it came, its framing gone.
+        assert_eq!(
+            pieces.concat(),
+            "event: a\ndata: {}\n\nevent: b\ndata: {\"x\":1}\n\n"
+        );
+        assert!(pieces.len() >= 2, "{pieces:?}");
+        let request = seen.recv().unwrap();
+        assert!(
+            request.starts_with("POST /gateway/v1/messages?beta=true HTTP/1.1\r\n"),
+            "{request}"
+        );
+        assert!(request.contains("x-api-key: the-real-key\r\n"), "{request}");
+        assert!(
+            request.contains("anthropic-version: 2023-06-01\r\n"),
+            "{request}"
+        );
+        assert!(request.ends_with(r#"{"stream":true}"#), "{request}");
+    }
 }

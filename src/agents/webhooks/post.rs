@@ -372,13 +372,22 @@ impl Conn {
     /// Connects to one of `target`'s checked addresses (a private one only when
     /// `private_ok`), with TLS for https.
     pub async fn open(target: &Target, private_ok: bool) -> Result<Conn, Unreachable> {
+        Conn::open_with(target, private_ok, tls_config()).await
+    }
+
+    /// [`Conn::open`] verifying TLS with `config` (tests trust a certificate of their own).
+    pub async fn open_with(
+        target: &Target,
+        private_ok: bool,
+        config: Arc<rustls::ClientConfig>,
+    ) -> Result<Conn, Unreachable> {
         let stream = connect(target, private_ok).await?;
         let tls = match target.scheme {
             Scheme::Http => None,
             Scheme::Https => {
                 let name = rustls::pki_types::ServerName::try_from(target.host.clone())
                     .map_err(|e| Unreachable(format!("{}: {e}", target.host)))?;
-                let connection = rustls::ClientConnection::new(tls_config(), name)
+                let connection = rustls::ClientConnection::new(config, name)
                     .map_err(|e| Unreachable(format!("{}: {e}", target.host)))?;
                 Some(Box::new(connection))
             }

@@ -36,17 +36,18 @@ struct Call {
     input: Value,
 }
 
-fn text<'a>(value: &'a Value, key: &str) -> &'a str {
+pub(super) fn text<'a>(value: &'a Value, key: &str) -> &'a str {
     value.get(key).and_then(Value::as_str).unwrap_or_default()
 }
 
-/// A tool result's content: a string, or text blocks joined.
-fn content_text(content: &Value) -> String {
+/// A message's or a tool result's content: a string, or its text blocks joined.
+pub(super) fn content_text(content: &Value) -> String {
     match content {
         Value::String(s) => s.clone(),
         Value::Array(blocks) => blocks
             .iter()
-            .filter_map(|b| b.get("text").and_then(Value::as_str))
+            .filter(|b| text(b, "type") == "text")
+            .map(|b| text(b, "text"))
             .collect::<Vec<_>>()
             .join("\n"),
         _ => String::new(),

@@ -33,7 +33,7 @@ use std::collections::{HashMap, VecDeque};
 
 use serde_json::{json, Value};
 
-use super::lines::{shell_outcome, usage_of};
+use super::lines::{content_text, shell_outcome, text, usage_of};
 
 /// The server every non-Bash tool call is shown as coming from.
 pub const TOOL_SERVER: &str = "claude-code";
@@ -104,24 +104,6 @@ pub struct ClaudeThread {
     /// `set_model` requests awaiting the CLI's answer: their id, the model asked for
     /// and the one before.
     switching: HashMap<String, (Option<String>, Option<String>)>,
-}
-
-fn text<'a>(value: &'a Value, key: &str) -> &'a str {
-    value.get(key).and_then(Value::as_str).unwrap_or_default()
-}
-
-/// The text of a user message's content (a string, or its text blocks joined).
-fn content_key(content: &Value) -> String {
-    match content {
-        Value::String(s) => s.clone(),
-        Value::Array(blocks) => blocks
-            .iter()
-            .filter(|b| text(b, "type") == "text")
-            .map(|b| text(b, "text"))
-            .collect::<Vec<_>>()
-            .join("\n"),
-        _ => String::new(),
-    }
 }
 
 /// codex's user input as Anthropic content blocks: text, and images as a base64
@@ -261,7 +243,7 @@ impl ClaudeThread {
         let parts: Vec<Value> = input.as_array().cloned().unwrap_or_default();
         let blocks = blocks_of(&parts);
         self.sent.push_back(Sent {
-            key: content_key(&Value::Array(blocks.clone())),
+            key: content_text(&Value::Array(blocks.clone())),
             parts,
             turn: self.turn_id().to_string(),
         });
@@ -391,7 +373,7 @@ impl ClaudeThread {
             }
             return;
         }
-        let key = content_key(content);
+        let key = content_text(content);
         let Some(at) = self.sent.iter().position(|sent| sent.key == key) else {
             // The CLI's own words ("[Request interrupted by user]").
             return;
@@ -495,37 +477,17 @@ impl ClaudeThread {
             match text(&block, "type") {
                 "text" => {
                     let open = self.turn.as_mut().and_then(|t| t.message.take());
-                    let (id, fresh) = match open {
-                        Some((id, _)) => (id, false),
-                        None => (self.item_id(), true),
-                    };
-                    let item = json!({"type": "agentMessage", "id": id,
-                                      "text": text(&block, "text"), "phase": null});
-                    if fresh {
-                        reaction
-                            .notify
-                            .push(self.note("item/started", json!({"item": item})));
-                    }
-                    reaction
-                        .notify
-                        .push(self.note("item/completed", json!({"item": item})));
+                    self.block_done(open, reaction, |id| {
+                        json!({"type": "agentMessage", "id": id,
+                               "text": text(&block, "text"), "phase": null})
+                    });
                 }
                 "thinking" => {
                     let open = self.turn.as_mut().and_then(|t| t.reasoning.take());
-                    let (id, fresh) = match open {
-                        Some((id, _)) => (id, false),
-                        None => (self.item_id(), true),
-                    };
-                    let item = json!({"type": "reasoning", "id": id,
-                                      "summary": [text(&block, "thinking")], "content": []});
-                    if fresh {
-                        reaction
-                            .notify
-                            .push(self.note("item/started", json!({"item": item})));
-                    }
-                    reaction
-                        .notify
-                        .push(self.note("item/completed", json!({"item": item})));
+                    self.block_done(open, reaction, |id| {
+                        json!({"type": "reasoning", "id": id,
+                               "summary": [text(&block, "thinking")], "content": []})
+                    });
                 }
                 "tool_use" => {
                     let id = text(&block, "id").to_string();
@@ -545,6 +507,29 @@ impl ClaudeThread {
                 _ => {}
             }
         }
+    }
+
+    /// A text or thinking block the CLI printed whole: the item that streamed it (`open`)
+    /// completes with the whole text, or one that did not stream starts and completes.
+    fn block_done(
+        &mut self,
+        open: Option<(String, String)>,
+        reaction: &mut Reaction,
+        item_of: impl FnOnce(String) -> Value,
+    ) {
+        let (id, fresh) = match open {
+            Some((id, _)) => (id, false),
+            None => (self.item_id(), true),
+        };
+        let item = item_of(id);
+        if fresh {
+            reaction
+                .notify
+                .push(self.note("item/started", json!({"item": item})));
+        }
+        reaction
+            .notify
+            .push(self.note("item/completed", json!({"item": item})));
     }
 
     /// A tool call as codex's item: running (`result` None) or done.
@@ -571,10 +556,7 @@ impl ClaudeThread {
             "tool": tool.name, "arguments": tool.input, "status": "inProgress",
             "result": null, "error": null, "durationMs": null});
         if let Some(result) = result {
-            let said = match &result["content"] {
-                Value::String(s) => s.clone(),
-                other => content_key(other),
-            };
+            let said = content_text(&result["content"]);
             if result["is_error"] == Value::Bool(true) {
                 item["status"] = json!("failed");
                 item["error"] = json!({"message": said});

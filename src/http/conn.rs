@@ -19,6 +19,7 @@ use monoio::io::{AsyncReadRent, AsyncWriteRentExt};
 use monoio::net::TcpStream;
 
 use super::chunked::{ChunkedDecoder, ChunkedError};
+use super::chunks;
 use super::head::{self, ProtocolError, RequestHead};
 use super::response::{write_chunk, write_head, Body, BodyStream, Framing, Response};
 use super::service::{BodySink, Plan, Service, Upgrade, STREAM_CHUNK};
@@ -685,12 +686,14 @@ impl<S: Service> Connection<S> {
     /// being written to the socket.
     async fn send_sized(&mut self, mut stream: Box<dyn BodyStream>, len: u64) -> Result<(), Stop> {
         let mut sent = 0u64;
-        let mut current = match stream.next(Vec::with_capacity(STREAM_CHUNK)).await {
+        // Buffers come from and go back to the worker's spares (`chunks`): fresh ones
+        // per response were faulted in afresh each time.
+        let mut current = match stream.next(chunks::take()).await {
             Ok(Some(piece)) => piece,
             Ok(None) if len == 0 => return Ok(()),
             _ => return Err(Stop),
         };
-        let mut spare = Vec::with_capacity(STREAM_CHUNK);
+        let mut spare = chunks::take();
         loop {
             if current.is_empty() || sent + current.len() as u64 > len {
                 // The stream broke its promise: the announced length cannot be met.
@@ -698,7 +701,10 @@ impl<S: Service> Connection<S> {
             }
             sent += current.len() as u64;
             if sent == len {
-                return self.write(current).await.0;
+                let (result, used) = self.write(current).await;
+                chunks::give(used);
+                chunks::give(spare);
+                return result;
             }
             let (written, produced) =
                 monoio::join!(self.write(current), stream.next(std::mem::take(&mut spare)));

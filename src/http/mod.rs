@@ -5,6 +5,7 @@
 //! the [`Service`] trait.
 
 pub mod chunked;
+pub mod chunks;
 pub mod conn;
 pub mod connect;
 pub mod head;

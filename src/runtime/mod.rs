@@ -160,6 +160,7 @@ fn run_worker<S, F>(
             let service = Rc::new(make_service(slot));
             monoio::spawn(accept_loop(listener, service, shutdown.clone(), driver));
         }
+        monoio::spawn(crate::http::chunks::release_unused());
         // Connections already accepted keep being served until the signal thread exits
         // the process; this future never returns so the runtime keeps polling them.
         std::future::pending::<()>().await;

@@ -530,7 +530,12 @@ impl Policy {
     /// an id no endpoint has, or a limit the endpoint it names does not apply, stops the
     /// server (a limit that is written but not applied reads as a protection that is
     /// not there).
-    pub fn validate(&self, endpoints: &[EndpointSpec]) -> Result<Vec<String>, String> {
+    pub fn validate<'a, I>(&self, endpoints: I) -> Result<Vec<String>, String>
+    where
+        I: IntoIterator<Item = &'a EndpointSpec>,
+        I::IntoIter: Clone,
+    {
+        let endpoints = endpoints.into_iter();
         let mut warnings = self.warnings.clone();
         for layer in &self.layers {
             if layer.rank != RANK_POLICY {
@@ -541,12 +546,12 @@ impl Policy {
                 continue;
             };
             let Some(endpoint) = endpoints
-                .iter()
+                .clone()
                 .find(|e| e.id == *id || e.aliases.iter().any(|a| a == id))
             else {
                 return Err(format!(
                     "{at}: unknown endpoint{}; GET /capabilities lists every id",
-                    suggest(id, endpoints.iter().map(|e| e.id.as_str()))
+                    suggest(id, endpoints.clone().map(|e| e.id.as_str()))
                 ));
             };
             if endpoint.id != *id {

@@ -169,7 +169,10 @@ fn locate(
 fn create_temp(dir: &OwnedFd, name: &OsStr) -> io::Result<(OwnedFd, TempName)> {
     let mode = Mode::from_raw_mode(0o666);
     // Without /proc (and without CAP_DAC_READ_SEARCH) an O_TMPFILE could never be named.
-    if std::path::Path::new("/proc/self/fd").is_dir() && !named_only() {
+    // /proc is mounted or not for the life of the server: asked once.
+    static HAS_PROC: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    let has_proc = *HAS_PROC.get_or_init(|| std::path::Path::new("/proc/self/fd").is_dir());
+    if has_proc && !named_only() {
         let flags = OFlags::TMPFILE | OFlags::RDWR | OFlags::CLOEXEC;
         if let Ok(file) = rustix::fs::openat(dir, ".", flags, mode) {
             return Ok((file, TempName::Anonymous));
@@ -203,10 +206,10 @@ fn temp_name(name: &OsStr, suffix: &str) -> OsString {
     let random = std::hash::BuildHasher::hash_one(KEYS.get_or_init(Default::default), counter);
     let mut temp = OsString::from(".");
     temp.push(name);
-    temp.push(format!(
-        ".abx-{}-{counter}-{random:016x}.{suffix}",
-        std::process::id()
-    ));
+    // The pid once: `std::process::id` is a system call each time.
+    static PID: std::sync::OnceLock<u32> = std::sync::OnceLock::new();
+    let pid = *PID.get_or_init(std::process::id);
+    temp.push(format!(".abx-{pid}-{counter}-{random:016x}.{suffix}"));
     temp
 }
 

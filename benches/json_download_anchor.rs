@@ -75,20 +75,16 @@ async fn serve(mut conn: TcpStream, base: Rc<str>, piece: usize) {
         inbox.drain(..head_end);
         let Some(name) = name else {
             // Anything without `path=` is the harness asking whether the anchor is up.
-            let (result, _) = conn
-                .write_all(&b"HTTP/1.1 200 OK\r\nContent-Length: 15\r\n\r\n{\"status\":\"ok\"}"[..])
-                .await;
-            if result.is_err() {
+            let up = b"HTTP/1.1 200 OK\r\nContent-Length: 15\r\n\r\n{\"status\":\"ok\"}";
+            if conn.write_all(&up[..]).await.0.is_err() {
                 return;
             }
             continue;
         };
         let path = format!("{base}/{name}");
         let Ok(file) = File::open(&path).await else {
-            let (result, _) = conn
-                .write_all(&b"HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\n\r\n"[..])
-                .await;
-            if result.is_err() {
+            let missing = b"HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\n\r\n";
+            if conn.write_all(&missing[..]).await.0.is_err() {
                 return;
             }
             continue;

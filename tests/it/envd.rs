@@ -306,6 +306,7 @@ async def main():
     await sb.pty.send_stdin(term.pid, b'stty size; echo pty-$((6*7))\n')
     await asyncio.wait_for(done.wait(), 20)
     out['pty_size'] = '30 100' in seen.decode(errors='replace')
+    out['pty_output'] = seen.decode(errors='replace')
     out['pty_kill'] = await sb.pty.kill(term.pid)
     await sb.files.make_dir(base + '/watched/sub')
     events = []
@@ -359,7 +360,11 @@ except Exception as e:
     );
     assert_eq!(out["read"], "from async");
     assert_eq!(out["run"], "async-42\n");
-    assert_eq!(out["pty_size"], true);
+    assert_eq!(
+        out["pty_size"], true,
+        "the terminal's output: {:?}",
+        out["pty_output"]
+    );
     assert_eq!(out["pty_kill"], true);
     assert_eq!(out["watch_entry"], serde_json::json!(["f.txt", true]));
     // The answer ends with the end-of-stream envelope `{}`.

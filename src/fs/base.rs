@@ -224,6 +224,11 @@ impl Beneath<'_> {
         resolve::create_dirs(self.fd.as_fd(), &self.base.path, rel)
     }
 
+    /// `mkdir -p` of `rel`, returning the directory opened with `flags`.
+    pub fn create_dirs_opened(&self, rel: &Path, flags: OFlags) -> Result<OwnedFd, OpenError> {
+        resolve::create_dirs_opened(self.fd.as_fd(), &self.base.path, rel, flags)
+    }
+
     /// `lstat` of `rel`; `Ok(None)` when nothing is there.
     pub fn lstat(&self, rel: &Path) -> Result<Option<rustix::fs::Stat>, OpenError> {
         resolve::lstat_beneath(self.fd.as_fd(), &self.base.path, rel)

@@ -215,8 +215,19 @@ pub fn readlink_beneath(
 /// Opens the directory `rel` beneath the base, creating it and its missing parents
 /// (`mkdir -p`), each component created relative to an already-confined parent.
 pub fn create_dirs(base_fd: BorrowedFd<'_>, base: &Path, rel: &Path) -> Result<OwnedFd, OpenError> {
+    create_dirs_opened(base_fd, base, rel, OFlags::PATH | OFlags::DIRECTORY)
+}
+
+/// [`create_dirs`], the directory opened with `flags` (which include `O_DIRECTORY`):
+/// when it exists, as it nearly always does, that is one `openat2`.
+pub fn create_dirs_opened(
+    base_fd: BorrowedFd<'_>,
+    base: &Path,
+    rel: &Path,
+    flags: OFlags,
+) -> Result<OwnedFd, OpenError> {
     let dir_flags = OFlags::PATH | OFlags::DIRECTORY;
-    match open_beneath(base_fd, base, rel, dir_flags, Mode::empty()) {
+    match open_beneath(base_fd, base, rel, flags, Mode::empty()) {
         Ok(fd) => return Ok(fd),
         Err(e) if e.is_not_found() => {}
         Err(e) => return Err(e),
@@ -240,7 +251,10 @@ pub fn create_dirs(base_fd: BorrowedFd<'_>, base: &Path, rel: &Path) -> Result<O
             Err(e) => return Err(e),
         }
     }
-    Ok(parent)
+    if flags == dir_flags {
+        return Ok(parent);
+    }
+    Ok(rustix::fs::openat(&parent, ".", flags, Mode::empty()).map_err(io::Error::from)?)
 }
 
 /// `lstat` of `rel` beneath the base: the last component is not followed, so a symlink is

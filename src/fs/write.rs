@@ -115,17 +115,13 @@ fn locate(
     let input = caller.input.clone();
     let io = |e: io::Error| FsError::io(e, input.clone());
     let beneath = base.open_creating()?;
-    let parent = beneath
-        .create_dirs(caller.parent_rel())
-        .map_err(|e| base.open_error(e, &caller))?;
     // Work relative to a real (not O_PATH) descriptor of the confined parent.
-    let parent = rustix::fs::openat(
-        &parent,
-        ".",
-        OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,
-        Mode::empty(),
-    )
-    .map_err(|e| io(e.into()))?;
+    let parent = beneath
+        .create_dirs_opened(
+            caller.parent_rel(),
+            OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,
+        )
+        .map_err(|e| base.open_error(e, &caller))?;
     let keep_mode = match rustix::fs::statat(&parent, name.as_os_str(), AtFlags::SYMLINK_NOFOLLOW) {
         Ok(stat) if resolve::kind_of(&stat) == Kind::Directory => {
             return Err(FsError::Os {
@@ -393,8 +389,7 @@ pub async fn write_atomic(
             pending.replace = replace;
             let display = pending.caller.display();
             let io = |e: io::Error| FsError::io(e, display.clone());
-            let mut file = std::fs::File::from(pending.file.try_clone().map_err(io)?);
-            match std::io::Write::write_all(&mut file, &data) {
+            match write_all(&pending.file, &data) {
                 Ok(()) => pending.commit().map(|_| (len, display.clone())).map_err(io),
                 Err(e) => {
                     pending.abort();
@@ -414,6 +409,20 @@ pub async fn write_atomic(
         return Err(e);
     }
     upload.commit().await
+}
+
+/// Writes all of `data` at the file's offset, through the descriptor itself (a `File`
+/// would own it: a duplicate and its `close` per upload). Blocking.
+fn write_all(file: &OwnedFd, mut data: &[u8]) -> io::Result<()> {
+    while !data.is_empty() {
+        match rustix::io::write(file, data) {
+            Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
+            Ok(n) => data = &data[n..],
+            Err(rustix::io::Errno::INTR) => {}
+            Err(e) => return Err(e.into()),
+        }
+    }
+    Ok(())
 }
 
 /// A streamed upload: pieces are written at increasing offsets to the temporary file,

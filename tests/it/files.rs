@@ -256,14 +256,42 @@ fn raw_upload(
     read_reply(&mut BufReader::new(stream)).unwrap()
 }
 
-fn peak_rss_kib(server: &Server) -> u64 {
-    // The peak of what the server itself holds: its resident high-water mark less the
-    // file-backed pages (the binary and its libraries, which grow with the binary's
-    // size, not with what a transfer buffers; they stay mapped, so the difference is
-    // the anonymous peak).
-    let pid = server.child.id();
-    crate::support::status_kib(pid, "VmHWM")
-        .saturating_sub(crate::support::status_kib(pid, "RssFile"))
+/// The most the server held while this lives, sampled every 2 ms: its anonymous and
+/// shared memory, not the file-backed pages of its code (those grow with the binary,
+/// not with what a transfer buffers, and the server releases them when quiet and
+/// faults them back as it runs, so `VmHWM` less the file pages mapped now would count
+/// the code mapped at start as buffers).
+struct PeakRss {
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    sampler: Option<std::thread::JoinHandle<u64>>,
+}
+
+impl PeakRss {
+    fn watch(server: &Server) -> PeakRss {
+        let pid = server.child.id();
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let stopped = stop.clone();
+        let sampler = std::thread::spawn(move || {
+            let mut peak = 0;
+            while !stopped.load(std::sync::atomic::Ordering::Relaxed) {
+                let held = crate::support::status_kib(pid, "RssAnon")
+                    + crate::support::status_kib(pid, "RssShmem");
+                peak = peak.max(held);
+                std::thread::sleep(Duration::from_millis(2));
+            }
+            peak
+        });
+        PeakRss {
+            stop,
+            sampler: Some(sampler),
+        }
+    }
+
+    /// The peak so far, in KiB; the sampling ends.
+    fn kib(mut self) -> u64 {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        self.sampler.take().unwrap().join().unwrap()
+    }
 }
 
 fn raw_streaming_200_mib_in_constant_memory(driver: &'static str) {
@@ -272,6 +300,7 @@ fn raw_streaming_200_mib_in_constant_memory(driver: &'static str) {
     let server = Launch::new(driver)
         .env("ABX_MAX_UPLOAD_SIZE", &(300u64 << 20).to_string())
         .start();
+    let peak = PeakRss::watch(&server);
     const LEN: u64 = 200 * 1024 * 1024;
     let block = noise(1 << 20, 99);
     let piece = |offset: u64| {
@@ -327,7 +356,7 @@ fn raw_streaming_200_mib_in_constant_memory(driver: &'static str) {
         left -= n as u64;
     }
     assert_eq!(hasher.finalize(), expected);
-    let rss = peak_rss_kib(&server);
+    let rss = peak.kib();
     assert!(
         rss < 16 * 1024,
         "server peak anonymous RSS {rss} KiB for a 200 MiB round trip"
@@ -336,6 +365,7 @@ fn raw_streaming_200_mib_in_constant_memory(driver: &'static str) {
 
 fn json_downloads_stream_in_bounded_memory(driver: &'static str) {
     let server = Server::start(driver);
+    let peak = PeakRss::watch(&server);
     // Sizes around the base64 piece (196,608 raw bytes), the small-file path and zero.
     for len in [
         0usize, 1, 2, 3, 65_535, 65_536, 196_607, 196_608, 196_609, 1_000_001,
@@ -396,7 +426,7 @@ fn json_downloads_stream_in_bounded_memory(driver: &'static str) {
     let decoded = unb64(&got["content_base64"]);
     assert_eq!(decoded.len(), LEN);
     assert!(decoded.chunks(1 << 20).all(|c| c == block.as_slice()));
-    let rss = peak_rss_kib(&server);
+    let rss = peak.kib();
     assert!(
         rss < 8 * 1024,
         "server peak anonymous RSS {rss} KiB for a 64 MiB JSON download"
@@ -579,7 +609,7 @@ fn json_uploads_stream_to_disk(driver: &'static str) {
 }
 
 /// What the server holds resident now, without the file-backed pages (see
-/// [`peak_rss_kib`]): the code a transfer runs for the first time is faulted in from
+/// [`PeakRss`]): the code a transfer runs for the first time is faulted in from
 /// the binary, which is not memory the transfer holds.
 fn rss_kib(server: &Server) -> u64 {
     let pid = server.child.id();
@@ -622,6 +652,7 @@ fn transfers_on_tmpfs(driver: &'static str) {
 
 fn concurrent_json_uploads_in_bounded_memory(driver: &'static str) {
     let server = Server::start(driver);
+    let peak = PeakRss::watch(&server);
     let idle = rss_kib(&server);
     // 64 uploads of 2 MiB at once (2.7 MiB of JSON each): the server holds a piece of
     // each, not the bodies (which alone would be 170 MiB).
@@ -644,7 +675,7 @@ fn concurrent_json_uploads_in_bounded_memory(driver: &'static str) {
         let written = std::fs::read(server.base_dir().join(format!("c{i}.bin"))).unwrap();
         assert!(written == *data);
     }
-    let rss = peak_rss_kib(&server);
+    let rss = peak.kib();
     assert!(
         rss < 32 * 1024,
         "server peak anonymous RSS {rss} KiB for 64 concurrent 2 MiB JSON uploads"

@@ -125,32 +125,21 @@ fn trim() {}
 /// for good. Released at start and with each trim (`MADV_DONTNEED`), only the code
 /// that runs comes back, a minor fault per 64 KiB. A mapping with a single written page
 /// (the relocated `.data.rel.ro`, a writable one) is never touched: its pages are the
-/// process's own, not the file's. Like [`ResidentSet`], one descriptor kept open.
+/// process's own, not the file's.
 struct CodePages {
-    smaps: std::fs::File,
-    text: Vec<u8>,
+    smaps: ProcFile,
 }
 
 impl CodePages {
     fn open() -> Option<CodePages> {
         Some(CodePages {
-            smaps: std::fs::File::open("/proc/self/smaps").ok()?,
-            text: Vec::with_capacity(64 * 1024),
+            smaps: ProcFile::open("/proc/self/smaps", 64 * 1024)?,
         })
     }
 
     /// Unmaps the clean read-only file pages; returns how many KiB were mapped.
     fn release(&mut self) -> u64 {
-        use std::os::unix::fs::FileExt;
-        self.text.clear();
-        let mut piece = vec![0u8; 16 * 1024];
-        loop {
-            match self.smaps.read_at(&mut piece, self.text.len() as u64) {
-                Ok(0) | Err(_) => break,
-                Ok(n) => self.text.extend_from_slice(&piece[..n]),
-            }
-        }
-        let Ok(text) = std::str::from_utf8(&self.text) else {
+        let Some(text) = self.smaps.read() else {
             return 0;
         };
         let mut released = 0;
@@ -238,40 +227,55 @@ fn clean_file_mappings(smaps: &str) -> Vec<CleanMapping> {
     found
 }
 
-/// The process's resident set, read from `/proc/self/status` through one descriptor
-/// opened at start. Reopening it on every sample made a descriptor come and go twice a
-/// second: with descriptors exhausted the sample failed (and the trimmer stopped for
-/// good), and a count of the server's descriptors could include it one moment and not
-/// the next.
-struct ResidentSet {
-    status: std::fs::File,
+/// A file of `/proc/self` read whole again and again through one descriptor opened at
+/// start (a read from offset 0 renders it afresh). Reopening it on every sample made a
+/// descriptor come and go twice a second: with descriptors exhausted the sample failed
+/// (and the trimmer stopped for good), and a count of the server's descriptors could
+/// include it one moment and not the next.
+struct ProcFile {
+    file: std::fs::File,
     text: Vec<u8>,
 }
 
-impl ResidentSet {
-    fn open() -> Option<ResidentSet> {
-        Some(ResidentSet {
-            status: std::fs::File::open("/proc/self/status").ok()?,
-            text: Vec::with_capacity(4096),
+impl ProcFile {
+    fn open(path: &str, capacity: usize) -> Option<ProcFile> {
+        Some(ProcFile {
+            file: std::fs::File::open(path).ok()?,
+            text: Vec::with_capacity(capacity),
         })
     }
 
-    /// The resident set in KiB now (a read from offset 0 renders the file afresh).
-    fn kib(&mut self) -> Option<u64> {
+    /// The file's text now; `None` when a read fails.
+    fn read(&mut self) -> Option<&str> {
         use std::os::unix::fs::FileExt;
         self.text.clear();
-        let mut piece = [0u8; 2048];
+        let mut piece = [0u8; 4096];
         loop {
-            let n = self
-                .status
-                .read_at(&mut piece, self.text.len() as u64)
-                .ok()?;
+            let n = self.file.read_at(&mut piece, self.text.len() as u64).ok()?;
             if n == 0 {
                 break;
             }
             self.text.extend_from_slice(&piece[..n]);
         }
-        let text = std::str::from_utf8(&self.text).ok()?;
+        std::str::from_utf8(&self.text).ok()
+    }
+}
+
+/// The process's resident set, from `/proc/self/status`.
+struct ResidentSet {
+    status: ProcFile,
+}
+
+impl ResidentSet {
+    fn open() -> Option<ResidentSet> {
+        Some(ResidentSet {
+            status: ProcFile::open("/proc/self/status", 4096)?,
+        })
+    }
+
+    /// The resident set in KiB now.
+    fn kib(&mut self) -> Option<u64> {
+        let text = self.status.read()?;
         let line = text.lines().find(|l| l.starts_with("VmRSS:"))?;
         line.split_whitespace().nth(1)?.parse().ok()
     }

@@ -44,6 +44,24 @@ def _error_body(exc):
     return _encode({"error": _message(exc), "type": type(exc).__name__})
 
 
+class _Environment:
+    """POST /env's variables as the server passes them on: each call socket sends the
+    whole set with its version, and only a newer set is applied, so a socket read late
+    cannot bring back an older value."""
+
+    def __init__(self):
+        self.lock = threading.Lock()
+        self.version = 0
+
+    def apply(self, message):
+        version = message.get("env_version", 0)
+        with self.lock:
+            if version and version <= self.version:
+                return
+            os.environ.update(message["env"])
+            self.version = max(self.version, version)
+
+
 class _Pool:
     """Threads that run calls: one more is started whenever a call arrives and none is
     idle, up to MAX_CALL_THREADS, so concurrent calls never wait for each other (as with
@@ -95,10 +113,11 @@ class _Stream:
 class _Link:
     """One call socket: requests in, answers out, many calls in flight."""
 
-    def __init__(self, server, sock, executor):
+    def __init__(self, server, sock, executor, environment):
         self.server = server
         self.sock = sock
         self.executor = executor
+        self.environment = environment
         self.send_lock = threading.Lock()
         self.streams = {}
 
@@ -132,7 +151,7 @@ class _Link:
             call_id = message["id"]
             if "env" in message:
                 # POST /env on the server: later calls (and what they spawn) see it.
-                os.environ.update(message["env"])
+                self.environment.apply(message)
             op = message.get("op")
             if op == "command":
                 self.executor.submit(self.run_command, call_id, message)
@@ -243,8 +262,9 @@ def run_worker(server):
     manifest = json.dumps({"manifest": server.manifest()}, default=str)
     control.sendall((manifest + "\n").encode())
     executor = _Pool()
+    environment = _Environment()
     for fd in fds[1:]:
-        link = _Link(server, socket.socket(fileno=fd), executor)
+        link = _Link(server, socket.socket(fileno=fd), executor, environment)
         threading.Thread(target=link.serve, name=f"abx-link-{fd}", daemon=True).start()
     sys.stdout.flush()
     for line in control.makefile("rb"):

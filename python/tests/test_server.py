@@ -164,5 +164,26 @@ class Startup(unittest.TestCase):
             self.assertEqual(server._worker_argv(), [server.sys.executable, "-m", "app.commands"])
 
 
+
+
+class BridgeEnvironment(unittest.TestCase):
+    """POST /env's variables reach the worker over several sockets, each read by its own
+    thread: a set read late must not undo a newer one."""
+
+    def test_only_a_newer_set_is_applied(self):
+        from agent_sandbox._bridge import _Environment
+        environment = _Environment()
+        with mock.patch.dict(os.environ, {}, clear=False):
+            environment.apply({"env_version": 2, "env": {"ABX_TEST_VAR": "two"}})
+            environment.apply({"env_version": 1, "env": {"ABX_TEST_VAR": "one"}})
+            self.assertEqual(os.environ["ABX_TEST_VAR"], "two")
+            environment.apply({"env_version": 2, "env": {"ABX_TEST_VAR": "again"}})
+            self.assertEqual(os.environ["ABX_TEST_VAR"], "two")
+            environment.apply({"env_version": 3, "env": {"ABX_TEST_VAR": "three"}})
+            self.assertEqual(os.environ["ABX_TEST_VAR"], "three")
+            # A server that sends no version (an older release): always applied.
+            environment.apply({"env": {"ABX_TEST_VAR": "unversioned"}})
+            self.assertEqual(os.environ["ABX_TEST_VAR"], "unversioned")
+
 if __name__ == "__main__":
     unittest.main()

@@ -78,6 +78,8 @@ impl Drop for EventStream {
 /// Sends `request` (a JSON object; the link adds its `id`) and waits for the answer.
 /// Variables set in `environment` since this link last passed them on travel with the
 /// call, so the worker's `os.environ` (and what its commands spawn) sees them first.
+/// They carry their version and the worker applies only a newer one: each server
+/// worker's link is read by its own thread there, so an older set may arrive last.
 pub async fn call<T: Serialize>(
     bridge: &Arc<Bridge>,
     environment: &Environment,
@@ -93,7 +95,10 @@ pub async fn call<T: Serialize>(
             .into_iter()
             .map(|(name, value)| (name, serde_json::Value::String(value)))
             .collect();
-        serde_json::to_vec(&object).unwrap_or_else(|_| b"{}".to_vec())
+        (
+            version,
+            serde_json::to_vec(&object).unwrap_or_else(|_| b"{}".to_vec()),
+        )
     });
     let id = link.next_id.get();
     link.next_id.set(id + 1);
@@ -107,7 +112,9 @@ pub async fn call<T: Serialize>(
     let mut line = Vec::with_capacity(body.len() + 24);
     line.extend_from_slice(b"{\"id\":");
     line.extend_from_slice(itoa::Buffer::new().format(id).as_bytes());
-    if let Some(env) = env_changes {
+    if let Some((version, env)) = env_changes {
+        line.extend_from_slice(b",\"env_version\":");
+        line.extend_from_slice(itoa::Buffer::new().format(version).as_bytes());
         line.extend_from_slice(b",\"env\":");
         line.extend_from_slice(&env);
     }

@@ -454,6 +454,24 @@ fn python_commands_see_post_env(driver: &'static str) {
             json!({"os_environ": "42", "child": "42"})
         );
     }
+    let reply = server.post("/env", r#"{"vars": {"BRIDGE_SET_LATER": "43"}}"#);
+    assert_eq!(reply.status, 200, "{}", reply.text());
+    // Concurrent calls reach both server workers' links; none sees the old value.
+    let addr = server.addr;
+    let calls: Vec<_> = (0..6)
+        .map(|_| {
+            std::thread::spawn(move || {
+                let body = br#"{"name": "BRIDGE_SET_LATER"}"#;
+                request_at(addr, "POST", "/commands/getenv", &[], Some(body)).json()
+            })
+        })
+        .collect();
+    for call in calls {
+        assert_eq!(
+            call.join().unwrap()["result"],
+            json!({"os_environ": "43", "child": "43"})
+        );
+    }
 }
 
 fn a_private_registry_is_served(driver: &'static str) {

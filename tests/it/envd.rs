@@ -12,7 +12,8 @@ use crate::support::{tools, Launch, Server, TempDir};
 
 /// The account envd's calls run as when they name none: `user` for a server running as
 /// root (the account is made where it is missing, as E2B's templates have it), else the
-/// server's own.
+/// server's own. Call it before starting a server: the server looks the account up when
+/// it starts, and on a machine without it would run the calls as root.
 fn default_user() -> String {
     static USER: std::sync::OnceLock<String> = std::sync::OnceLock::new();
     USER.get_or_init(|| {
@@ -42,6 +43,7 @@ fn default_user() -> String {
 }
 
 fn envd_server(driver: &'static str, home: &TempDir) -> Server {
+    default_user();
     Launch::new(driver)
         .env("ABX_SERVER_ENABLED_GROUPS", "envd")
         // `bash -l` reads the home's profile: an empty one, not the machine's.
@@ -443,6 +445,7 @@ fn the_envd_port_is_bound_only_with_the_group() {
 /// the scope), processes and watchers of another identity are not found, and the
 /// policy's command rules apply to `Start`.
 fn identities_stay_apart_on_the_envd_port(driver: &'static str) {
+    default_user();
     let home = TempDir::new("envdhome");
     let dir = TempDir::new("envdpolicy");
     let policy = dir.path().join("policy.yaml");
@@ -562,6 +565,7 @@ sb.files.remove('{name}')
 /// for a sandbox with an access token): a URL signed with the caller's token works
 /// without the token, for that path, operation and user only, until it expires.
 fn signed_urls_open_one_file_for_one_operation(driver: &'static str) {
+    default_user();
     let home = TempDir::new("envdhome");
     let server = Launch::new(driver)
         .env("ABX_SERVER_ENABLED_GROUPS", "envd")
@@ -614,6 +618,16 @@ out['expired'] = [httpx.get(expired).status_code, httpx.get(expired).json()['mes
 /// root with `cwd="/"`, so this server's base directory is `/`, as E2B gives the SDK the
 /// whole machine.
 fn an_openai_agents_sandbox_agent_changes_the_workspace(driver: &'static str) {
+    let user = default_user();
+    // The SDK installs its helpers under /tmp/openai-agents as the sandbox's user; a
+    // directory another account made there (an earlier run as root) would refuse them.
+    if let Ok(meta) = std::fs::metadata("/tmp/openai-agents") {
+        use std::os::unix::fs::MetadataExt;
+        let uid = Command::new("id").args(["-u", &user]).output().unwrap();
+        if String::from_utf8_lossy(&uid.stdout).trim() != meta.uid().to_string() {
+            let _ = std::fs::remove_dir_all("/tmp/openai-agents");
+        }
+    }
     let home = TempDir::new("envdhome");
     let workspace = TempDir::new("envdworkspace");
     let server = Launch::new(driver)
@@ -697,7 +711,6 @@ out['owners'] = [pwd.getpwuid(os.stat(base + '/' + name).st_uid).pw_name for nam
             .any(|t| t == "exec_command"),
         "{requests:?}"
     );
-    let user = default_user();
     let shell_output = requests[1]["outputs"][0].as_str().unwrap();
     assert!(
         shell_output.contains("exited with code 0") && shell_output.contains(&user),

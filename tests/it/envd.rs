@@ -12,8 +12,8 @@ use crate::support::{tools, Launch, Server, TempDir};
 
 /// The account envd's calls run as when they name none: `user` for a server running as
 /// root (the account is made where it is missing, as E2B's templates have it), else the
-/// server's own. Call it before starting a server: the server looks the account up when
-/// it starts, and on a machine without it would run the calls as root.
+/// server's own. Call it before a test's first envd call: the server looks the account
+/// up for each call, and one made while it does not exist yet runs as root.
 fn default_user() -> String {
     static USER: std::sync::OnceLock<String> = std::sync::OnceLock::new();
     USER.get_or_init(|| {

@@ -29,6 +29,22 @@ fn bridge_server(driver: &'static str) -> Server {
         .start()
 }
 
+/// `POST /commands/{name}` with `body` from `calls` threads at once: each (status, JSON).
+fn run_at_once(server: &Server, name: &str, body: &str, calls: usize) -> Vec<(u16, Value)> {
+    let addr = server.addr;
+    let path = format!("/commands/{name}");
+    let threads: Vec<_> = (0..calls)
+        .map(|_| {
+            let (path, body) = (path.clone(), body.to_string());
+            std::thread::spawn(move || {
+                let reply = request_at(addr, "POST", &path, &[], Some(body.as_bytes()));
+                (reply.status, reply.json())
+            })
+        })
+        .collect();
+    threads.into_iter().map(|t| t.join().unwrap()).collect()
+}
+
 /// The listing entry of command `name`.
 fn listed(listing: &Value, name: &str) -> Value {
     listing["commands"]
@@ -298,19 +314,9 @@ fn python_calls_run_concurrently(driver: &'static str) {
     let server = bridge_server(driver);
     // `rendezvous` returns only when 8 calls are inside it at once (a barrier), so
     // calls that were serialised anywhere on the way would break it.
-    let addr = server.addr;
-    let calls: Vec<_> = (0..8)
-        .map(|_| {
-            std::thread::spawn(move || {
-                let reply = request_at(addr, "POST", "/commands/rendezvous", &[], Some(b"{}"));
-                (reply.status, reply.json())
-            })
-        })
-        .collect();
-    let mut positions: Vec<i64> = calls
+    let mut positions: Vec<i64> = run_at_once(&server, "rendezvous", "{}", 8)
         .into_iter()
-        .map(|c| {
-            let (status, body) = c.join().unwrap();
+        .map(|(status, body)| {
             assert_eq!(status, 200, "{body}");
             body["result"].as_i64().unwrap()
         })
@@ -457,20 +463,8 @@ fn python_commands_see_post_env(driver: &'static str) {
     let reply = server.post("/env", r#"{"vars": {"BRIDGE_SET_LATER": "43"}}"#);
     assert_eq!(reply.status, 200, "{}", reply.text());
     // Concurrent calls reach both server workers' links; none sees the old value.
-    let addr = server.addr;
-    let calls: Vec<_> = (0..6)
-        .map(|_| {
-            std::thread::spawn(move || {
-                let body = br#"{"name": "BRIDGE_SET_LATER"}"#;
-                request_at(addr, "POST", "/commands/getenv", &[], Some(body)).json()
-            })
-        })
-        .collect();
-    for call in calls {
-        assert_eq!(
-            call.join().unwrap()["result"],
-            json!({"os_environ": "43", "child": "43"})
-        );
+    for (_, body) in run_at_once(&server, "getenv", r#"{"name": "BRIDGE_SET_LATER"}"#, 6) {
+        assert_eq!(body["result"], json!({"os_environ": "43", "child": "43"}));
     }
 }
 

@@ -118,6 +118,21 @@ pub const MAX_JSON_BODY: usize = 10 * 1024 * 1024;
 
 impl Default for Config {
     fn default() -> Self {
+        Config::with_workers(available_cores())
+    }
+}
+
+/// The worker count by default: the cores this process may run on (its affinity and
+/// cgroup quota, which std reads from /proc and /sys: about 50 µs of start, spent
+/// only when no count is given).
+fn available_cores() -> usize {
+    std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(1)
+}
+
+impl Config {
+    fn with_workers(workers: usize) -> Config {
         Config {
             host: IpAddr::from([0, 0, 0, 0]),
             port: 9000,
@@ -125,9 +140,7 @@ impl Default for Config {
             k8s_runtime_port: 8888,
             envd_port: 49983,
             envd_default_user: None,
-            workers: std::thread::available_parallelism()
-                .map(|n| n.get())
-                .unwrap_or(1),
+            workers,
             base_dir: PathBuf::from("/home/user"),
             token: None,
             token_file: None,
@@ -637,7 +650,8 @@ impl Config {
             let name = name.to_string();
             flags.push((name, value));
         }
-        let mut config = Config::default();
+        // 0 until a setting gives the count: the cores are counted only when none does.
+        let mut config = Config::with_workers(0);
         for setting in SETTINGS {
             // Flag beats environment; an empty environment value counts as unset (for
             // the token too: an empty ABX_SERVER_TOKEN is local mode). Variables are
@@ -659,6 +673,9 @@ impl Config {
                 };
                 (setting.apply)(&mut config, &source, &value)?;
             }
+        }
+        if config.workers == 0 {
+            config.workers = available_cores();
         }
         // Two sources of the one server token would leave it unclear which one a
         // rotation of the file replaces.

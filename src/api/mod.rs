@@ -156,6 +156,9 @@ pub enum Listener {
     Envd,
 }
 
+/// A JSON Schema, built on demand.
+pub type Schema = fn() -> Value;
+
 /// Everything the table says about one endpoint except how it is served: what
 /// `/capabilities`, the policy engine and the router read.
 #[derive(Clone, Debug)]
@@ -178,15 +181,17 @@ pub struct EndpointSpec {
     pub body: BodyMode,
     pub errors: ErrorStyle,
     pub listener: Listener,
-    /// JSON Schema of the success body (the OpenAPI document's 200), when declared.
-    pub returns: Option<Value>,
+    /// JSON Schema of the success body (the OpenAPI document's 200), when declared:
+    /// built when the OpenAPI document is, not at start (building every endpoint's
+    /// schema was a fifth of the route table's start).
+    pub returns: Option<Schema>,
     /// Statuses this endpoint answers besides 200 and the ones every endpoint may
     /// (see [`EndpointSpec::statuses`]).
     pub also_answers: Vec<u16>,
     /// JSON Schema of the body the handler's own refusals (`also_answers` statuses of
     /// 400 and above) carry, when it is not the endpoint's error envelope: MCP's
     /// transport answers JSON-RPC error objects.
-    pub own_refusals: Option<Value>,
+    pub own_refusals: Option<Schema>,
     /// The engine watches the caller's socket while the handler runs, and a caller
     /// that hangs up drops the handler (what it holds is freed at once).
     pub watch_peer: bool,

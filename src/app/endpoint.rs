@@ -288,7 +288,7 @@ impl<C, U> Endpoint<C, U> {
         self
     }
     /// The JSON Schema of the success body, for the OpenAPI document.
-    pub fn returns(mut self, schema: Value) -> Self {
+    pub fn returns(mut self, schema: crate::api::Schema) -> Self {
         self.spec.returns = Some(schema);
         self
     }
@@ -299,7 +299,7 @@ impl<C, U> Endpoint<C, U> {
     }
 
     /// The schema of the body its own refusals carry (see [`EndpointSpec::own_refusals`]).
-    pub fn own_refusals(mut self, schema: Value) -> Self {
+    pub fn own_refusals(mut self, schema: crate::api::Schema) -> Self {
         self.spec.own_refusals = Some(schema);
         self
     }

@@ -70,13 +70,13 @@ pub fn document(endpoints: &[Endpoint], listener: Listener) -> Value {
             let response = if status == 200 {
                 // An endpoint with a `raw` flag answers raw bytes when asked to.
                 let raw = spec.params.iter().any(|p| p.name == "raw");
-                success(spec.streaming, raw, spec.returns.clone())
+                success(spec.streaming, raw, spec.returns.map(|schema| schema()))
             } else if (200..400).contains(&status) {
                 json!({"description": reason(status)})
             } else if let Some(own) = spec
                 .own_refusals
-                .as_ref()
                 .filter(|_| spec.also_answers.contains(&status))
+                .map(|schema| schema())
             {
                 // The handler's own refusals have their own shape; the dispatcher's
                 // (bad JSON, auth) are still the endpoint's envelope.

@@ -30,7 +30,7 @@ impl Router {
     /// (after normalising `{param}` names) are a configuration error.
     pub fn new<C, U>(endpoints: &[Endpoint<C, U>], listener: Listener) -> Result<Router, String> {
         let mut exact: HashMap<String, Vec<(Method, usize)>> = HashMap::new();
-        let mut patterns = Vec::new();
+        let mut patterns: Vec<(Method, Vec<Segment>, usize)> = Vec::new();
         let mut seen: HashMap<(Method, String), usize> = HashMap::new();
         for (index, ep) in endpoints.iter().enumerate() {
             let spec = &ep.spec;
@@ -73,13 +73,11 @@ impl Router {
         }
         // Literal segments win over `{param}` ones (`/v1/agents/sessions/{id}` before
         // `/v1/agents/{agent_id}/versions`), whatever order the table declares them in.
-        patterns.sort_by_key(|(_, segments, index): &(Method, Vec<Segment>, usize)| {
-            let shape: Vec<bool> = segments
-                .iter()
-                .map(|s| matches!(s, Segment::Param(_)))
-                .collect();
-            (shape, *index)
-        });
+        // Compared in place: a key built per comparison allocated O(n log n) vectors.
+        fn shape(segments: &[Segment]) -> impl Iterator<Item = bool> + '_ {
+            segments.iter().map(|s| matches!(s, Segment::Param(_)))
+        }
+        patterns.sort_by(|(_, a, i), (_, b, j)| shape(a).cmp(shape(b)).then(i.cmp(j)));
         Ok(Router { exact, patterns })
     }
 

@@ -426,16 +426,10 @@ fn compile(
     let mut warnings = policy
         .validate(endpoints.iter().map(|e| &e.spec))
         .map_err(|e| format!("ABX_SERVER_POLICY: {e}"))?;
+    let decider = policy.decider(&config.enabled_groups, group_switches);
     let decisions: Vec<Decision> = endpoints
         .iter()
-        .map(|ep| {
-            policy.decide_with(
-                &ep.spec,
-                ep.unavailable(),
-                &config.enabled_groups,
-                group_switches,
-            )
-        })
+        .map(|ep| decider.decide(&ep.spec, ep.unavailable()))
         .collect();
     let empty: Vec<&str> = Group::ALL
         .into_iter()

@@ -15,7 +15,7 @@ pub fn endpoints() -> Vec<Endpoint> {
             .id("health")
             .summary("Liveness probe (anonymous).")
             .auth_required(false)
-            .returns(json!({"type": "object", "required": ["status"], "properties": {"status": {"const": "ok"}}})),
+            .returns(|| json!({"type": "object", "required": ["status"], "properties": {"status": {"const": "ok"}}})),
         Endpoint::new(
             Method::Get,
             "/capabilities",
@@ -24,7 +24,7 @@ pub fn endpoints() -> Vec<Endpoint> {
         )
         .id("capabilities").scopes(&["core:read"])
         .summary("Discovery document: every endpoint with its state for this caller.")
-        .returns(json!({"type": "object", "required": ["api_version", "server_version", "groups", "group_summary", "identity", "policy", "endpoints", "warnings"]})),
+        .returns(|| json!({"type": "object", "required": ["api_version", "server_version", "groups", "group_summary", "identity", "policy", "endpoints", "warnings"]})),
         Endpoint::new(
             Method::Post,
             "/capabilities/check",
@@ -53,14 +53,14 @@ pub fn endpoints() -> Vec<Endpoint> {
                 .invalid("command: must be a string")
                 .doc("A command line the call would run: checked against the endpoint's commands rule."),
         ])
-        .returns(json!({"type": "object", "required": ["endpoint", "allowed", "code", "reason"], "properties": {
+        .returns(|| json!({"type": "object", "required": ["endpoint", "allowed", "code", "reason"], "properties": {
             "endpoint": {"type": "string"}, "allowed": {"type": "boolean"},
             "code": {"type": ["string", "null"]}, "reason": {"type": ["string", "null"]},
         }})),
         Endpoint::new(Method::Get, "/openapi.json", Group::Core, handler(openapi))
             .id("openapi").extension().scopes(&["core:read"])
             .summary("This API as an OpenAPI 3.1 document, generated from the route table.")
-            .returns(json!({"type": "object", "required": ["openapi", "paths"]})),
+            .returns(|| json!({"type": "object", "required": ["openapi", "paths"]})),
     ]
 }
 

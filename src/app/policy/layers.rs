@@ -113,6 +113,13 @@ pub struct EndpointRule {
     pub audit: Option<String>,
 }
 
+impl EndpointRule {
+    /// Whether the rule sets any knob (most layers only switch endpoints on or off).
+    pub fn sets_knobs(&self) -> bool {
+        !(self.knobs.is_empty() && self.limits.is_empty() && self.params.is_empty())
+    }
+}
+
 /// One layer of rules.
 #[derive(Debug, Clone)]
 pub struct Layer {
@@ -150,11 +157,10 @@ pub struct Merged {
     pub audit: String,
 }
 
-/// The application order of `layers`.
-pub fn ordered(layers: &[Layer]) -> Vec<&Layer> {
-    let mut order: Vec<(usize, &Layer)> = layers.iter().enumerate().collect();
-    order.sort_by_key(|(i, l)| (l.selector.kind(), l.rank, l.selector.literal_prefix(), *i));
-    order.into_iter().map(|(_, l)| l).collect()
+/// Puts `layers` in application order: by selector kind, rank and specificity, the
+/// order they were given in among equals (the sort is stable).
+pub fn put_in_order(layers: &mut [Layer]) {
+    layers.sort_by_key(|l| (l.selector.kind(), l.rank, l.selector.literal_prefix()));
 }
 
 /// Knobs whose lists are joined across layers, not replaced: what one layer denies, a
@@ -175,7 +181,7 @@ type Bucket<'a> = ((u8, u8), Vec<(bool, &'a str)>);
 /// layer's rule into knobs for this endpoint (translating the reference's names).
 pub fn merge(
     endpoint: &EndpointSpec,
-    ordered: &[&Layer],
+    ordered: &[Layer],
     apply: impl Fn(&EndpointRule, &EndpointSpec) -> Map<String, Value>,
 ) -> Merged {
     let mut buckets: Vec<Bucket<'_>> = Vec::new();
@@ -203,8 +209,10 @@ pub fn merge(
         if let Some(a) = &layer.rule.audit {
             audit = a.clone();
         }
-        for (name, value) in apply(&layer.rule, endpoint) {
-            merge_knob(&mut knobs, &name, value);
+        if layer.rule.sets_knobs() {
+            for (name, value) in apply(&layer.rule, endpoint) {
+                merge_knob(&mut knobs, &name, value);
+            }
         }
     }
     let (enabled, enabled_by) = match buckets.last() {
@@ -291,7 +299,8 @@ mod tests {
     }
 
     fn merged(layers: &[Layer], id: &str, group: Group) -> Merged {
-        let order = ordered(layers);
+        let mut order = layers.to_vec();
+        put_in_order(&mut order);
         merge(&spec(id, group), &order, |r, _| r.knobs.clone())
     }
 

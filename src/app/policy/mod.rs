@@ -597,7 +597,14 @@ impl Policy {
         env_groups: &[Group],
         code_groups: &[(Group, bool)],
     ) -> Decision {
-        let id = endpoint.id.as_str();
+        self.decider(env_groups, code_groups)
+            .decide(endpoint, unavailable)
+    }
+
+    /// What decides every endpoint under this policy with these group switches: the
+    /// layers are gathered and put in application order once, not once per endpoint
+    /// (which was a third of the time start spent on the route table).
+    pub fn decider(&self, env_groups: &[Group], code_groups: &[(Group, bool)]) -> Decider {
         let mut all: Vec<Layer> = Group::ALL
             .into_iter()
             .filter(|g| g.opt_in())
@@ -628,8 +635,22 @@ impl Policy {
                 "env:ABX_SERVER_ENABLED_GROUPS".into(),
             )
         }));
-        let order = layers::ordered(&all);
-        let merged = layers::merge(endpoint, &order, |rule, endpoint| {
+        layers::put_in_order(&mut all);
+        Decider { layers: all }
+    }
+}
+
+/// A policy's layers, with the group switches, in application order
+/// ([`Policy::decider`]).
+pub struct Decider {
+    layers: Vec<Layer>,
+}
+
+impl Decider {
+    /// Whether `endpoint` answers, with which scopes and knobs, and by which rule.
+    pub fn decide(&self, endpoint: &EndpointSpec, unavailable: Option<&str>) -> Decision {
+        let id = endpoint.id.as_str();
+        let merged = layers::merge(endpoint, &self.layers, |rule, endpoint| {
             let mut knobs = applied_knobs(rule, endpoint);
             knobs.retain(|name, _| applies(endpoint, name));
             knobs

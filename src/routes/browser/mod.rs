@@ -124,24 +124,28 @@ pub fn endpoints() -> Vec<Endpoint> {
                 .doc("Print in landscape orientation."),
             timeout_param(Param::body),
         ])
-        .returns(schema_object(
-            &["pdf_base64", "pages"],
-            json!({
-                "pdf_base64": {"type": "string"}, "pages": {"type": "integer"},
-            }),
-        )),
+        .returns(|| {
+            schema_object(
+                &["pdf_base64", "pages"],
+                json!({
+                    "pdf_base64": {"type": "string"}, "pages": {"type": "integer"},
+                }),
+            )
+        }),
         get(
             "/browser/console",
             "browser_console",
             "The page's console messages since the last call, taken (at most 1,000).",
             |c| boxed(console(c)),
         )
-        .returns(schema_object(
-            &["logs"],
-            json!({
-                "logs": {"type": "array", "items": {"type": "object"}},
-            }),
-        )),
+        .returns(|| {
+            schema_object(
+                &["logs"],
+                json!({
+                    "logs": {"type": "array", "items": {"type": "object"}},
+                }),
+            )
+        }),
     ]);
     endpoints
 }
@@ -156,7 +160,7 @@ fn served() -> Vec<Endpoint> {
                     .doc("load, domcontentloaded, networkidle (no connections for 500 ms) or commit: when the navigation counts as done."),
                 timeout_param(Param::body),
             ])
-            .returns(schema_object(&["url", "title", "status"], json!({
+            .returns(|| schema_object(&["url", "title", "status"], json!({
                 "url": {"type": "string"}, "title": {"type": "string"}, "status": {"type": "integer"},
             })))
             .also_answers(&[403])
@@ -173,7 +177,7 @@ fn served() -> Vec<Endpoint> {
                     .doc("png or jpeg; any other word is png, as on the reference."),
                 timeout_param(Param::body),
             ])
-            .returns(schema_object(&["image_base64", "format", "width", "height", "bytes"], json!({
+            .returns(|| schema_object(&["image_base64", "format", "width", "height", "bytes"], json!({
                 "image_base64": {"type": "string"}, "format": {"type": "string"},
                 "width": {"type": "integer"}, "height": {"type": "integer"}, "bytes": {"type": "integer"},
             })))
@@ -191,7 +195,7 @@ fn served() -> Vec<Endpoint> {
                     .doc("Clicks in a row, 1 to 10 (2 is a double click)."),
                 timeout_param(Param::body),
             ])
-            .returns(schema_object(&["clicked", "selector"], json!({
+            .returns(|| schema_object(&["clicked", "selector"], json!({
                 "clicked": {"type": "boolean"}, "selector": {"type": "string"},
             })))
             .also_answers(&[404]),
@@ -202,7 +206,7 @@ fn served() -> Vec<Endpoint> {
                 Param::body("value", "string", true).doc("The value to set."),
                 timeout_param(Param::body),
             ])
-            .returns(ok_schema())
+            .returns(ok_schema)
             .also_answers(&[404]),
         post("/browser/type", "browser_type", "Type text key by key, into the focused element or selector.", |c| boxed(type_text(c)))
             .params(&[
@@ -225,7 +229,7 @@ fn served() -> Vec<Endpoint> {
                     .doc("Empty the element first (needs selector)."),
                 timeout_param(Param::body),
             ])
-            .returns(schema_object(&["typed", "selector", "text"], json!({
+            .returns(|| schema_object(&["typed", "selector", "text"], json!({
                 "typed": {"type": "boolean"}, "selector": {"type": ["string", "null"]}, "text": {"type": "string"},
             })))
             .also_answers(&[404]),
@@ -236,7 +240,7 @@ fn served() -> Vec<Endpoint> {
                 selector_param(false, "CSS selector of the element to focus first."),
                 timeout_param(Param::body),
             ])
-            .returns(ok_schema())
+            .returns(ok_schema)
             .also_answers(&[404]),
         post("/browser/scroll", "browser_scroll", "Scroll an element into view, or the page by dx, dy.", |c| boxed(scroll(c)))
             .extension()
@@ -246,7 +250,7 @@ fn served() -> Vec<Endpoint> {
                 Param::body("dy", "number", false).doc("Pixels to scroll the page down by (0 when only dx is given)."),
                 timeout_param(Param::body),
             ])
-            .returns(schema_object(&["scroll_x", "scroll_y"], json!({"scroll_x": {"type": "number"}, "scroll_y": {"type": "number"}})))
+            .returns(|| schema_object(&["scroll_x", "scroll_y"], json!({"scroll_x": {"type": "number"}, "scroll_y": {"type": "number"}})))
             .also_answers(&[404]),
         post("/browser/evaluate", "browser_evaluate", "Evaluate JavaScript in the page; a function is called with arg; promises are awaited.", |c| boxed(evaluate(c)))
             .params(&[
@@ -255,7 +259,7 @@ fn served() -> Vec<Endpoint> {
                 Param::body("arg", "any", false).doc("The argument a function expression is called with (any JSON value)."),
                 timeout_param(Param::body),
             ])
-            .returns(schema_object(&["result"], json!({"result": {}}))),
+            .returns(|| schema_object(&["result"], json!({"result": {}}))),
         post("/browser/wait", "browser_wait", "Wait until a selector is attached, detached, visible or hidden.", |c| boxed(wait(c)))
             .extension()
             .params(&[
@@ -265,7 +269,7 @@ fn served() -> Vec<Endpoint> {
                     .doc("attached, detached, visible or hidden: what to wait for."),
                 timeout_param(Param::body),
             ])
-            .returns(ok_schema()),
+            .returns(ok_schema),
         get("/browser/content", "browser_content", "The page's URL, title and HTML (or, with type=text, its visible text).", |c| boxed(content(c)))
             .params(&[
                 Param::query("type", "string", false)
@@ -273,7 +277,7 @@ fn served() -> Vec<Endpoint> {
                     .doc("html (the page's markup) or text (the body's visible text)."),
                 timeout_param(Param::query),
             ])
-            .returns(schema_object(&["url", "title", "content"], json!({
+            .returns(|| schema_object(&["url", "title", "content"], json!({
                 "url": {"type": "string"}, "title": {"type": "string"}, "content": {"type": "string"},
             }))),
         get("/browser/text", "browser_text", "The visible text of the page or of one element.", |c| boxed(text(c)))
@@ -282,29 +286,29 @@ fn served() -> Vec<Endpoint> {
                 Param::query("selector", "string", false).doc("CSS selector of the element whose text to read; without it the page's body."),
                 timeout_param(Param::query),
             ])
-            .returns(schema_object(&["text"], json!({"text": {"type": "string"}})))
+            .returns(|| schema_object(&["text"], json!({"text": {"type": "string"}})))
             .also_answers(&[404]),
         post("/browser/back", "browser_back", "Go back one history entry.", |c| boxed(history(c, HistoryStep::Back)))
             .extension()
             .params(&[timeout_param(Param::body)])
-            .returns(location_schema()),
+            .returns(location_schema),
         post("/browser/forward", "browser_forward", "Go forward one history entry.", |c| boxed(history(c, HistoryStep::Forward)))
             .extension()
             .params(&[timeout_param(Param::body)])
-            .returns(location_schema()),
+            .returns(location_schema),
         post("/browser/reload", "browser_reload", "Reload the page.", |c| boxed(history(c, HistoryStep::Reload)))
             .extension()
             .params(&[timeout_param(Param::body)])
-            .returns(location_schema()),
+            .returns(location_schema),
         get("/browser/info", "browser_info", "Whether Chromium runs, its page's URL and title, version and viewport.", |c| boxed(info(c)))
             .extension()
-            .returns(schema_object(&["running", "url", "title", "version", "viewport"], json!({
+            .returns(|| schema_object(&["running", "url", "title", "version", "viewport"], json!({
                 "running": {"type": "boolean"}, "url": {"type": ["string", "null"]}, "title": {"type": ["string", "null"]},
                 "version": {"type": ["string", "null"]}, "viewport": {"type": "object"}, "pid": {"type": ["integer", "null"]},
             }))),
         post("/browser/close", "browser_close", "End Chromium; the next browser call starts it again.", |c| boxed(close(c)))
             .extension()
-            .returns(schema_object(&["closed"], json!({"closed": {"type": "boolean"}}))),
+            .returns(|| schema_object(&["closed"], json!({"closed": {"type": "boolean"}}))),
     ]
 }
 

@@ -25,7 +25,7 @@ pub fn endpoints() -> Vec<Endpoint> {
             .formerly("commands_list").scopes(&["commands:list"])
             .kept_locked_down()
             .summary("Visible named commands with their arguments (hidden ones and those the caller lacks scopes for are left out).")
-            .returns(schema_object(&["commands"], json!({"commands": {"type": "array"}}))),
+            .returns(|| schema_object(&["commands"], json!({"commands": {"type": "array"}}))),
         Endpoint::new(Method::Post, "/commands/{name}", Group::Commands, handler(run))
             .id("run_command")
             .formerly("commands_run").scopes(&["commands:run"])
@@ -35,7 +35,7 @@ pub fn endpoints() -> Vec<Endpoint> {
             // The body is the command's own arguments, bound by the registry's rules
             // (`crate::commands::coerce`), not declared here.
             .params(&[Param::path("name").doc("The command's name, as GET /commands lists it.")])
-            .returns(schema_object(&["result"], json!({"result": {}})))
+            .returns(|| schema_object(&["result"], json!({"result": {}})))
             .also_answers(&[400, 403, 404, 500, 503]),
     ]
 }

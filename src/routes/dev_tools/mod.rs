@@ -43,7 +43,7 @@ pub fn endpoints() -> Vec<Endpoint> {
                     .doc("Seconds; more than 300 (or the policy's timeout_seconds) is cut to it, and a non-positive or non-numeric value is replaced with 30, as on the reference."),
             ])
             .limit("timeout_seconds", CODE_MAX_TIMEOUT as u64)
-            .returns(schema_object(
+            .returns(|| schema_object(
                 &["stdout", "stderr", "exit_code", "language", "execution_time_ms", "_security_note"],
                 json!({
                     "stdout": {"type": "string"}, "stderr": {"type": "string"}, "exit_code": {"type": "integer"},
@@ -58,7 +58,7 @@ pub fn endpoints() -> Vec<Endpoint> {
             .changes()
             .summary("Branch and changed files of the repository containing path.")
             .params(&[git_path()])
-            .returns(schema_object(&["branch", "clean", "files"], json!({
+            .returns(|| schema_object(&["branch", "clean", "files"], json!({
                 "branch": {"type": "string"}, "clean": {"type": "boolean"}, "files": {"type": "array"},
             })))
             .also_answers(&[400, 403, 408, 500]),
@@ -75,7 +75,7 @@ pub fn endpoints() -> Vec<Endpoint> {
                 Param::query("file", "string", false)
                     .doc("A pathspec limiting the diff (one file or directory)."),
             ])
-            .returns(schema_object(&["diff", "stats"], json!({
+            .returns(|| schema_object(&["diff", "stats"], json!({
                 "diff": {"type": "string"}, "stats": {"type": "object"},
             })))
             .also_answers(&[400, 403, 408, 500]),

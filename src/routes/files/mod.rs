@@ -58,7 +58,7 @@ pub fn endpoints() -> Vec<Endpoint> {
             "max_upload_bytes",
         ])
         .changes()
-        .returns(schema::path_bytes())
+        .returns(schema::path_bytes)
         .also_answers(&[503])
         .summary("Write a file from base64 content (atomic; parent directories created).")
         .params(&upload_params()),
@@ -71,7 +71,7 @@ pub fn endpoints() -> Vec<Endpoint> {
         .id("download").extension().scopes(&["files:read"])
         .enforces(&["paths", "max_bytes"])
         .kept_locked_down()
-        .returns(schema::download())
+        .returns(schema::download)
         .also_answers(&[503])
         .summary("Read a file as base64.")
         .params(&[path_q("The file to read.")]),
@@ -84,7 +84,7 @@ pub fn endpoints() -> Vec<Endpoint> {
         .id("files_list").scopes(&["files:read"])
         .enforces(&["paths", "max_depth", "max_entries"])
         .kept_locked_down()
-        .returns(schema::list())
+        .returns(schema::list)
         .also_answers(&[503])
         .summary("List a directory (recursive to depth 3 with recursive=true).")
         .params(&[
@@ -108,7 +108,7 @@ pub fn endpoints() -> Vec<Endpoint> {
         .id("files_stat").scopes(&["files:read"])
         .enforces(&["paths"])
         .kept_locked_down()
-        .returns(schema::stat())
+        .returns(schema::stat)
         .also_answers(&[503])
         .summary("Metadata of a path; exists is false when nothing is there.")
         .params(&[path_q("The path to describe (a symlink itself, not its target).")]),
@@ -121,7 +121,7 @@ pub fn endpoints() -> Vec<Endpoint> {
         .id("files_mkdir").scopes(&["files:write"])
         .enforces(&["paths"])
         .changes()
-        .returns(schema::mkdir())
+        .returns(schema::mkdir)
         .also_answers(&[503])
         .summary("Create a directory and its parents.")
         .params(&[Param::body("path", "string", true)
@@ -135,7 +135,7 @@ pub fn endpoints() -> Vec<Endpoint> {
         .id("files_delete").scopes(&["files:delete"])
         .enforces(&["paths"])
         .changes()
-        .returns(schema::delete())
+        .returns(schema::delete)
         .also_answers(&[503])
         .summary("Delete a file or a directory tree.")
         .params(&[path_q("The file or directory tree to delete.")]),
@@ -148,7 +148,7 @@ pub fn endpoints() -> Vec<Endpoint> {
         .id("files_move").scopes(&["files:write", "files:delete"])
         .enforces(&["paths"])
         .changes()
-        .returns(schema::r#move())
+        .returns(schema::r#move)
         .also_answers(&[503])
         .summary("Move or rename a file or directory.")
         .params(&[
@@ -175,7 +175,7 @@ pub fn endpoints() -> Vec<Endpoint> {
         .enforces(&["paths", "max_files", "max_depth", "max_duration_seconds"])
         .only_reads()
         .kept_locked_down()
-        .returns(schema::search())
+        .returns(schema::search)
         .also_answers(&[503])
         .summary("Find files whose name matches an fnmatch pattern.")
         .params(&[
@@ -217,7 +217,7 @@ pub fn endpoints() -> Vec<Endpoint> {
             "max_upload_bytes",
         ])
         .changes()
-        .returns(schema::path_bytes())
+        .returns(schema::path_bytes)
         .also_answers(&[503])
         .summary("Upload as /upload does, or stream a raw application/octet-stream body to disk.")
         .params(&upload_stream_params)
@@ -231,7 +231,7 @@ pub fn endpoints() -> Vec<Endpoint> {
         .id("files_download_stream").scopes(&["files:read"])
         .enforces(&["paths", "max_bytes"])
         .kept_locked_down()
-        .returns(schema::download_stream())
+        .returns(schema::download_stream)
         .also_answers(&[206, 304, 416])
         .also_answers(&[503])
         .summary("Download as /download does plus bytes, or raw bytes with Range and ETag.")
@@ -251,7 +251,7 @@ pub fn endpoints() -> Vec<Endpoint> {
         .enforces(&["paths", "max_files", "max_bytes"])
         .only_reads()
         .kept_locked_down()
-        .returns(schema::archive())
+        .returns(schema::archive)
         .also_answers(&[503])
         .summary("Pack paths into a tar.gz or zip archive, returned as base64.")
         .params(&[

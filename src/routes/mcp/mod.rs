@@ -32,21 +32,21 @@ pub fn endpoints() -> Vec<Endpoint> {
             .enforces(&["max_sessions"])
             .limit("max_sessions", mcp::MAX_SESSIONS as u64)
             .summary("Model Context Protocol over Streamable HTTP: this caller's routes and commands as tools (JSON-RPC: initialize, tools/list, tools/call, ping).")
-            .returns(json!({"type": ["object", "array"]}))
+            .returns(|| json!({"type": ["object", "array"]}))
             .also_answers(&[202, 400, 404])
-            .own_refusals(json_rpc_error()),
+            .own_refusals(json_rpc_error),
         Endpoint::new(Method::Get, "/mcp", Group::Mcp, handler(events))
             .id("mcp_events").extension().scopes(&["core:read"])
             .summary("The MCP session's server stream: notifications/tools/list_changed when a policy reload changes the tools.")
             .streaming(true)
             .also_answers(&[400, 404])
-            .own_refusals(json_rpc_error()),
+            .own_refusals(json_rpc_error),
         Endpoint::new(Method::Delete, "/mcp", Group::Mcp, handler(end))
             .id("mcp_end").extension().scopes(&["core:read"])
             .summary("Ends an MCP session (Mcp-Session-Id).")
-            .returns(json!({"type": "object"}))
+            .returns(|| json!({"type": "object"}))
             .also_answers(&[400, 404])
-            .own_refusals(json_rpc_error()),
+            .own_refusals(json_rpc_error),
     ]
 }
 

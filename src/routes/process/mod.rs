@@ -60,7 +60,7 @@ pub fn endpoints() -> Vec<Endpoint> {
         ])
         .changes()
         .summary("Run a command (shlex-split, no shell) and return its output and exit code.")
-        .returns(schema::shell())
+        .returns(schema::shell)
         .also_answers(&[403, 503])
         .params(&run_params())
         .limit("timeout_seconds", DEFAULT_TIMEOUT_SECS as u64)
@@ -104,7 +104,7 @@ pub fn endpoints() -> Vec<Endpoint> {
         ])
         .changes()
         .summary("Start a background process, optionally capturing output and keeping stdin open.")
-        .returns(schema::started())
+        .returns(schema::started)
         .also_answers(&[403, 429, 503])
         .params(&start_params)
         .limit("max_processes", crate::process::table::MAX_PROCESSES)
@@ -118,7 +118,7 @@ pub fn endpoints() -> Vec<Endpoint> {
         .id("process_list")
         .scopes(&["process:read"])
         .summary("Running background processes.")
-        .returns(schema::list()),
+        .returns(schema::list),
         Endpoint::new(
             Method::Get,
             "/process/{pid}",
@@ -129,7 +129,7 @@ pub fn endpoints() -> Vec<Endpoint> {
         .formerly("process_get")
         .scopes(&["process:read"])
         .summary("State and exit code of a background process.")
-        .returns(schema::process())
+        .returns(schema::process)
         .also_answers(&[404])
         .params(std::slice::from_ref(&pid)),
         Endpoint::new(
@@ -145,7 +145,7 @@ pub fn endpoints() -> Vec<Endpoint> {
         .summary(
             "Send SIGINT, SIGKILL, SIGTERM, SIGCONT or SIGTSTP to a background process's group.",
         )
-        .returns(schema::signalled())
+        .returns(schema::signalled)
         .also_answers(&[403, 404])
         .params(&[
             pid.clone(),
@@ -164,7 +164,7 @@ pub fn endpoints() -> Vec<Endpoint> {
         .scopes(&["process:manage"])
         .changes()
         .summary("Write to (or close) the stdin of a process started with stdin: true.")
-        .returns(schema::stdin())
+        .returns(schema::stdin)
         .also_answers(&[404, 409, 503])
         .watch_peer()
         .limit("max_wait_seconds", background::STDIN_WAIT.as_secs())
@@ -185,7 +185,7 @@ pub fn endpoints() -> Vec<Endpoint> {
         .id("process_output")
         .scopes(&["process:read"])
         .summary("Captured output after a cursor, optionally waiting up to 30 s for more.")
-        .returns(schema::output())
+        .returns(schema::output)
         .also_answers(&[404, 409])
         .params(&[
             pid,

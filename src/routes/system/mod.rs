@@ -31,7 +31,7 @@ pub fn endpoints() -> Vec<Endpoint> {
         Endpoint::new(Method::Get, "/system/info", Group::System, handler(info))
             .id("system_info").scopes(&["system:read"])
             .summary("OS, architecture, CPUs, memory, disk, Python version and host name.")
-            .returns(schema_object(
+            .returns(|| schema_object(
                 &["os", "arch", "cpu_count", "memory_total_mb", "memory_available_mb", "disk_total_gb", "disk_free_gb", "python_version", "hostname"],
                 json!({
                     "os": {"type": "string"}, "arch": {"type": "string"}, "cpu_count": {"type": "integer"},
@@ -43,7 +43,7 @@ pub fn endpoints() -> Vec<Endpoint> {
         Endpoint::new(Method::Get, "/system/metrics", Group::System, handler(metrics))
             .id("system_metrics").scopes(&["system:read"])
             .summary("Load averages, memory and disk use, and the server's uptime.")
-            .returns(schema_object(
+            .returns(|| schema_object(
                 &["cpu_load_1m", "cpu_load_5m", "cpu_load_15m", "memory_used_mb", "memory_total_mb", "memory_percent", "disk_used_gb", "disk_total_gb", "disk_percent", "uptime_seconds"],
                 json!({
                     "cpu_load_1m": {"type": "number"}, "cpu_load_5m": {"type": "number"}, "cpu_load_15m": {"type": "number"},
@@ -58,7 +58,7 @@ pub fn endpoints() -> Vec<Endpoint> {
             .summary("The environment children start with; names that look like secrets are left out.")
             .params(&[Param::query("filter", "string", false)
                 .doc("A comma-separated allow-list of names; without it every variable the policy lets through is listed.")])
-            .returns(schema_object(&["variables"], json!({"variables": {"type": "object"}}))),
+            .returns(|| schema_object(&["variables"], json!({"variables": {"type": "object"}}))),
         Endpoint::new(Method::Post, "/env", Group::System, handler(env_set))
             .id("env_set").scopes(&["system:write"])
             .enforces(&["allow_vars", "deny_vars"])
@@ -67,12 +67,12 @@ pub fn endpoints() -> Vec<Endpoint> {
             .params(&[Param::body("vars", "object", false)
                 .invalid(VARS_SENTENCE)
                 .doc("Variable names (letters, digits and _, not starting with a digit) to string values; none is an empty update.")])
-            .returns(schema_object(&["updated"], json!({"updated": {"type": "array"}})))
+            .returns(|| schema_object(&["updated"], json!({"updated": {"type": "array"}})))
             .also_answers(&[400, 403]),
         Endpoint::new(Method::Get, "/ports", Group::System, handler(ports_get))
             .id("ports").scopes(&["system:read"])
             .summary("Listening TCP ports, with the pid holding each where it can be seen.")
-            .returns(schema_object(&["listening"], json!({"listening": {"type": "array"}}))),
+            .returns(|| schema_object(&["listening"], json!({"listening": {"type": "array"}}))),
         Endpoint::new(Method::Get, "/packages", Group::System, handler(packages))
             .id("packages").scopes(&["system:read"])
             .enforces(&["paths"])
@@ -81,7 +81,7 @@ pub fn endpoints() -> Vec<Endpoint> {
             .params(&[Param::query("manager", "string", false)
                 .default("\"pip\"")
                 .doc("pip (python3 -m pip list) or npm (npm list --depth=0): whose packages to list.")])
-            .returns(schema_object(&["manager", "packages"], json!({"manager": {"type": "string"}, "packages": {"type": "array"}})))
+            .returns(|| schema_object(&["manager", "packages"], json!({"manager": {"type": "string"}, "packages": {"type": "array"}})))
             .also_answers(&[400, 500]),
     ]
 }

@@ -20,16 +20,17 @@ use crate::routes::shared::working_dir;
 
 const DEFAULT_SHELL: &str = "/bin/bash";
 
+fn session_schema() -> serde_json::Value {
+    schema_object(
+        &["id", "pid", "created_at", "cols", "rows", "alive"],
+        json!({
+            "id": {"type": "string"}, "pid": {"type": "integer"}, "created_at": {"type": "number"},
+            "cols": {"type": "integer"}, "rows": {"type": "integer"}, "alive": {"type": "boolean"},
+        }),
+    )
+}
+
 pub fn endpoints() -> Vec<Endpoint> {
-    let session_schema = || {
-        schema_object(
-            &["id", "pid", "created_at", "cols", "rows", "alive"],
-            json!({
-                "id": {"type": "string"}, "pid": {"type": "integer"}, "created_at": {"type": "number"},
-                "cols": {"type": "integer"}, "rows": {"type": "integer"}, "alive": {"type": "boolean"},
-            }),
-        )
-    };
     let id = Param::path("id").doc("The session_id POST /pty/sessions answered.");
     let size = |name: &'static str, doc: &'static str| {
         Param::body(name, "integer", false)
@@ -54,7 +55,7 @@ pub fn endpoints() -> Vec<Endpoint> {
                     .doc("Variables added to the shell's environment (LD_* and others that load code are dropped)."),
             ])
             .limit("max_sessions", MAX_SESSIONS)
-            .returns(schema_object(&["session_id", "ws_url", "pid"], json!({
+            .returns(|| schema_object(&["session_id", "ws_url", "pid"], json!({
                 "session_id": {"type": "string"}, "ws_url": {"type": "string"}, "pid": {"type": "integer"},
             })))
             .also_answers(&[400, 429]),
@@ -62,13 +63,13 @@ pub fn endpoints() -> Vec<Endpoint> {
             .id("pty_list_sessions")
             .formerly("pty_list").scopes(&["terminal:use"])
             .summary("Terminal sessions (idle ones are reaped first).")
-            .returns(schema_object(&["sessions"], json!({"sessions": {"type": "array"}}))),
+            .returns(|| schema_object(&["sessions"], json!({"sessions": {"type": "array"}}))),
         Endpoint::new(Method::Get, "/pty/sessions/{id}", Group::Terminal, handler(get))
             .id("pty_detail")
             .formerly("pty_get").scopes(&["terminal:use"])
             .summary("One terminal session.")
             .params(std::slice::from_ref(&id))
-            .returns(session_schema())
+            .returns(session_schema)
             .also_answers(&[404]),
         Endpoint::new(Method::Post, "/pty/sessions/{id}/resize", Group::Terminal, handler(resize))
             .id("pty_resize").scopes(&["terminal:use"])
@@ -81,7 +82,7 @@ pub fn endpoints() -> Vec<Endpoint> {
                 Param { required: true, ..size("rows", "Rows.") }
                     .missing("rows must be an integer from 1 to 1000"),
             ])
-            .returns(session_schema())
+            .returns(session_schema)
             .also_answers(&[400, 404]),
         Endpoint::new(Method::Delete, "/pty/sessions/{id}", Group::Terminal, handler(delete))
             .id("pty_delete_session")
@@ -89,7 +90,7 @@ pub fn endpoints() -> Vec<Endpoint> {
             .changes()
             .summary("End a terminal session and its processes.")
             .params(&[id])
-            .returns(schema_object(&["status", "session_id"], json!({
+            .returns(|| schema_object(&["status", "session_id"], json!({
                 "status": {"const": "closed"}, "session_id": {"type": "string"},
             })))
             .also_answers(&[404]),

@@ -19,6 +19,8 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "floor_listen.h"
+
 #define MAX_CONN 1024
 #define BUF 65536
 
@@ -61,12 +63,8 @@ static int serve(int fd) {
 
 int main(int argc, char **argv) {
     int port = argc > 1 ? atoi(argv[1]) : 9100;
-    int listener = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    int one = 1;
-    setsockopt(listener, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
-    struct sockaddr_in addr = {.sin_family = AF_INET, .sin_port = htons(port)};
-    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    if (bind(listener, (struct sockaddr *)&addr, sizeof addr) || listen(listener, 512)) {
+    int listener = listen_on_loopback(port, 512), one = 1;
+    if (listener < 0) {
         perror("bare_spawn: listen");
         return 1;
     }

@@ -20,6 +20,8 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "floor_listen.h"
+
 /* SHA-1 (FIPS 180-1), for the handshake's Sec-WebSocket-Accept. */
 static void sha1(const unsigned char *data, size_t len, unsigned char out[20]) {
     uint32_t h[5] = {0x67452301, 0xEFCDAB89, 0x98BADCFE, 0x10325476, 0xC3D2E1F0};
@@ -156,13 +158,8 @@ static void relay(int client, int master) {
 int main(int argc, char **argv) {
     if (argc != 3) return 2;
     signal(SIGCHLD, SIG_IGN);
-    int listener = socket(AF_INET, SOCK_STREAM, 0), one = 1;
-    setsockopt(listener, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
-    struct sockaddr_in address = {0};
-    address.sin_family = AF_INET;
-    address.sin_port = htons(atoi(argv[1]));
-    address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    if (bind(listener, (struct sockaddr *)&address, sizeof address) || listen(listener, 128)) return 1;
+    int listener = listen_on_loopback(atoi(argv[1]), 128), one = 1;
+    if (listener < 0) return 1;
     for (;;) {
         int client = accept(listener, 0, 0);
         if (client < 0) continue;

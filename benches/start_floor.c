@@ -8,16 +8,12 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include "floor_listen.h"
+
 int main(int argc, char **argv) {
     if (argc != 2) return 2;
-    int listener = socket(AF_INET, SOCK_STREAM, 0);
-    int one = 1;
-    setsockopt(listener, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
-    struct sockaddr_in address = {0};
-    address.sin_family = AF_INET;
-    address.sin_port = htons(atoi(argv[1]));
-    address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    if (bind(listener, (struct sockaddr *)&address, sizeof address) || listen(listener, 128)) return 1;
+    int listener = listen_on_loopback(atoi(argv[1]), 128);
+    if (listener < 0) return 1;
     static const char answer[] = "HTTP/1.1 200 OK\r\nContent-Length: 0\r\nConnection: close\r\n\r\n";
     for (;;) {
         int client = accept(listener, 0, 0);

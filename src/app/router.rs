@@ -74,10 +74,12 @@ impl Router {
         // Literal segments win over `{param}` ones (`/v1/agents/sessions/{id}` before
         // `/v1/agents/{agent_id}/versions`), whatever order the table declares them in.
         // Compared in place: a key built per comparison allocated O(n log n) vectors.
+        // The sort is stable and the patterns were pushed in table order, so equal
+        // shapes keep it.
         fn shape(segments: &[Segment]) -> impl Iterator<Item = bool> + '_ {
             segments.iter().map(|s| matches!(s, Segment::Param(_)))
         }
-        patterns.sort_by(|(_, a, i), (_, b, j)| shape(a).cmp(shape(b)).then(i.cmp(j)));
+        patterns.sort_by(|(_, a, _), (_, b, _)| shape(a).cmp(shape(b)));
         Ok(Router { exact, patterns })
     }
 

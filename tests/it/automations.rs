@@ -4,11 +4,12 @@
 //! validates every automation and run with its own models; this side kills and
 //! restarts the server, and checks what reached the model.
 
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use serde_json::{json, Value};
 
 use crate::agents_sessions::{run_fixture, Sandbox};
+use crate::faults::threads_named;
 use crate::upstream::serve_upstream;
 
 const FIXTURE: &str = "agents_automations_sdk.py";
@@ -155,4 +156,99 @@ fn a_run_is_refused_what_its_owner_is_refused_now() {
     let (_, after) = alice("GET", &format!("/v1/agents/automations/{id}"), None);
     assert_eq!(after["status"], "active");
     assert_eq!(after["x_agent_sandbox"]["next_run_at"], created["run_at"]);
+}
+
+/// No automation scheduled and no webhook queued: the server runs neither background
+/// thread. Scheduling one starts the automations thread, pausing the last one ends it,
+/// and a manual run of the paused automation starts it again and is delivered.
+#[test]
+fn background_threads_run_only_while_there_is_work() {
+    let upstream = serve_upstream();
+    let sandbox = Sandbox::new(&upstream);
+    let server = sandbox.server_with(&[]);
+    let pid = server.child.id();
+    let alice = |method: &str, path: &str, body: Option<Value>| {
+        let body = body.map(|b| b.to_string());
+        let reply = server.request(
+            method,
+            path,
+            &[
+                ("Authorization", "Bearer alice-token"),
+                ("Content-Type", "application/json"),
+            ],
+            body.as_deref().map(str::as_bytes),
+        );
+        (reply.status, reply.json())
+    };
+    let running = |name: &str| threads_named(pid, name) > 0;
+    let eventually = |what: &str, done: &dyn Fn() -> bool| {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !done() {
+            assert!(Instant::now() < deadline, "{what}");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    };
+    // The threads resume what the last server left shortly after start; here nothing.
+    std::thread::sleep(Duration::from_millis(300));
+    eventually("an idle automations thread at start", &|| {
+        !running("abx-automations")
+    });
+    assert!(!running("abx-webhooks"), "an idle webhooks thread at start");
+
+    let (status, created) = alice(
+        "POST",
+        "/v1/agents/automations",
+        Some(json!({
+            "type": "once", "name": "later", "run_at": unix_now() + 3600,
+            "target": {"type": "new_session", "environment": {"type": "self_hosted", "workspace_directory": "/workspace"},
+                       "agent": {"model": "stub-model"}, "input": "SAY run by hand"},
+        })),
+    );
+    assert_eq!(status, 200, "{created}");
+    let id = created["id"].as_str().unwrap().to_string();
+    eventually("no automations thread for a scheduled automation", &|| {
+        running("abx-automations")
+    });
+    std::thread::sleep(Duration::from_millis(300));
+    assert!(
+        running("abx-automations"),
+        "the thread ended with work left"
+    );
+
+    let (status, paused) = alice("POST", &format!("/v1/agents/automations/{id}/pause"), None);
+    assert_eq!(status, 200, "{paused}");
+    eventually("the automations thread outlived the last schedule", &|| {
+        !running("abx-automations")
+    });
+
+    let (status, run) = alice(
+        "POST",
+        &format!("/v1/agents/automations/{id}/invocations"),
+        None,
+    );
+    assert_eq!(status, 200, "{run}");
+    let run_id = run["id"].as_str().unwrap().to_string();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let settled = loop {
+        let (_, run) = alice(
+            "GET",
+            &format!("/v1/agents/automations/{id}/invocations/{run_id}"),
+            None,
+        );
+        if run["status"] != "queued" || Instant::now() > deadline {
+            break run;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    assert_ne!(
+        settled["status"], "queued",
+        "the manual run was never delivered"
+    );
+    assert!(settled["session_id"].is_string(), "{settled}");
+    // The session the run started lives on the thread's driver: the thread stays.
+    std::thread::sleep(Duration::from_millis(300));
+    assert!(
+        running("abx-automations"),
+        "the thread ended under its session"
+    );
 }

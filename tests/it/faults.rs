@@ -10,7 +10,7 @@ use crate::on_both_drivers;
 use crate::support::{answered_connection, read_reply, request_at, Launch, Reply, TempDir};
 
 /// Threads of `pid` named `name` (`/proc/<pid>/task/*/comm`).
-fn threads_named(pid: u32, name: &str) -> usize {
+pub(crate) fn threads_named(pid: u32, name: &str) -> usize {
     std::fs::read_dir(format!("/proc/{pid}/task"))
         .map(|tasks| {
             tasks

@@ -3,7 +3,9 @@
 //! runs start live on its driver. It reads every schedule entry when it starts, keeps
 //! the next occurrence of each active automation in memory, fires each when due
 //! ([`super::fire`]: the run recorded and the schedule moved in one transaction) and
-//! delivers the runs.
+//! delivers the runs. A thread that finds nothing scheduled and has delivered nothing
+//! ends (the next job starts another: [`super::wake::Wake::send`]); one that delivered
+//! stays, since the sessions its runs started live on its driver.
 //!
 //! A delivery is the owner's own request served in-process by the app (the routes'
 //! [`Deliver`]): a session create, or a message to the existing session, admitted
@@ -12,10 +14,12 @@
 //! into is tried again every [`BUSY_RETRY`] for up to [`BUSY_WAIT`]; meanwhile the
 //! run stays `queued` (and occurrences that come are `skipped`).
 
+use std::cell::Cell;
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap, VecDeque};
 use std::future::Future;
 use std::pin::Pin;
+use std::rc::Rc;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -51,9 +55,16 @@ pub trait Deliver: Send + Sync + 'static {
     ) -> Pin<Box<dyn Future<Output = Delivered> + 'a>>;
 }
 
-/// Starts the thread; `read_schedule`: read the store's schedule now (false for a
-/// server whose agents group is off and has no store file: it would create one).
-pub fn start(agents: Arc<Agents>, deliverer: Arc<dyn Deliver>, read_schedule: bool) {
+/// Starts the thread; `read_schedule`: read the store's schedule (false for a server
+/// whose agents group is off and has no store file: it would create one), after
+/// `settle` (at server start, [`crate::agents::RESUME_AFTER_START`]: the first answers
+/// come first). Jobs sent meanwhile wait in its queue.
+pub fn start(
+    agents: Arc<Agents>,
+    deliverer: Arc<dyn Deliver>,
+    read_schedule: bool,
+    settle: Duration,
+) {
     let (tx, rx) = mpsc::unbounded();
     {
         let mut sender = agents
@@ -70,6 +81,7 @@ pub fn start(agents: Arc<Agents>, deliverer: Arc<dyn Deliver>, read_schedule: bo
     let started = std::thread::Builder::new()
         .name("abx-automations".into())
         .spawn(move || {
+            std::thread::sleep(settle);
             let pool = crate::runtime::blocking::BlockingPool::new(4, Duration::from_secs(10));
             let run = run(agents, deliverer, rx, read_schedule);
             if let Err(e) = crate::runtime::block_on(crate::runtime::IoDriver::Epoll, pool, run) {
@@ -171,42 +183,90 @@ async fn run(
     }
     let mut waiting: VecDeque<(String, String, String)> = VecDeque::new();
     let mut in_flight = 0usize;
+    // Occurrences being fired: each sends its next one to the queue before it ends.
+    let firing = Rc::new(Cell::new(0usize));
+    // A delivery may start a session whose actor lives on this thread's driver and
+    // outlives the delivery: a thread that delivered anything stays.
+    let mut delivered = false;
     loop {
         let now = now_ms();
         for (owner, id) in table.take_due((now / 1000) as i64) {
-            monoio::spawn(fire(agents.clone(), owner, id));
+            firing.set(firing.get() + 1);
+            let (agents, firing) = (agents.clone(), firing.clone());
+            monoio::spawn(async move {
+                fire(agents, owner, id).await;
+                firing.set(firing.get() - 1);
+            });
         }
         while in_flight < IN_FLIGHT {
             let Some((owner, id, invocation)) = waiting.pop_front() else {
                 break;
             };
             in_flight += 1;
+            delivered = true;
             let (agents, deliverer) = (agents.clone(), deliverer.clone());
             monoio::spawn(async move {
                 deliver(agents.clone(), deliverer, owner, id, invocation).await;
                 agents.automations().send(Job::Delivered);
             });
         }
-        let wait = table.wait_ms(now_ms()).unwrap_or(60_000).clamp(1, 60_000);
+        let next_due = table.wait_ms(now_ms());
+        if next_due.is_none()
+            && waiting.is_empty()
+            && in_flight == 0
+            && firing.get() == 0
+            && !delivered
+        {
+            // Nothing scheduled, nothing delivered: the thread ends rather than idle,
+            // and the next job starts another (`Wake::send`), which reads the
+            // schedule. Decided under the queue's lock, which a send holds, so no job
+            // falls between.
+            let mut sender = agents
+                .automations()
+                .sender
+                .lock()
+                .unwrap_or_else(|e| e.into_inner());
+            match rx.try_recv() {
+                Ok(job) => {
+                    drop(sender);
+                    take(job, &mut table, &mut waiting, &mut in_flight);
+                    continue;
+                }
+                Err(_) => {
+                    *sender = None;
+                    return;
+                }
+            }
+        }
+        let wait = next_due.unwrap_or(60_000).clamp(1, 60_000);
         match monoio::time::timeout(Duration::from_millis(wait), next(&mut rx)).await {
             Ok(Some(job)) => {
-                let mut take = |job| match job {
-                    Job::Due { owner, id, at } => table.set(&owner, &id, at),
-                    Job::Deliver {
-                        owner,
-                        id,
-                        invocation,
-                    } => waiting.push_back((owner, id, invocation)),
-                    Job::Delivered => in_flight = in_flight.saturating_sub(1),
-                };
-                take(job);
+                take(job, &mut table, &mut waiting, &mut in_flight);
                 while let Ok(job) = rx.try_recv() {
-                    take(job);
+                    take(job, &mut table, &mut waiting, &mut in_flight);
                 }
             }
             Ok(None) => return,
             Err(_) => {}
         }
+    }
+}
+
+/// The loop's part of one job.
+fn take(
+    job: Job,
+    table: &mut Timetable,
+    waiting: &mut VecDeque<(String, String, String)>,
+    in_flight: &mut usize,
+) {
+    match job {
+        Job::Due { owner, id, at } => table.set(&owner, &id, at),
+        Job::Deliver {
+            owner,
+            id,
+            invocation,
+        } => waiting.push_back((owner, id, invocation)),
+        Job::Delivered => *in_flight = in_flight.saturating_sub(1),
     }
 }
 

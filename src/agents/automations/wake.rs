@@ -3,7 +3,7 @@
 //! surface, so the surface can hold it while the thread (`super::scheduler`) uses the
 //! surface.
 
-use std::sync::Mutex;
+use std::sync::{Mutex, OnceLock};
 
 use futures_channel::mpsc;
 
@@ -27,16 +27,40 @@ pub enum Job {
     Delivered,
 }
 
-/// The thread's queue, `None` until the thread is started.
+/// Starts the thread (it reads the store's schedule), once the server can deliver.
+pub type Restart = Box<dyn Fn() + Send + Sync>;
+
+/// The thread's queue, `None` while no thread runs: before it is started, and after it
+/// ended with nothing scheduled and nothing to deliver.
 #[derive(Default)]
 pub struct Wake {
     pub sender: Mutex<Option<mpsc::UnboundedSender<Job>>>,
+    restart: OnceLock<Restart>,
 }
 
 impl Wake {
-    /// Tells the thread, if it runs (a server that runs none reads the store's schedule
-    /// when it starts one).
+    /// How [`Wake::send`] starts a thread when none runs (the routes', which hold
+    /// what a delivery needs); the first one given stays.
+    pub fn set_restart(&self, restart: Restart) {
+        let _ = self.restart.set(restart);
+    }
+
+    /// Tells the thread, starting one if none runs (it reads the schedule, so what was
+    /// committed before this job is in it, and then takes the job). Without a way to
+    /// start one (a store the server's routes never set up), the job waits for the
+    /// next thread's read of the store.
     pub fn send(&self, job: Job) {
+        {
+            let sender = self.sender.lock().unwrap_or_else(|e| e.into_inner());
+            if let Some(tx) = sender.as_ref() {
+                let _ = tx.unbounded_send(job);
+                return;
+            }
+        }
+        let Some(restart) = self.restart.get() else {
+            return;
+        };
+        restart();
         let sender = self.sender.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(tx) = sender.as_ref() {
             let _ = tx.unbounded_send(job);

@@ -1,7 +1,8 @@
 //! The webhook outbox: every event to deliver is a record of the agents store before
 //! anything is sent, so it outlives a receiver that is down and a server that stops;
 //! one background thread (`abx-webhooks`, its own monoio runtime on epoll and a small
-//! blocking pool: no HTTP worker ever waits for a receiver) sends them.
+//! blocking pool: no HTTP worker ever waits for a receiver) sends them, and runs only
+//! while something is queued: a server with nothing to deliver has no such thread.
 //!
 //! A delivery is tried at most [`MAX_ATTEMPTS`] times: again after 1, 2, 4 and 8 s
 //! when the receiver cannot be reached or answers anything but 2xx, then dropped (with a
@@ -31,6 +32,7 @@ use super::super::records::{
     new_id, Collection, ListQuery, Record, Scope, StoreError, Transaction,
 };
 use super::super::surface::Agents;
+use super::super::RESUME_AFTER_START;
 use super::queue::Due;
 use super::WebhookEndpoint;
 
@@ -124,7 +126,7 @@ pub fn schedule(agents: &Arc<Agents>, due: Vec<Due>) {
         .lock()
         .unwrap_or_else(|e| e.into_inner());
     match sender.as_ref() {
-        None => *sender = start(agents.clone()),
+        None => *sender = start(agents.clone(), Duration::ZERO),
         Some(tx) => {
             for due in due {
                 let _ = tx.unbounded_send(due);
@@ -133,18 +135,28 @@ pub fn schedule(agents: &Arc<Agents>, due: Vec<Due>) {
     }
 }
 
-/// Starts the delivering thread, which first reads what is queued (at startup: what
-/// the last server left).
+/// At server start: starts the delivering thread, which reads what the last server
+/// left queued once start has settled ([`RESUME_AFTER_START`]). Deliveries scheduled
+/// meanwhile wait in its queue.
 pub fn resume(agents: &Arc<Agents>) {
-    schedule(agents, Vec::new());
+    let mut sender = agents
+        .webhooks()
+        .sender
+        .lock()
+        .unwrap_or_else(|e| e.into_inner());
+    if sender.is_none() {
+        *sender = start(agents.clone(), RESUME_AFTER_START);
+    }
 }
 
-fn start(agents: Arc<Agents>) -> Option<mpsc::UnboundedSender<Due>> {
+/// The thread; it touches the store (a first use may open it) only after `settle`.
+fn start(agents: Arc<Agents>, settle: Duration) -> Option<mpsc::UnboundedSender<Due>> {
     let (tx, rx) = mpsc::unbounded();
     let wake = tx.clone();
     let started = std::thread::Builder::new()
         .name("abx-webhooks".into())
         .spawn(move || {
+            std::thread::sleep(settle);
             let pool = crate::runtime::blocking::BlockingPool::new(4, Duration::from_secs(10));
             let run = deliver_all(agents, rx, wake);
             if let Err(e) = crate::runtime::block_on(crate::runtime::IoDriver::Epoll, pool, run) {
@@ -166,7 +178,7 @@ async fn next(rx: &mut mpsc::UnboundedReceiver<Due>) -> Option<Due> {
 }
 
 /// The thread's loop: a schedule in memory (rebuilt from the store at start), fed by
-/// new deliveries and by retries.
+/// new deliveries and by retries; it returns when nothing is left to send.
 async fn deliver_all(
     agents: Arc<Agents>,
     mut rx: mpsc::UnboundedReceiver<Due>,
@@ -218,6 +230,27 @@ async fn deliver_all(
                     let _ = wake.unbounded_send(retry);
                 }
             });
+        }
+        if schedule.is_empty() && in_flight.get() == 0 {
+            // Nothing to send: the thread ends rather than idle, and the next
+            // `schedule` starts another, which reads the store. Decided under the queue's
+            // lock, which `schedule` holds while it sends, so no delivery falls between.
+            let mut sender = agents
+                .webhooks()
+                .sender
+                .lock()
+                .unwrap_or_else(|e| e.into_inner());
+            match rx.try_recv() {
+                Ok(due) => {
+                    drop(sender);
+                    take(&mut schedule, &mut known, due);
+                    continue;
+                }
+                Err(_) => {
+                    *sender = None;
+                    return;
+                }
+            }
         }
         let wait = match schedule.peek() {
             Some(Reverse(d)) if in_flight.get() < IN_FLIGHT => d.at_ms.saturating_sub(now),

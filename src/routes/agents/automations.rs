@@ -560,25 +560,35 @@ pub struct Starting {
 /// store holds automations; otherwise the first automation route starts it
 /// ([`ensure_started`]), and a server that never uses agents runs no such thread.
 pub fn start(state: Arc<AppState>) {
+    // A job for a thread that ended (nothing was scheduled) starts another. Weak: the
+    // app state holds the store that holds this.
+    if let Some(agents) = state.services.groups.get_arc::<Agents>() {
+        let app = Arc::downgrade(&state);
+        agents.automations().set_restart(Box::new(move || {
+            if let Some(state) = app.upgrade() {
+                start_with(state, std::time::Duration::ZERO);
+            }
+        }));
+    }
     let read_schedule = state
         .services
         .groups
         .get::<Starting>()
         .is_some_and(|s| s.read_schedule);
     if read_schedule {
-        start_with(state);
+        start_with(state, crate::agents::RESUME_AFTER_START);
     }
 }
 
-/// The store is in use: the thread reads its schedule.
-fn start_with(state: Arc<AppState>) {
+/// The store is in use: the thread reads its schedule, after `settle`.
+fn start_with(state: Arc<AppState>, settle: std::time::Duration) {
     if let Some(agents) = state.services.groups.get_arc::<Agents>() {
-        scheduler::start(agents, Arc::new(AppDeliverer { state }), true);
+        scheduler::start(agents, Arc::new(AppDeliverer { state }), true, settle);
     }
 }
 
 /// Starts the scheduler if it does not run yet (a group switched on by a policy
 /// after startup), before a route hands it work.
 fn ensure_started(call: &Call) {
-    start_with(call.state.clone());
+    start_with(call.state.clone(), std::time::Duration::ZERO);
 }

@@ -26,7 +26,9 @@
 //!    line `-c` outranks every configuration file (given as `GIT_CONFIG_KEY_n`, which has
 //!    `-c`'s precedence without its `=` splitting). The dev tools also pass
 //!    `--no-ext-diff`, `--no-textconv`, `--no-pager` and `--ignore-submodules=all` (a
-//!    submodule has a configuration of its own).
+//!    submodule has a configuration of its own). A configuration file whose text cannot
+//!    hold a key to blank ([`config_names_no_program`]) needs no listing: its overrides
+//!    are the fixed ones.
 //!
 //! Left: a directory renamed between [`discover`] and git's own lookups is read where it
 //! then is (git opens paths by name); the caller can already write inside the base
@@ -241,6 +243,14 @@ pub const FIXED_OVERRIDES: [(&str, &str); 13] = [
     ("protocol.allow", "never"),
 ];
 
+/// [`FIXED_OVERRIDES`] as pairs to add to.
+pub fn fixed_overrides() -> Vec<(String, String)> {
+    FIXED_OVERRIDES
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect()
+}
+
 /// Why a repository's configuration cannot be neutralised, so git must not run on it.
 #[derive(Debug, PartialEq, Eq)]
 pub enum ConfigRefusal {
@@ -267,10 +277,7 @@ pub fn config_overrides(
     if config_list.contains('\u{FFFD}') {
         return Err(ConfigRefusal::NotUtf8);
     }
-    let mut pairs: Vec<(String, String)> = FIXED_OVERRIDES
-        .iter()
-        .map(|(k, v)| (k.to_string(), v.to_string()))
-        .collect();
+    let mut pairs = fixed_overrides();
     for entry in config_list.split('\0') {
         let key = entry.split('\n').next().unwrap_or_default();
         let lower = key.to_ascii_lowercase();
@@ -297,6 +304,89 @@ pub fn config_overrides(
     Ok(pairs)
 }
 
+/// Words whose presence (in any case, anywhere) in a configuration file sends it to
+/// `git config --list`: the sections [`config_overrides`] blanks keys of, and what makes
+/// git read more configuration (`include.path`, `includeIf.*`, a worktree's
+/// `config.worktree`).
+const NAMES_PROGRAMS_OR_INCLUDES: [&str; 9] = [
+    "filter", "diff", "merge", "pager", "alias", "gpg", "remote", "include", "worktree",
+];
+
+/// Whether the repository's configuration, read as text, can hold nothing that
+/// [`config_overrides`] would refuse or blank: then the overrides are exactly
+/// [`FIXED_OVERRIDES`] and running `git config --list` (a process of its own, about as
+/// long as the `git status` it prepares) can be skipped.
+///
+/// Conservative: a section name is plain ASCII in a header (`[filter "x"]` or
+/// `[filter.x]`, any case), so a file without any word of
+/// [`NAMES_PROGRAMS_OR_INCLUDES`] has no key of those sections and includes nothing,
+/// and git (with no system or global configuration) reads no other file. Anything
+/// else answers `false`: a linked worktree (`commondir`), a file that cannot be read
+/// beneath the base (a symlink included), one over 64 KiB, not UTF-8, holding U+FFFD
+/// (which [`config_overrides`] refuses), or whose listing could pass its 1 MiB cut. A
+/// missing file is an empty configuration. Blocking (one small read).
+pub fn config_names_no_program(beneath: &Beneath<'_>, repo: &Repository) -> bool {
+    let Ok(git_dir) = repo.git_dir.strip_prefix(beneath.base().path()) else {
+        return false;
+    };
+    if !matches!(exists(beneath, &git_dir.join("commondir")), Ok(false)) {
+        return false;
+    }
+    let fd = match beneath.open(
+        &git_dir.join("config"),
+        OFlags::RDONLY | OFlags::NOFOLLOW,
+        Mode::empty(),
+    ) {
+        Ok(fd) => fd,
+        Err(e) if e.is_missing() => return true,
+        Err(_) => return false,
+    };
+    const MAX: usize = 64 * 1024;
+    let mut text = vec![0u8; MAX + 1];
+    let mut len = 0;
+    while len < text.len() {
+        match rustix::io::read(&fd, &mut text[len..]) {
+            Ok(0) => break,
+            Ok(n) => len += n,
+            Err(rustix::io::Errno::INTR) => {}
+            Err(_) => return false,
+        }
+    }
+    if len > MAX {
+        return false;
+    }
+    let Ok(text) = std::str::from_utf8(&text[..len]) else {
+        return false;
+    };
+    text_names_no_program(text)
+}
+
+/// [`config_names_no_program`]'s judgement of the file's text.
+fn text_names_no_program(text: &str) -> bool {
+    if text.contains('\u{FFFD}') {
+        return false;
+    }
+    let lower = text.to_ascii_lowercase();
+    if NAMES_PROGRAMS_OR_INCLUDES
+        .iter()
+        .any(|word| lower.contains(word))
+    {
+        return false;
+    }
+    // The listing repeats each entry's section: bound it as git would print it.
+    let mut section = 0usize;
+    let mut listed = 0usize;
+    for line in text.lines() {
+        let line = line.trim();
+        if line.starts_with('[') {
+            section = line.len();
+        } else if !line.is_empty() {
+            listed += section + line.len() + 2;
+        }
+    }
+    listed <= 1024 * 1024
+}
+
 /// Adds `pairs` to `env` as command-line-scope configuration.
 pub fn add_overrides(env: &mut Vec<(OsString, OsString)>, pairs: &[(String, String)]) {
     env.push(("GIT_CONFIG_COUNT".into(), pairs.len().to_string().into()));
@@ -309,6 +399,45 @@ pub fn add_overrides(env: &mut Vec<(OsString, OsString)>, pairs: &[(String, Stri
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_configuration_without_program_sections_needs_no_listing() {
+        let plain = "[core]\n\trepositoryformatversion = 0\n\tfilemode = true\n\tbare = false\n\tlogallrefupdates = true\n[user]\n\tname = Sandbox\n\temail = s@example.com\n[init]\n\tdefaultBranch = main\n";
+        assert!(text_names_no_program(plain));
+        assert!(text_names_no_program(""));
+        for text in [
+            "[filter \"lfs\"]\n\tclean = git-lfs clean -- %f\n",
+            "[FiLtEr.x]\nclean = run\n",
+            "[core]\n[diff \"pdf\"]\ntextconv = run\n",
+            "[remote \"origin\"]\nuploadpack = run\n",
+            "[alias]\nst = status\n",
+            "[pager]\nstatus = run\n",
+            "[gpg]\nprogram = run\n",
+            "[merge \"x\"]\ndriver = run\n",
+            "[include]\npath = elsewhere\n",
+            "[includeIf \"gitdir:/x\"]\npath = elsewhere\n",
+            "[extensions]\nworktreeConfig = true\n",
+            "[user]\nname = \u{FFFD}\n",
+        ] {
+            assert!(!text_names_no_program(text), "{text}");
+        }
+        // Every section config_overrides blanks a key of is one of the words.
+        let listing = "filter.a.clean\nx\0diff.a.textconv\nx\0merge.a.driver\nx\0pager.status\nx\0alias.st\nx\0gpg.program\nx\0remote.o.vcs\nx\0";
+        for (key, _) in config_overrides(listing, false)
+            .unwrap()
+            .iter()
+            .skip(FIXED_OVERRIDES.len())
+        {
+            let section = key.split('.').next().unwrap().to_ascii_lowercase();
+            assert!(
+                NAMES_PROGRAMS_OR_INCLUDES.contains(&section.as_str()),
+                "{key}"
+            );
+        }
+        // A listing that could pass the 1 MiB cut is left to git.
+        let long = format!("[{}]\n{}", "a".repeat(4000), "b = c\n".repeat(300));
+        assert!(!text_names_no_program(&long));
+    }
 
     #[test]
     fn every_program_naming_key_is_blanked() {

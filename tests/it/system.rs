@@ -659,6 +659,28 @@ fn git_stays_inside_the_base_and_runs_nothing(driver: &'static str) {
     let (status, body) = server.get_json("/git/diff?path=repo");
     assert_eq!(status, 200, "{body}");
     assert!(body["diff"].as_str().unwrap().contains("+two"), "{body}");
+    // A configuration that names programs only where the fixed overrides reach (no
+    // section the listing would blank keys of, so the server does not list it): git
+    // runs none of them either.
+    let plain = base.join("plain");
+    std::fs::create_dir(&plain).unwrap();
+    git(&plain, &["init", "-q"]);
+    std::fs::write(plain.join("b.txt"), "one\n").unwrap();
+    let mut config = std::fs::read_to_string(plain.join(".git/config")).unwrap();
+    config.push_str(&format!(
+        "[core]\n\tfsmonitor = touch {}\n\tpager = touch {}\n\thooksPath = {}\n",
+        marker("plain-fsmonitor"),
+        marker("plain-pager"),
+        markers.display(),
+    ));
+    std::fs::write(plain.join(".git/config"), config).unwrap();
+    for route in ["status", "diff"] {
+        let (status, body) = server.get_json(&format!("/git/{route}?path=plain"));
+        assert_eq!(status, 200, "{route}: {body}");
+        if route == "status" {
+            assert!(body["files"].to_string().contains("b.txt"), "{body}");
+        }
+    }
     let ran: Vec<String> = std::fs::read_dir(&markers)
         .unwrap()
         .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())

@@ -193,13 +193,17 @@ async fn prepare_git(call: &Call, path: Option<&str>) -> Result<GitRun, ApiError
         .map_err(crate::routes::shared::fs_error)?;
     let found = crate::runtime::file::blocking(move || {
         let beneath = base.open()?;
-        Ok::<_, crate::fs::FsError>(repo::discover(&beneath, &caller))
+        let found = repo::discover(&beneath, &caller).map(|repository| {
+            let plain = repo::config_names_no_program(&beneath, &repository);
+            (repository, plain)
+        });
+        Ok::<_, crate::fs::FsError>(found)
     })
     .await
     .map_err(|e| crate::api::errno::os_error(&e, None))?
     .map_err(crate::routes::shared::fs_error)?;
-    let repository = match found {
-        Ok(repository) => repository,
+    let (repository, plain_config) = match found {
+        Ok(found) => found,
         Err(RepoError::NotARepository) => {
             return Err(ApiError::bad_request(
                 "fatal: not a git repository (or any of the parent directories up to the base directory): .git",
@@ -219,6 +223,12 @@ async fn prepare_git(call: &Call, path: Option<&str>) -> Result<GitRun, ApiError
         }
     };
     let mut env = repo::environment(&call.services().environment.snapshot(), Some(&repository));
+    if plain_config {
+        // Nothing in the configuration can name a program: the listing would add no
+        // override to the fixed ones.
+        repo::add_overrides(&mut env, &repo::fixed_overrides());
+        return Ok(GitRun { cwd, env });
+    }
     let argv = ["git", "config", "--null", "--list"]
         .map(String::from)
         .to_vec();

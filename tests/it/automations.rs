@@ -10,6 +10,7 @@ use serde_json::{json, Value};
 
 use crate::agents_sessions::{run_fixture, Sandbox};
 use crate::faults::threads_named;
+use crate::support::Server;
 use crate::upstream::serve_upstream;
 
 const FIXTURE: &str = "agents_automations_sdk.py";
@@ -19,6 +20,21 @@ fn unix_now() -> u64 {
         .duration_since(UNIX_EPOCH)
         .unwrap()
         .as_secs()
+}
+
+/// `method path` with `body` as alice (every scope): the status and the JSON answer.
+fn as_alice(server: &Server, method: &str, path: &str, body: Option<Value>) -> (u16, Value) {
+    let body = body.map(|b| b.to_string());
+    let reply = server.request(
+        method,
+        path,
+        &[
+            ("Authorization", "Bearer alice-token"),
+            ("Content-Type", "application/json"),
+        ],
+        body.as_deref().map(str::as_bytes),
+    );
+    (reply.status, reply.json())
 }
 
 /// Runs fire by themselves, pause holds them, a restart keeps every automation and
@@ -78,19 +94,8 @@ fn a_run_is_refused_what_its_owner_is_refused_now() {
     let upstream = serve_upstream();
     let sandbox = Sandbox::new(&upstream);
     let server = sandbox.server_on("epoll", &[]);
-    let alice = |method: &str, path: &str, body: Option<Value>| {
-        let body = body.map(|b| b.to_string());
-        let reply = server.request(
-            method,
-            path,
-            &[
-                ("Authorization", "Bearer alice-token"),
-                ("Content-Type", "application/json"),
-            ],
-            body.as_deref().map(str::as_bytes),
-        );
-        (reply.status, reply.json())
-    };
+    let alice =
+        |method: &str, path: &str, body: Option<Value>| as_alice(&server, method, path, body);
     let (status, created) = alice(
         "POST",
         "/v1/agents/automations",
@@ -167,19 +172,8 @@ fn background_threads_run_only_while_there_is_work() {
     let sandbox = Sandbox::new(&upstream);
     let server = sandbox.server_with(&[]);
     let pid = server.child.id();
-    let alice = |method: &str, path: &str, body: Option<Value>| {
-        let body = body.map(|b| b.to_string());
-        let reply = server.request(
-            method,
-            path,
-            &[
-                ("Authorization", "Bearer alice-token"),
-                ("Content-Type", "application/json"),
-            ],
-            body.as_deref().map(str::as_bytes),
-        );
-        (reply.status, reply.json())
-    };
+    let alice =
+        |method: &str, path: &str, body: Option<Value>| as_alice(&server, method, path, body);
     let running = |name: &str| threads_named(pid, name) > 0;
     let eventually = |what: &str, done: &dyn Fn() -> bool| {
         let deadline = Instant::now() + Duration::from_secs(10);

@@ -67,11 +67,7 @@ pub fn start(
 ) {
     let (tx, rx) = mpsc::unbounded();
     {
-        let mut sender = agents
-            .automations()
-            .sender
-            .lock()
-            .unwrap_or_else(|e| e.into_inner());
+        let mut sender = agents.automations().lock();
         // Started once; later calls (each automation route asks) find it running.
         if sender.is_some() {
             return;
@@ -221,11 +217,7 @@ async fn run(
             // and the next job starts another (`Wake::send`), which reads the
             // schedule. Decided under the queue's lock, which a send holds, so no job
             // falls between.
-            let mut sender = agents
-                .automations()
-                .sender
-                .lock()
-                .unwrap_or_else(|e| e.into_inner());
+            let mut sender = agents.automations().lock();
             match rx.try_recv() {
                 Ok(job) => {
                     drop(sender);

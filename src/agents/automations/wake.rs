@@ -3,7 +3,7 @@
 //! surface, so the surface can hold it while the thread (`super::scheduler`) uses the
 //! surface.
 
-use std::sync::{Mutex, OnceLock};
+use std::sync::{Mutex, MutexGuard, OnceLock};
 
 use futures_channel::mpsc;
 
@@ -39,6 +39,12 @@ pub struct Wake {
 }
 
 impl Wake {
+    /// The queue's lock: held while a job is sent, and while the thread decides to
+    /// end, so none falls between.
+    pub fn lock(&self) -> MutexGuard<'_, Option<mpsc::UnboundedSender<Job>>> {
+        self.sender.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
     /// How [`Wake::send`] starts a thread when none runs (the routes', which hold
     /// what a delivery needs); the first one given stays.
     pub fn set_restart(&self, restart: Restart) {
@@ -51,7 +57,7 @@ impl Wake {
     /// next thread's read of the store.
     pub fn send(&self, job: Job) {
         {
-            let sender = self.sender.lock().unwrap_or_else(|e| e.into_inner());
+            let sender = self.lock();
             if let Some(tx) = sender.as_ref() {
                 let _ = tx.unbounded_send(job);
                 return;
@@ -61,7 +67,7 @@ impl Wake {
             return;
         };
         restart();
-        let sender = self.sender.lock().unwrap_or_else(|e| e.into_inner());
+        let sender = self.lock();
         if let Some(tx) = sender.as_ref() {
             let _ = tx.unbounded_send(job);
         }

@@ -120,11 +120,7 @@ pub fn enqueue<T: Transaction>(
 /// Hands committed deliveries to the delivering thread, starting it if needed (a new
 /// thread reads every queued delivery, these committed ones too).
 pub fn schedule(agents: &Arc<Agents>, due: Vec<Due>) {
-    let mut sender = agents
-        .webhooks()
-        .sender
-        .lock()
-        .unwrap_or_else(|e| e.into_inner());
+    let mut sender = agents.webhooks().lock();
     match sender.as_ref() {
         None => *sender = start(agents.clone(), Duration::ZERO),
         Some(tx) => {
@@ -139,11 +135,7 @@ pub fn schedule(agents: &Arc<Agents>, due: Vec<Due>) {
 /// left queued once start has settled ([`RESUME_AFTER_START`]). Deliveries scheduled
 /// meanwhile wait in its queue.
 pub fn resume(agents: &Arc<Agents>) {
-    let mut sender = agents
-        .webhooks()
-        .sender
-        .lock()
-        .unwrap_or_else(|e| e.into_inner());
+    let mut sender = agents.webhooks().lock();
     if sender.is_none() {
         *sender = start(agents.clone(), RESUME_AFTER_START);
     }
@@ -235,11 +227,7 @@ async fn deliver_all(
             // Nothing to send: the thread ends rather than idle, and the next
             // `schedule` starts another, which reads the store. Decided under the queue's
             // lock, which `schedule` holds while it sends, so no delivery falls between.
-            let mut sender = agents
-                .webhooks()
-                .sender
-                .lock()
-                .unwrap_or_else(|e| e.into_inner());
+            let mut sender = agents.webhooks().lock();
             match rx.try_recv() {
                 Ok(due) => {
                     drop(sender);

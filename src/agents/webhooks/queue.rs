@@ -3,7 +3,7 @@
 //! nothing of the agents surface, so the surface can hold it while the deliverer
 //! (`super::outbox`) uses the surface.
 
-use std::sync::Mutex;
+use std::sync::{Mutex, MutexGuard};
 
 use futures_channel::mpsc;
 
@@ -14,8 +14,16 @@ pub struct Due {
     pub id: String,
 }
 
-/// The delivering thread's queue, `None` until the thread is started.
+/// The delivering thread's queue, `None` while no thread runs.
 #[derive(Default)]
 pub struct Queue {
     pub sender: Mutex<Option<mpsc::UnboundedSender<Due>>>,
+}
+
+impl Queue {
+    /// The queue's lock: held while a delivery is sent, and while the thread decides
+    /// to end, so none falls between.
+    pub fn lock(&self) -> MutexGuard<'_, Option<mpsc::UnboundedSender<Due>>> {
+        self.sender.lock().unwrap_or_else(|e| e.into_inner())
+    }
 }

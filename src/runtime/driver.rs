@@ -1,8 +1,6 @@
 //! The choice of I/O driver. Its own module, not `runtime`'s root: [`super::file`] opens
 //! files for the driver in use, and the root re-exports `file`.
 
-use std::io;
-
 /// The event loop the workers run on.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum IoDriver {
@@ -47,18 +45,50 @@ pub fn choose_driver(choice: DriverChoice) -> Result<(IoDriver, Option<String>),
 }
 
 fn probe_uring() -> Result<(), String> {
-    match io_uring_setup_probe() {
-        Ok(()) if monoio::utils::detect_uring() => Ok(()),
-        Ok(()) => Err("the kernel lacks io_uring operations monoio needs".into()),
-        Err(e) => Err(e.to_string()),
+    // Honoured as monoio's own `detect_uring` honours it.
+    if std::env::var("MONOIO_FORCE_LEGACY_DRIVER")
+        .is_ok_and(|v| matches!(v.to_ascii_lowercase().as_str(), "1" | "true" | "yes"))
+    {
+        return Err("MONOIO_FORCE_LEGACY_DRIVER is set".into());
+    }
+    // One small ring asked which operations it has: `io_uring_setup` reports the real
+    // errno (EPERM under seccomp, ENOSYS on old kernels), `io_uring_register` is the
+    // probe. Building a monoio runtime and then monoio's `detect_uring` made two rings,
+    // an eventfd and a runtime to throw away: 0.19 ms of start, against about 0.05
+    // (docs/benchmarks.md, "Memory, start and size").
+    let ring = io_uring::IoUring::new(2).map_err(|e| e.to_string())?;
+    let mut probe = io_uring::Probe::new();
+    ring.submitter()
+        .register_probe(&mut probe)
+        .map_err(|e| e.to_string())?;
+    if MONOIO_OPS.iter().all(|op| probe.is_supported(*op)) {
+        Ok(())
+    } else {
+        Err("the kernel lacks io_uring operations monoio needs".into())
     }
 }
 
-/// Tries to build an io_uring runtime, which reports the real errno (EPERM under seccomp,
-/// ENOSYS on old kernels) rather than a bare yes/no.
-fn io_uring_setup_probe() -> io::Result<()> {
-    monoio::RuntimeBuilder::<monoio::IoUringDriver>::new()
-        .with_entries(8)
-        .build()
-        .map(drop)
-}
+/// The operations monoio 0.2's io_uring driver submits (its `detect_uring` list, for
+/// the features this build enables).
+const MONOIO_OPS: [u8; 17] = {
+    use io_uring::opcode::*;
+    [
+        Accept::CODE,
+        AsyncCancel::CODE,
+        Close::CODE,
+        Connect::CODE,
+        Fsync::CODE,
+        OpenAt::CODE,
+        PollAdd::CODE,
+        ProvideBuffers::CODE,
+        Read::CODE,
+        Readv::CODE,
+        Recv::CODE,
+        Send::CODE,
+        SendMsg::CODE,
+        RecvMsg::CODE,
+        Timeout::CODE,
+        Write::CODE,
+        Writev::CODE,
+    ]
+};

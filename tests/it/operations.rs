@@ -352,3 +352,112 @@ on_both_drivers!(
     health_check_flag_probes_the_server,
     trickling_bodies_hold_no_memory_and_are_cut_off,
 );
+
+/// A seccomp filter that refuses the three io_uring system calls with EPERM, as
+/// Docker's default profile does, installed in the child before it runs the server.
+fn refuse_io_uring(command: &mut Command) {
+    use std::os::unix::process::CommandExt;
+    // SAFETY: between fork and exec the closure makes three system calls and touches
+    // only its own stack.
+    unsafe {
+        command.pre_exec(|| {
+            const LD_NR: u16 = (libc::BPF_LD | libc::BPF_W | libc::BPF_ABS) as u16;
+            const JEQ: u16 = (libc::BPF_JMP | libc::BPF_JEQ | libc::BPF_K) as u16;
+            const RET: u16 = (libc::BPF_RET | libc::BPF_K) as u16;
+            let stmt = |code, k| libc::sock_filter {
+                code,
+                jt: 0,
+                jf: 0,
+                k,
+            };
+            let jump_if = |k: i64, jt| libc::sock_filter {
+                code: JEQ,
+                jt,
+                jf: 0,
+                k: k as u32,
+            };
+            let filter = [
+                // seccomp_data.nr is the first word.
+                stmt(LD_NR, 0),
+                jump_if(libc::SYS_io_uring_setup, 3),
+                jump_if(libc::SYS_io_uring_enter, 2),
+                jump_if(libc::SYS_io_uring_register, 1),
+                stmt(RET, libc::SECCOMP_RET_ALLOW),
+                stmt(RET, libc::SECCOMP_RET_ERRNO | libc::EPERM as u32),
+            ];
+            let program = libc::sock_fprog {
+                len: filter.len() as u16,
+                filter: filter.as_ptr() as *mut libc::sock_filter,
+            };
+            if libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0
+                || libc::syscall(
+                    libc::SYS_seccomp,
+                    libc::SECCOMP_SET_MODE_FILTER,
+                    0,
+                    &program as *const libc::sock_fprog,
+                ) != 0
+            {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+}
+
+/// Where a seccomp profile refuses io_uring (Docker's default), `auto` serves on epoll
+/// and says why, and `--io-driver uring` refuses to start with the reason.
+#[test]
+fn refused_io_uring_falls_back_to_epoll() {
+    let dir = TempDir::new("seccomp");
+    let mut command = Command::new(MAIN_BIN);
+    command
+        .args(["--host", "127.0.0.1", "--port", "0", "--pty-port", "0"])
+        .arg("--base-dir")
+        .arg(dir.path())
+        .env("ABX_STATE_DIR", dir.path().join("state"))
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    refuse_io_uring(&mut command);
+    let mut child = command.spawn().unwrap();
+    let mut out = BufReader::new(child.stdout.take().unwrap());
+    let (mut banner, mut line) = (String::new(), String::new());
+    while !line.starts_with("listening on ") {
+        line.clear();
+        assert!(out.read_line(&mut line).unwrap() > 0, "no 'listening on'");
+        if line.starts_with("agent-sandbox ") {
+            banner = line.clone();
+        }
+    }
+    let addr = line.trim().trim_start_matches("listening on ").to_string();
+    assert!(banner.contains("io_driver=epoll"), "{banner}");
+    let mut stream = TcpStream::connect(&addr).unwrap();
+    stream
+        .write_all(b"GET /health HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n")
+        .unwrap();
+    assert_eq!(read_reply(&mut BufReader::new(stream)).unwrap().status, 200);
+    child.kill().unwrap();
+    let output = child.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        stderr.contains("io_uring is not available (Operation not permitted")
+            && stderr.contains("falling back to epoll"),
+        "{stderr}"
+    );
+
+    let mut command = Command::new(MAIN_BIN);
+    command
+        .args(["--port", "0", "--pty-port", "0", "--io-driver", "uring"])
+        .arg("--base-dir")
+        .arg(dir.path())
+        .env("ABX_STATE_DIR", dir.path().join("state"));
+    refuse_io_uring(&mut command);
+    let output = command.output().unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr
+            .contains("--io-driver uring: io_uring is not available here (Operation not permitted"),
+        "{stderr}"
+    );
+}

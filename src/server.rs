@@ -68,7 +68,13 @@ impl Server {
 
     /// Adds a custom route with the contract's defaults (auth required, not streaming);
     /// its endpoint id is `"METHOD /path"`. Use [`Server::endpoint`] for other options.
-    pub fn route(self, method: Method, path: &str, group: Group, handler: Handler) -> Server {
+    pub fn route(
+        self,
+        method: Method,
+        path: impl Into<crate::api::Text>,
+        group: Group,
+        handler: Handler,
+    ) -> Server {
         self.endpoint(Endpoint::new(method, path, group, handler))
     }
 

@@ -159,23 +159,28 @@ pub enum Listener {
 /// A JSON Schema, built on demand.
 pub type Schema = fn() -> Value;
 
+/// A declaration's text: borrowed from the binary for the built-in table (which is
+/// built at every start, and copying its strings was most of its allocations), owned
+/// for routes declared at run time (the Python bridge's, an embedding program's).
+pub type Text = std::borrow::Cow<'static, str>;
+
 /// Everything the table says about one endpoint except how it is served: what
 /// `/capabilities`, the policy engine and the router read.
 #[derive(Clone, Debug)]
 pub struct EndpointSpec {
-    pub id: String,
+    pub id: Text,
     /// Former ids a policy document may still name (each named one is a startup
     /// warning): the ids this server used before it took the reference server's.
-    pub aliases: Vec<String>,
+    pub aliases: Vec<Text>,
     pub method: Method,
     /// Path pattern with `{name}` segments.
-    pub path: String,
+    pub path: Text,
     pub group: Group,
-    pub summary: String,
+    pub summary: Text,
     pub auth_required: bool,
     pub streaming: bool,
     /// Scopes the caller needs besides a valid credential.
-    pub scopes: Vec<String>,
+    pub scopes: Vec<Text>,
     pub params: Vec<Param>,
     pub limits: Map<String, Value>,
     pub body: BodyMode,
@@ -229,14 +234,15 @@ impl EndpointSpec {
     /// A spec with the contract's defaults: auth required, not streaming, no scopes,
     /// params or limits, a JSON body, the contract's error envelope. The id defaults to
     /// `"METHOD /path"`, as custom routes are named.
-    pub fn new(method: Method, path: &str, group: Group) -> EndpointSpec {
+    pub fn new(method: Method, path: impl Into<Text>, group: Group) -> EndpointSpec {
+        let path = path.into();
         EndpointSpec {
-            id: format!("{} {}", method.as_str(), path),
+            id: Text::Owned(format!("{} {}", method.as_str(), path)),
             aliases: Vec::new(),
             method,
-            path: path.to_string(),
+            path,
             group,
-            summary: String::new(),
+            summary: Text::Borrowed(""),
             auth_required: true,
             streaming: false,
             scopes: Vec::new(),

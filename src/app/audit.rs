@@ -19,7 +19,7 @@ pub fn answered(catalog: &Catalog, index: usize, identity: &str, status: u16, co
 }
 
 fn write(catalog: &Catalog, index: usize, identity: &str, status: u16, code: Option<&str>) {
-    let mode = catalog.decisions[index].audit.as_str();
+    let mode = catalog.decisions[index].audit.as_ref();
     let denied = matches!(status, 401 | 403 | 404 | 413 | 429) || code.is_some();
     if mode == "off" || (mode == "deny" && !denied) {
         return;

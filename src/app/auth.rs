@@ -39,8 +39,8 @@ impl Identity {
     }
 
     /// The first scope in `required` this identity lacks.
-    pub fn missing_scope<'a>(&self, required: &'a [String]) -> Option<&'a str> {
-        required.iter().find(|r| !self.can(r)).map(String::as_str)
+    pub fn missing_scope<'a, S: AsRef<str>>(&self, required: &'a [S]) -> Option<&'a str> {
+        required.iter().map(AsRef::as_ref).find(|r| !self.can(r))
     }
 }
 
@@ -510,10 +510,7 @@ mod tests {
             scopes: vec!["agents:use".into()],
         };
         assert!(id.has_scopes(&["agents:use".into()]));
-        assert_eq!(
-            id.missing_scope(&["files:write".into()]),
-            Some("files:write")
-        );
+        assert_eq!(id.missing_scope(&["files:write"]), Some("files:write"));
     }
 
     #[test]

@@ -548,7 +548,7 @@ impl Service for ApiService {
                 sink: Box::new(SinkAnswers {
                     sink,
                     style,
-                    id,
+                    id: id.to_string(),
                     slots,
                 }),
             },

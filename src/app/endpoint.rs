@@ -12,7 +12,9 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 
-use crate::api::{ApiError, BodyMode, EndpointSpec, Group, Listener, Method, Param, UnknownFields};
+use crate::api::{
+    ApiError, BodyMode, EndpointSpec, Group, Listener, Method, Param, Text, UnknownFields,
+};
 use crate::http::{LocalFuture, Response};
 use serde_json::Value;
 
@@ -69,7 +71,9 @@ pub enum Serve<C, U> {
 
 /// One endpoint of the table: the spec and how it is served.
 pub struct Endpoint<C, U> {
-    pub spec: EndpointSpec,
+    /// Boxed: the table is built at every start and each builder step moves the
+    /// endpoint, so it stays a few words (the spec alone is over 300 bytes).
+    pub spec: Box<EndpointSpec>,
     pub serve: Serve<C, U>,
     /// A WebSocket the same route opens on the API port when the request asks for the
     /// upgrade (after the same admission); other requests reach `serve`.
@@ -106,9 +110,9 @@ impl<C, U> Endpoint<C, U> {
     /// A new endpoint with the contract's defaults: auth required, not streaming, no
     /// scopes, params or limits, a JSON body. The id defaults to `"METHOD /path"`
     /// (custom routes).
-    pub fn new(method: Method, path: &str, group: Group, handler: Handler<C>) -> Self {
+    pub fn new(method: Method, path: impl Into<Text>, group: Group, handler: Handler<C>) -> Self {
         Self {
-            spec: EndpointSpec::new(method, path, group),
+            spec: Box::new(EndpointSpec::new(method, path, group)),
             serve: Serve::Handler(handler),
             upgrade: None,
         }
@@ -118,21 +122,26 @@ impl<C, U> Endpoint<C, U> {
     /// policies, `/capabilities` and `/capabilities/check`) that this build does not
     /// serve: always off with rule `build:unavailable`, and a request for it is 404
     /// `endpoint_disabled` saying `reason`.
-    pub fn not_served(method: Method, path: &str, group: Group, reason: &'static str) -> Self {
+    pub fn not_served(
+        method: Method,
+        path: impl Into<Text>,
+        group: Group,
+        reason: &'static str,
+    ) -> Self {
         Self {
-            spec: EndpointSpec::new(method, path, group),
+            spec: Box::new(EndpointSpec::new(method, path, group)),
             serve: Serve::Unavailable(reason),
             upgrade: None,
         }
     }
 
     /// A WebSocket endpoint on the PTY port.
-    pub fn websocket(path: &str, group: Group, handler: UpgradeHandler<U>) -> Self {
+    pub fn websocket(path: impl Into<Text>, group: Group, handler: UpgradeHandler<U>) -> Self {
         let mut spec = EndpointSpec::new(Method::Get, path, group);
         spec.body = BodyMode::Upgrade;
         spec.listener = Listener::Pty;
         Self {
-            spec,
+            spec: Box::new(spec),
             serve: Serve::Upgrade(handler),
             upgrade: None,
         }
@@ -185,11 +194,16 @@ impl<C, U> Endpoint<C, U> {
 
     /// An endpoint whose JSON body streams into the sink `json` opens (see
     /// [`BodyMode::StreamedJson`]).
-    pub fn streamed(method: Method, path: &str, group: Group, json: SinkHandler<C>) -> Self {
+    pub fn streamed(
+        method: Method,
+        path: impl Into<Text>,
+        group: Group,
+        json: SinkHandler<C>,
+    ) -> Self {
         let mut spec = EndpointSpec::new(method, path, group);
         spec.body = BodyMode::StreamedJson;
         Self {
-            spec,
+            spec: Box::new(spec),
             serve: Serve::Sinks { json, raw: None },
             upgrade: None,
         }
@@ -208,27 +222,28 @@ impl<C, U> Endpoint<C, U> {
         self
     }
 
-    pub fn id(mut self, id: &str) -> Self {
-        self.spec.id = id.to_string();
+    pub fn id(mut self, id: impl Into<Text>) -> Self {
+        self.spec.id = id.into();
         self
     }
     /// An id this endpoint had before it took the reference server's, which policy
     /// documents may still name.
-    pub fn formerly(mut self, id: &str) -> Self {
-        self.spec.aliases.push(id.to_string());
+    pub fn formerly(mut self, id: impl Into<Text>) -> Self {
+        self.spec.aliases.push(id.into());
         self
     }
     /// Gives the endpoint the id `id`, keeping its current one as a former id that
     /// policy documents may still name.
-    pub fn renamed(mut self, id: &str) -> Self {
-        let old = std::mem::replace(&mut self.spec.id, id.to_string());
-        if old != id {
+    pub fn renamed(mut self, id: impl Into<Text>) -> Self {
+        let id = id.into();
+        let old = std::mem::replace(&mut self.spec.id, id);
+        if old != self.spec.id {
             self.spec.aliases.push(old);
         }
         self
     }
-    pub fn summary(mut self, summary: &str) -> Self {
-        self.spec.summary = summary.to_string();
+    pub fn summary(mut self, summary: impl Into<Text>) -> Self {
+        self.spec.summary = summary.into();
         self
     }
     pub fn auth_required(mut self, required: bool) -> Self {
@@ -244,8 +259,8 @@ impl<C, U> Endpoint<C, U> {
         self.spec.errors = style;
         self
     }
-    pub fn scopes(mut self, scopes: &[&str]) -> Self {
-        self.spec.scopes = scopes.iter().map(|s| s.to_string()).collect();
+    pub fn scopes<S: Clone + Into<Text>>(mut self, scopes: &[S]) -> Self {
+        self.spec.scopes = scopes.iter().cloned().map(Into::into).collect();
         self
     }
     pub fn params(mut self, params: &[Param]) -> Self {

@@ -254,7 +254,7 @@ mod tests {
                     continue;
                 }
                 let method = spec.method.as_str().to_ascii_lowercase();
-                let operation = &doc["paths"][&spec.path][&method];
+                let operation = &doc["paths"][&*spec.path][&method];
                 assert_eq!(operation["operationId"], json!(spec.id), "{}", spec.id);
                 let capabilities: BTreeSet<String> = match spec.params_json() {
                     Value::Object(params) => params.keys().cloned().collect(),

@@ -144,7 +144,7 @@ async fn capabilities(call: Call) -> Result<Response, ApiError> {
                 );
             }
         }
-        endpoints.insert(ep.id.clone(), Value::Object(entry));
+        endpoints.insert(ep.id.to_string(), Value::Object(entry));
     }
     let groups: Map<String, Value> = summary
         .iter()

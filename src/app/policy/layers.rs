@@ -11,6 +11,8 @@
 //! bucket that says anything vote, and one `false` among them disables: a glob that
 //! turns everything off is not undone by a glob of the same rank that turns one on.
 
+use std::borrow::Cow;
+
 use serde_json::{Map, Value};
 
 use crate::api::{EndpointSpec, Group};
@@ -127,12 +129,18 @@ pub struct Layer {
     pub rank: u8,
     pub rule: EndpointRule,
     /// Where the rule comes from (`policy:endpoints.shell`, `preset:hardened:groups.process`),
-    /// named by a refusal it decides.
-    pub origin: String,
+    /// named by a refusal it decides. Borrowed where it is fixed: every endpoint an
+    /// opt-in group's default decides carries it, and a copy each was start-up work.
+    pub origin: Cow<'static, str>,
 }
 
 impl Layer {
-    pub fn switch(selector: Selector, rank: u8, enabled: bool, origin: String) -> Layer {
+    pub fn switch(
+        selector: Selector,
+        rank: u8,
+        enabled: bool,
+        origin: impl Into<Cow<'static, str>>,
+    ) -> Layer {
         Layer {
             selector,
             rank,
@@ -140,7 +148,7 @@ impl Layer {
                 enabled: Some(enabled),
                 ..EndpointRule::default()
             },
-            origin,
+            origin: origin.into(),
         }
     }
 }
@@ -151,10 +159,10 @@ pub struct Merged {
     pub enabled: bool,
     /// The origin of the layer that decided `enabled` (the first `false` among the
     /// deciding bucket), or `None` when no layer spoke.
-    pub enabled_by: Option<String>,
+    pub enabled_by: Option<Cow<'static, str>>,
     pub scopes: Option<(Vec<String>, String)>,
     pub knobs: Map<String, Value>,
-    pub audit: String,
+    pub audit: Cow<'static, str>,
 }
 
 /// Puts `layers` in application order: by selector kind, rank and specificity, the
@@ -175,7 +183,7 @@ const UNION: [&str; 6] = [
 ];
 
 /// The `enabled` votes of one (selector kind, rank): each with the origin of its rule.
-type Bucket<'a> = ((u8, u8), Vec<(bool, &'a str)>);
+type Bucket<'a> = ((u8, u8), Vec<(bool, &'a Cow<'static, str>)>);
 
 /// Merges the layers (in application order) that select `endpoint`. `apply` turns a
 /// layer's rule into knobs for this endpoint (translating the reference's names).
@@ -187,7 +195,7 @@ pub fn merge(
     let mut buckets: Vec<Bucket<'_>> = Vec::new();
     let mut scopes = None;
     let mut knobs = Map::new();
-    let mut audit = "deny".to_string();
+    let mut audit = Cow::Borrowed("deny");
     for layer in ordered {
         if !layer.selector.matches(endpoint) {
             continue;
@@ -207,7 +215,7 @@ pub fn merge(
             scopes = Some((s.clone(), format!("{}.scopes", layer.origin)));
         }
         if let Some(a) = &layer.rule.audit {
-            audit = a.clone();
+            audit = Cow::Owned(a.clone());
         }
         if layer.rule.sets_knobs() {
             for (name, value) in apply(&layer.rule, endpoint) {
@@ -218,8 +226,8 @@ pub fn merge(
     let (enabled, enabled_by) = match buckets.last() {
         None => (true, None),
         Some((_, votes)) => match votes.iter().find(|(on, _)| !on) {
-            Some((_, origin)) => (false, Some(origin.to_string())),
-            None => (true, Some(votes[0].1.to_string())),
+            Some((_, origin)) => (false, Some((*origin).clone())),
+            None => (true, Some(votes[0].1.clone())),
         },
     };
     Merged {
@@ -275,7 +283,7 @@ mod tests {
     use crate::api::Method;
     use serde_json::json;
 
-    fn spec(id: &str, group: Group) -> EndpointSpec {
+    fn spec(id: &'static str, group: Group) -> EndpointSpec {
         let mut spec = EndpointSpec::new(Method::Get, "/x", group);
         spec.id = id.into();
         spec
@@ -294,11 +302,11 @@ mod tests {
             selector: Selector::parse(sel).unwrap(),
             rank,
             rule,
-            origin: format!("r{rank}:{sel}"),
+            origin: format!("r{rank}:{sel}").into(),
         }
     }
 
-    fn merged(layers: &[Layer], id: &str, group: Group) -> Merged {
+    fn merged(layers: &[Layer], id: &'static str, group: Group) -> Merged {
         let mut order = layers.to_vec();
         put_in_order(&mut order);
         merge(&spec(id, group), &order, |r, _| r.knobs.clone())

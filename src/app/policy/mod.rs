@@ -17,6 +17,7 @@ pub mod layers;
 pub mod presets;
 pub mod pydumps;
 
+use std::borrow::Cow;
 use std::path::{Path, PathBuf};
 
 use serde_json::{Map, Value};
@@ -72,22 +73,47 @@ pub struct Policy {
 pub struct Decision {
     pub enabled: bool,
     /// The rule that decided, reported whenever the endpoint is off.
-    pub rule: String,
-    /// The 404 message for a disabled endpoint.
-    pub message: Option<String>,
+    pub rule: Cow<'static, str>,
     /// Scopes required of the caller (the endpoint's own, or the policy's override).
-    pub scopes: Vec<String>,
-    pub scopes_rule: String,
+    pub scopes: Vec<crate::api::Text>,
+    /// The rule that set `scopes` when a layer did (see [`Decision::scopes_rule`]).
+    scopes_set_by: Option<String>,
     /// The endpoint's limits with the policy's knobs on top, as `/capabilities` shows
     /// them.
     pub limits: Map<String, Value>,
     /// The knobs the policy set for this endpoint, which its route enforces.
     pub knobs: Map<String, Value>,
     /// Which requests leave an audit line: `off`, `deny` (refusals) or `all`.
-    pub audit: String,
+    pub audit: Cow<'static, str>,
 }
 
 impl Decision {
+    /// The 404 message for `endpoint` when this decision keeps it off. Worded when a
+    /// refusal needs it, not at start: most of the table is off by default (the opt-in
+    /// groups), and wording every one was a fifth of deciding the table.
+    pub fn message(&self, endpoint: &EndpointSpec, unavailable: Option<&str>) -> Option<String> {
+        if self.enabled {
+            return None;
+        }
+        let (id, g, rule) = (&endpoint.id, endpoint.group.name(), &self.rule);
+        Some(match unavailable {
+            Some(reason) => format!("Endpoint '{id}' is not available: {reason}"),
+            None if rule.starts_with("default:opt-in:") => format!(
+                "Endpoint '{id}' is disabled: group '{g}' is opt-in. Enable the group (ABX_SERVER_ENABLED_GROUPS={g}, policy groups: [{g}]) or this endpoint (policy endpoints.{id}.enabled: true)"
+            ),
+            None => format!("Endpoint '{id}' is disabled by rule {rule}"),
+        })
+    }
+
+    /// The rule that decided `scopes` for the endpoint `id`: a policy's, or the
+    /// endpoint's own declaration.
+    pub fn scopes_rule(&self, id: &str) -> Cow<'_, str> {
+        match &self.scopes_set_by {
+            Some(rule) => Cow::Borrowed(rule),
+            None => Cow::Owned(format!("default:scopes:{id}")),
+        }
+    }
+
     /// A whole-number knob (a byte count, a depth), if the policy set it.
     pub fn knob_u64(&self, name: &str) -> Option<u64> {
         self.knobs.get(name).and_then(Value::as_u64)
@@ -488,7 +514,7 @@ impl Policy {
                     selector: Selector::parse(key)?,
                     rank: RANK_POLICY,
                     rule: parse_rule(rule, &format!("endpoints.{key}"))?,
-                    origin: format!("policy:endpoints.{key}"),
+                    origin: format!("policy:endpoints.{key}").into(),
                 });
             }
         }
@@ -551,7 +577,7 @@ impl Policy {
             else {
                 return Err(format!(
                     "{at}: unknown endpoint{}; GET /capabilities lists every id",
-                    suggest(id, endpoints.clone().map(|e| e.id.as_str()))
+                    suggest(id, endpoints.clone().map(|e| e.id.as_ref()))
                 ));
             };
             if endpoint.id != *id {
@@ -608,14 +634,7 @@ impl Policy {
         let mut all: Vec<Layer> = Group::ALL
             .into_iter()
             .filter(|g| g.opt_in())
-            .map(|g| {
-                Layer::switch(
-                    Selector::Group(g),
-                    RANK_DEFAULT,
-                    false,
-                    format!("default:opt-in:{}", g.name()),
-                )
-            })
+            .map(|g| Layer::switch(Selector::Group(g), RANK_DEFAULT, false, opt_in_rule(g)))
             .collect();
         all.extend(code_groups.iter().map(|(g, on)| {
             let verb = if *on { "enable_group" } else { "disable_group" };
@@ -632,7 +651,7 @@ impl Policy {
                 Selector::Group(*g),
                 RANK_ENV,
                 true,
-                "env:ABX_SERVER_ENABLED_GROUPS".into(),
+                "env:ABX_SERVER_ENABLED_GROUPS",
             )
         }));
         layers::put_in_order(&mut all);
@@ -649,47 +668,71 @@ pub struct Decider {
 impl Decider {
     /// Whether `endpoint` answers, with which scopes and knobs, and by which rule.
     pub fn decide(&self, endpoint: &EndpointSpec, unavailable: Option<&str>) -> Decision {
-        let id = endpoint.id.as_str();
         let merged = layers::merge(endpoint, &self.layers, |rule, endpoint| {
             let mut knobs = applied_knobs(rule, endpoint);
             knobs.retain(|name, _| applies(endpoint, name));
             knobs
         });
-        let (scopes, scopes_rule) = merged
-            .scopes
-            .unwrap_or_else(|| (endpoint.scopes.clone(), format!("default:scopes:{id}")));
+        let (scopes, scopes_set_by) = match merged.scopes {
+            Some((scopes, rule)) => (scopes.into_iter().map(Cow::Owned).collect(), Some(rule)),
+            None => (endpoint.scopes.clone(), None),
+        };
         let mut limits = endpoint.limits.clone();
         for (name, value) in &merged.knobs {
             limits.insert(name.clone(), value.clone());
         }
-        let g = endpoint.group.name();
         let (enabled, rule) = if endpoint.group == Group::Core {
-            (true, "default:core".to_string())
+            (true, Cow::Borrowed("default:core"))
         } else if unavailable.is_some() {
-            (false, "build:unavailable".to_string())
+            (false, Cow::Borrowed("build:unavailable"))
         } else {
             (
                 merged.enabled,
-                merged.enabled_by.unwrap_or_else(|| format!("default:{g}")),
+                merged
+                    .enabled_by
+                    .unwrap_or_else(|| default_rule(endpoint.group)),
             )
         };
-        let message = (!enabled).then(|| match unavailable {
-            Some(reason) => format!("Endpoint '{id}' is not available: {reason}"),
-            None if rule.starts_with("default:opt-in:") => format!(
-                "Endpoint '{id}' is disabled: group '{g}' is opt-in. Enable the group (ABX_SERVER_ENABLED_GROUPS={g}, policy groups: [{g}]) or this endpoint (policy endpoints.{id}.enabled: true)"
-            ),
-            None => format!("Endpoint '{id}' is disabled by rule {rule}"),
-        });
         Decision {
             enabled,
             rule,
-            message,
             scopes,
-            scopes_rule,
+            scopes_set_by,
             limits,
             knobs: merged.knobs,
             audit: merged.audit,
         }
+    }
+}
+
+/// `default:<group>`: the rule of an endpoint no layer decided. Spelled out, so
+/// deciding the table at start copies no string.
+fn default_rule(group: Group) -> Cow<'static, str> {
+    Cow::Borrowed(match group {
+        Group::Core => "default:core",
+        Group::Commands => "default:commands",
+        Group::FileOps => "default:file_ops",
+        Group::Process => "default:process",
+        Group::Terminal => "default:terminal",
+        Group::System => "default:system",
+        Group::DevTools => "default:dev_tools",
+        Group::Browser => "default:browser",
+        Group::Agents => "default:agents",
+        Group::Mcp => "default:mcp",
+        Group::K8sRuntime => "default:k8s_runtime",
+        Group::Envd => "default:envd",
+    })
+}
+
+/// `default:opt-in:<group>`: the rule that keeps an opt-in group off.
+fn opt_in_rule(group: Group) -> Cow<'static, str> {
+    match group {
+        Group::DevTools => Cow::Borrowed("default:opt-in:dev_tools"),
+        Group::Browser => Cow::Borrowed("default:opt-in:browser"),
+        Group::Agents => Cow::Borrowed("default:opt-in:agents"),
+        Group::K8sRuntime => Cow::Borrowed("default:opt-in:k8s_runtime"),
+        Group::Envd => Cow::Borrowed("default:opt-in:envd"),
+        other => Cow::Owned(format!("default:opt-in:{}", other.name())),
     }
 }
 
@@ -1126,7 +1169,7 @@ mod tests {
 
     fn ep(id: &str, group: Group) -> EndpointSpec {
         let mut spec = EndpointSpec::new(Method::Get, "/x", group);
-        spec.id = id.to_string();
+        spec.id = id.to_string().into();
         // What the real declarations say of the ids these tests name (the table
         // itself is pinned by `routes::tests::presets_follow_the_declarations`).
         match id {
@@ -1405,13 +1448,13 @@ mod tests {
             let policy = Policy::from_value(doc.clone(), true).unwrap();
             let decision = policy.decide_with(endpoint, unavailable, env, code);
             assert_eq!(
-                (decision.enabled, decision.rule.as_str()),
+                (decision.enabled, &*decision.rule),
                 (enabled, rule),
                 "{doc} {}",
                 endpoint.id
             );
             assert_eq!(
-                decision.message.is_some(),
+                decision.message(endpoint, unavailable).is_some(),
                 !enabled,
                 "a refusal says why: {rule}"
             );
@@ -1473,6 +1516,15 @@ mod tests {
         }
     }
 
+    /// The spelled-out rule names say what the group's name would.
+    #[test]
+    fn default_rules_name_their_group() {
+        for g in Group::ALL {
+            assert_eq!(default_rule(g), format!("default:{}", g.name()));
+            assert_eq!(opt_in_rule(g), format!("default:opt-in:{}", g.name()));
+        }
+    }
+
     #[test]
     fn defaults_enable_all_but_opt_in_groups() {
         let p = Policy::empty();
@@ -1480,7 +1532,7 @@ mod tests {
         assert!(!d.enabled);
         assert_eq!(d.rule, "default:opt-in:dev_tools");
         assert_eq!(
-            d.message.unwrap(),
+            d.message(&ep("code_run", Group::DevTools), None).unwrap(),
             "Endpoint 'code_run' is disabled: group 'dev_tools' is opt-in. Enable the group (ABX_SERVER_ENABLED_GROUPS=dev_tools, policy groups: [dev_tools]) or this endpoint (policy endpoints.code_run.enabled: true)"
         );
         assert!(p.decide(&ep("shell", Group::Process), None, &[]).enabled);
@@ -1499,20 +1551,14 @@ mod tests {
         )
         .unwrap();
         let d = p.decide(&ep("shell", Group::Process), None, &[]);
-        assert_eq!(
-            (d.enabled, d.rule.as_str()),
-            (false, "policy:groups.process")
-        );
+        assert_eq!((d.enabled, &*d.rule), (false, "policy:groups.process"));
         let d = p.decide(&ep("process_list", Group::Process), None, &[]);
         assert_eq!(
-            (d.enabled, d.rule.as_str()),
+            (d.enabled, &*d.rule),
             (true, "policy:endpoints.process_list")
         );
         let d = p.decide(&ep("code_run", Group::DevTools), None, &[Group::DevTools]);
-        assert_eq!(
-            (d.enabled, d.rule.as_str()),
-            (false, "policy:endpoints.code_run")
-        );
+        assert_eq!((d.enabled, &*d.rule), (false, "policy:endpoints.code_run"));
         let d = p.decide(&ep("git_status", Group::DevTools), None, &[]);
         assert!(d.enabled);
     }
@@ -1521,10 +1567,7 @@ mod tests {
     fn server_groups_list_enables() {
         let p = Policy::from_value(json!({"server": {"groups": ["agents"]}}), true).unwrap();
         let d = p.decide(&ep("agents_x", Group::Agents), None, &[]);
-        assert_eq!(
-            (d.enabled, d.rule.as_str()),
-            (true, "policy:server.groups.agents")
-        );
+        assert_eq!((d.enabled, &*d.rule), (true, "policy:server.groups.agents"));
     }
 
     #[test]
@@ -1602,7 +1645,7 @@ mod tests {
         assert_eq!(d.audit, "all");
         let d = p.decide(&ep("browser_navigate", Group::Browser), None, &[]);
         assert_eq!(
-            (d.enabled, d.rule.as_str()),
+            (d.enabled, &*d.rule),
             (false, "policy:endpoints.group:browser")
         );
         // The environment's group switch ranks above the document's, as there.
@@ -1612,7 +1655,7 @@ mod tests {
             &[Group::Browser],
         );
         assert_eq!(
-            (d.enabled, d.rule.as_str()),
+            (d.enabled, &*d.rule),
             (true, "env:ABX_SERVER_ENABLED_GROUPS")
         );
         // A limit the endpoint does not apply, on that endpoint by name, stops the server.
@@ -1648,7 +1691,7 @@ mod tests {
         );
         let d = transfer.decide(&ep("shell", Group::Process), None, &[]);
         assert_eq!(
-            (d.enabled, d.rule.as_str()),
+            (d.enabled, &*d.rule),
             (false, "preset:transfer-only:endpoints.*"),
             "a group switch does not undo the preset's glob"
         );

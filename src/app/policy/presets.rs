@@ -101,7 +101,7 @@ pub fn layers(name: &str) -> Vec<Layer> {
                         .unwrap_or_default(),
                     ..EndpointRule::default()
                 },
-                origin: origin("endpoints.files_*"),
+                origin: origin("endpoints.files_*").into(),
             });
             out.push(Layer {
                 selector: Selector::Defaults,
@@ -110,7 +110,7 @@ pub fn layers(name: &str) -> Vec<Layer> {
                     audit: Some("deny".into()),
                     ..EndpointRule::default()
                 },
-                origin: origin("defaults"),
+                origin: origin("defaults").into(),
             });
             out
         }
@@ -126,6 +126,6 @@ fn declared(name: &str, rule: fn(&EndpointSpec) -> Option<bool>) -> Layer {
         selector: Selector::Declared(rule),
         rank: RANK_PRESET,
         rule: EndpointRule::default(),
-        origin: format!("preset:{name}"),
+        origin: format!("preset:{name}").into(),
     }
 }

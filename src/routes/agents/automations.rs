@@ -54,7 +54,7 @@ fn fields(create: bool) -> Vec<Param> {
 }
 
 pub fn endpoints() -> Vec<Endpoint> {
-    let member = |method, path: &str, id, summary, h, extra: Vec<Param>| {
+    let member = |method, path: &'static str, id: &'static str, summary, h, extra: Vec<Param>| {
         let mut params = vec![Param::path(ID)];
         params.extend(extra);
         route(method, path, id, summary, h)
@@ -113,7 +113,7 @@ pub fn endpoints() -> Vec<Endpoint> {
         ),
         member(
             Method::Post,
-            &format!("{MEMBER}/pause"),
+            "/v1/agents/automations/{automation_id}/pause",
             "agents_automations_pause",
             "No scheduled run until resumed.",
             handler(pause),
@@ -121,7 +121,7 @@ pub fn endpoints() -> Vec<Endpoint> {
         ),
         member(
             Method::Post,
-            &format!("{MEMBER}/resume"),
+            "/v1/agents/automations/{automation_id}/resume",
             "agents_automations_resume",
             "Scheduled runs again, from the next occurrence.",
             handler(resume),
@@ -129,7 +129,7 @@ pub fn endpoints() -> Vec<Endpoint> {
         ),
         member(
             Method::Post,
-            &format!("{MEMBER}/invocations"),
+            "/v1/agents/automations/{automation_id}/invocations",
             "agents_automations_invocations_create",
             "Run the target now; the schedule does not move.",
             handler(invoke),
@@ -137,7 +137,7 @@ pub fn endpoints() -> Vec<Endpoint> {
         ),
         route(
             Method::Get,
-            &format!("{MEMBER}/invocations"),
+            "/v1/agents/automations/{automation_id}/invocations",
             "agents_automations_invocations_list",
             "An automation's runs.",
             handler(runs),
@@ -146,7 +146,7 @@ pub fn endpoints() -> Vec<Endpoint> {
         .extension(),
         route(
             Method::Get,
-            &format!("{MEMBER}/invocations/{{{RUN_ID}}}"),
+            "/v1/agents/automations/{automation_id}/invocations/{invocation_id}",
             "agents_automations_invocations_get",
             "One run of an automation.",
             handler(run),

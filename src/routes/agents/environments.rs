@@ -137,7 +137,7 @@ pub fn endpoints() -> Vec<Endpoint> {
         .into_iter()
         .map(|endpoint| {
             let applies_paths = matches!(
-                endpoint.spec.id.as_str(),
+                endpoint.spec.id.as_ref(),
                 "environments_create" | "environment_files_create" | "environment_files_list"
             );
             if applies_paths {

@@ -17,7 +17,7 @@ pub fn endpoints() -> Vec<Endpoint> {
                 .doc("What the session's codex was given for one MCP server.")])
             // The capability is the credential: codex sends no token.
             .auth_required(false)
-            .scopes(&[])
+            .scopes::<&str>(&[])
             .extension()
             // The MCP server's own statuses pass through; 502 when it cannot be reached.
             .also_answers(&[202, 405, 502])

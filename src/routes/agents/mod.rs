@@ -39,7 +39,13 @@ use crate::app::{handler, Call, Endpoint};
 /// The scope every agents route needs by default.
 const SCOPE: &str = "agents:use";
 
-fn route(method: Method, path: &str, id: &str, summary: &str, h: crate::app::Handler) -> Endpoint {
+fn route(
+    method: Method,
+    path: impl Into<crate::api::Text>,
+    id: impl Into<crate::api::Text>,
+    summary: &'static str,
+    h: crate::app::Handler,
+) -> Endpoint {
     Endpoint::new(method, path, Group::Agents, h)
         .id(id)
         .summary(summary)
@@ -54,21 +60,29 @@ fn route(method: Method, path: &str, id: &str, summary: &str, h: crate::app::Han
 }
 
 pub fn endpoints() -> Vec<Endpoint> {
-    let mut endpoints = runtimes::endpoints();
-    endpoints.extend(responses::endpoints());
-    endpoints.extend(conversations::endpoints());
     // Saved agents' `/v1/agents/{agent_id}` is matched after every literal path of
     // `/v1/agents/...` (runtimes, environments, executors, sessions): the router tries
     // literal segments first, whatever the order here.
-    endpoints.extend(saved::endpoints());
-    endpoints.extend(automations::endpoints());
-    endpoints.extend(environments::endpoints());
-    endpoints.extend(vaults::endpoints());
-    endpoints.extend(sessions::endpoints());
-    endpoints.extend(webhooks::endpoints());
-    endpoints.extend(files::endpoints());
-    endpoints.extend(mcp_relay::endpoints());
-    endpoints.extend(model_relay::endpoints());
+    let parts = [
+        runtimes::endpoints(),
+        responses::endpoints(),
+        conversations::endpoints(),
+        saved::endpoints(),
+        automations::endpoints(),
+        environments::endpoints(),
+        vaults::endpoints(),
+        sessions::endpoints(),
+        webhooks::endpoints(),
+        files::endpoints(),
+        mcp_relay::endpoints(),
+        model_relay::endpoints(),
+    ];
+    // Sized once, as the whole table is (`routes::builtin_endpoints`); the four
+    // executor refusals below are the rest.
+    let mut endpoints = Vec::with_capacity(parts.iter().map(Vec::len).sum::<usize>() + 4);
+    for part in parts {
+        endpoints.extend(part);
+    }
     endpoints.extend([
         route(
             Method::Post,

@@ -22,7 +22,7 @@ pub fn endpoints() -> Vec<Endpoint> {
     .params(&[Param::path("capability").doc("What one Claude Code process was given.")])
     // The capability is the credential: the CLI sends only a placeholder key.
     .auth_required(false)
-    .scopes(&[])
+    .scopes::<&str>(&[])
     .extension()
     // The model API's own statuses pass through; 502 when it cannot be reached.
     .also_answers(&[400, 401, 403, 429, 500, 502, 529])]

@@ -200,7 +200,7 @@ pub fn adopt(endpoints: Vec<Endpoint>) -> Vec<Endpoint> {
                 .iter()
                 .find(|(m, p, _)| *m == method && *p == path)
             {
-                Some((_, _, id)) => endpoint.renamed(id),
+                Some((_, _, id)) => endpoint.renamed(*id),
                 None => endpoint,
             }
         })

@@ -225,7 +225,7 @@ impl Resource {
             params.extend(op.params);
             let refuses = params.iter().any(|p| p.location == ParamIn::Body);
             let id = format!("{}_{}", self.name, op.verb);
-            let mut endpoint = route(op.method, &path, &id, op.summary, handler).params(&params);
+            let mut endpoint = route(op.method, path, id, op.summary, handler).params(&params);
             if refuses {
                 // A field the runtime cannot honour is never accepted and ignored.
                 endpoint = endpoint.refuse_unknown_fields();
@@ -276,7 +276,13 @@ mod tests {
         .endpoints();
         let seen: Vec<(String, &str, String)> = routes
             .iter()
-            .map(|e| (e.spec.id.clone(), e.spec.method_name(), e.spec.path.clone()))
+            .map(|e| {
+                (
+                    e.spec.id.to_string(),
+                    e.spec.method_name(),
+                    e.spec.path.to_string(),
+                )
+            })
             .collect();
         let base = "/v1/conversations/{conversation_id}/items";
         assert_eq!(

@@ -27,7 +27,7 @@ fn fields() -> Vec<Param> {
 
 pub fn endpoints() -> Vec<Endpoint> {
     // The path parameter first, then the body's (`params` replaces the list).
-    let member = |method, path: &str, id, summary, h, body: Vec<Param>| {
+    let member = |method, path: &'static str, id: &'static str, summary, h, body: Vec<Param>| {
         let mut params = vec![Param::path(ID)];
         params.extend(body);
         route(method, path, id, summary, h).params(&params)
@@ -75,7 +75,7 @@ pub fn endpoints() -> Vec<Endpoint> {
         ),
         member(
             Method::Post,
-            &format!("{MEMBER}/rotate_secret"),
+            "/v1/webhook_endpoints/{webhook_endpoint_id}/rotate_secret",
             "agents_webhooks_rotate_secret",
             "A new signing secret, answered this once.",
             handler(rotate),
@@ -86,7 +86,7 @@ pub fn endpoints() -> Vec<Endpoint> {
         ),
         member(
             Method::Post,
-            &format!("{MEMBER}/test"),
+            "/v1/webhook_endpoints/{webhook_endpoint_id}/test",
             "agents_webhooks_test",
             "Send one signed test event now and answer the receiver's status.",
             handler(test),

@@ -26,7 +26,12 @@ const DNS_TIMEOUT: Duration = Duration::from_secs(10);
 /// Clicks per `click_count` at most (a triple click selects a paragraph).
 const MAX_CLICKS: u64 = 10;
 
-fn post(path: &str, id: &str, summary: &str, f: fn(Call) -> Handled) -> Endpoint {
+fn post(
+    path: &'static str,
+    id: &'static str,
+    summary: &'static str,
+    f: fn(Call) -> Handled,
+) -> Endpoint {
     Endpoint::new(Method::Post, path, Group::Browser, handler(f))
         .id(id)
         // Running a script in the page is its own scope, as on the reference server.
@@ -43,7 +48,12 @@ fn post(path: &str, id: &str, summary: &str, f: fn(Call) -> Handled) -> Endpoint
         .watch_peer()
 }
 
-fn get(path: &str, id: &str, summary: &str, f: fn(Call) -> Handled) -> Endpoint {
+fn get(
+    path: &'static str,
+    id: &'static str,
+    summary: &'static str,
+    f: fn(Call) -> Handled,
+) -> Endpoint {
     Endpoint::new(Method::Get, path, Group::Browser, handler(f))
         .id(id)
         // Running a script in the page is its own scope, as on the reference server.

@@ -30,19 +30,18 @@ pub fn endpoints(routes: &[RouteEntry]) -> Result<Vec<Endpoint>, String> {
             })?;
             let name = route.name.clone();
             let streaming = route.streaming;
-            let scopes: Vec<&str> = route.scopes.iter().map(String::as_str).collect();
             let mut endpoint = Endpoint::new(
                 method,
-                &route.path,
+                route.path.clone(),
                 group,
                 handler(move |call| serve(call, name.clone(), streaming)),
             )
-            .id(&route.name)
+            .id(route.name.clone())
             .auth_required(route.auth_required)
             .streaming(route.streaming)
-            .scopes(&scopes);
+            .scopes(&route.scopes);
             if !route.summary.is_empty() {
-                endpoint = endpoint.summary(&route.summary);
+                endpoint = endpoint.summary(route.summary.clone());
             }
             Ok(endpoint)
         })

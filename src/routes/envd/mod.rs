@@ -17,7 +17,7 @@ use std::sync::Arc;
 use crate::api::{ErrorStyle, Group, Listener, Method};
 use crate::app::{handler, sink_handler, Endpoint, Handler};
 
-fn rpc(path: &str, id: &str, f: Handler) -> Endpoint {
+fn rpc(path: &'static str, id: &'static str, f: Handler) -> Endpoint {
     Endpoint::new(Method::Post, path, Group::Envd, f)
         .id(id)
         .extension()
@@ -25,7 +25,7 @@ fn rpc(path: &str, id: &str, f: Handler) -> Endpoint {
         .errors(ErrorStyle::Connect)
 }
 
-fn rest(method: Method, path: &str, id: &str, f: Handler) -> Endpoint {
+fn rest(method: Method, path: &'static str, id: &'static str, f: Handler) -> Endpoint {
     Endpoint::new(method, path, Group::Envd, f)
         .id(id)
         .extension()

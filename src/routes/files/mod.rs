@@ -415,7 +415,7 @@ mod tests {
     fn spec(id: &str) -> crate::api::EndpointSpec {
         endpoints()
             .into_iter()
-            .map(|e| e.spec)
+            .map(|e| *e.spec)
             .find(|s| s.id == id)
             .unwrap_or_else(|| panic!("{id} is not declared"))
     }

@@ -496,7 +496,7 @@ mod tests {
     fn the_streaming_parser_accepts_the_declared_fields() {
         for endpoint in crate::routes::builtin_endpoints() {
             let spec = &endpoint.spec;
-            if !matches!(spec.id.as_str(), "upload" | "files_upload_stream") {
+            if !matches!(spec.id.as_ref(), "upload" | "files_upload_stream") {
                 continue;
             }
             let body: Vec<&Param> = (spec.params.iter())

@@ -384,7 +384,7 @@ async fn call_tool(call: &Call, params: &Value) -> Result<Value, String> {
         ));
     }
     let spec = &endpoint.spec;
-    let mut path = spec.path.clone();
+    let mut path = spec.path.to_string();
     let mut query = Vec::new();
     let mut body = Map::new();
     for (key, value) in arguments {

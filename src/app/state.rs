@@ -524,16 +524,13 @@ impl Catalog {
 
     /// Whether `identity` may call endpoint `index`.
     pub fn access(&self, index: usize, identity: &Identity) -> Access<'_> {
-        let decision = &self.decisions[index];
+        let (endpoint, decision) = (&self.endpoints[index], &self.decisions[index]);
         if !decision.enabled {
             return Access {
                 allowed: false,
                 code: Some("endpoint_disabled"),
                 rule: Some(std::borrow::Cow::Borrowed(&decision.rule)),
-                reason: decision.message(
-                    &self.endpoints[index].spec,
-                    self.endpoints[index].unavailable(),
-                ),
+                reason: decision.message(&endpoint.spec, endpoint.unavailable()),
                 scope: None,
             };
         }
@@ -541,10 +538,10 @@ impl Catalog {
             return Access {
                 allowed: false,
                 code: Some("missing_scope"),
-                rule: Some(decision.scopes_rule(&self.endpoints[index].spec.id)),
+                rule: Some(decision.scopes_rule(&endpoint.spec.id)),
                 reason: Some(format!(
                     "Identity '{}' lacks scope '{scope}' required by endpoint '{}'",
-                    identity.id, self.endpoints[index].spec.id
+                    identity.id, endpoint.spec.id
                 )),
                 scope: Some(scope),
             };

@@ -54,8 +54,8 @@ fn probe_uring() -> Result<(), String> {
     // One small ring asked which operations it has: `io_uring_setup` reports the real
     // errno (EPERM under seccomp, ENOSYS on old kernels), `io_uring_register` is the
     // probe. Building a monoio runtime and then monoio's `detect_uring` made two rings,
-    // an eventfd and a runtime to throw away: 0.19 ms of start, against about 0.05
-    // (docs/benchmarks.md, "Memory, start and size").
+    // an eventfd and a runtime to throw away: 0.21-0.27 ms of start, against 0.12-0.17
+    // for this (docs/benchmarks.md, "Sixth session").
     let ring = io_uring::IoUring::new(2).map_err(|e| e.to_string())?;
     let mut probe = io_uring::Probe::new();
     ring.submitter()

@@ -9,9 +9,10 @@
 //! connection can wait for the client and for something else at once and drop either
 //! wait without losing bytes.
 
+use std::cell::Cell;
 use std::collections::VecDeque;
 use std::io::{self, Read, Write};
-use std::os::fd::AsRawFd;
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd};
 
 use monoio::io::AsyncWriteRentExt;
 use monoio::net::TcpStream;
@@ -26,6 +27,8 @@ pub const MAX_MESSAGE_BYTES: usize = 1024 * 1024;
 
 /// The most tungstenite takes from `incoming` per read (see [`WebSocket::new`]).
 const READ_BUFFER_BYTES: usize = 4096;
+/// The most one `recv` from the socket asks for.
+const RECV_PIECE: usize = 16 * 1024;
 
 /// The `101 Switching Protocols` answer to a valid opening handshake, or why the
 /// request is not one (answered 400 by the caller).
@@ -101,6 +104,10 @@ pub struct WebSocket {
     socket: tungstenite::WebSocket<Buffers>,
     /// How long one write may wait for a client that does not read.
     write_timeout: std::time::Duration,
+    /// The last `recv` found the kernel empty and the socket has not been seen readable
+    /// since: [`WebSocket::try_receive`] then answers from what it holds without asking
+    /// the kernel again (a keystroke's turn asked it up to four times, three in vain).
+    drained: Cell<bool>,
 }
 
 impl WebSocket {
@@ -126,11 +133,14 @@ impl WebSocket {
             stream,
             socket: tungstenite::WebSocket::from_raw_socket(buffers, Role::Server, Some(config)),
             write_timeout,
+            drained: Cell::new(false),
         }
     }
 
     /// The next message the client has already sent, without waiting: `Ok(None)` when
-    /// nothing complete is there yet. Pings are answered (on the next flush).
+    /// nothing complete is there yet. Pings are answered (on the next flush). After an
+    /// `Ok(None)` the kernel is asked again only once [`WebSocket::readable`] resolved
+    /// or the caller said the socket is readable ([`WebSocket::readable_again`]).
     pub fn try_receive(&mut self) -> io::Result<Option<Received>> {
         loop {
             match self.socket.read() {
@@ -139,17 +149,28 @@ impl WebSocket {
                 Ok(Message::Close(_)) => return Ok(Some(Received::Closed)),
                 Ok(_) => {}
                 Err(tungstenite::Error::Io(e)) if e.kind() == io::ErrorKind::WouldBlock => {
+                    if self.drained.get() {
+                        return Ok(None);
+                    }
                     // Take what the kernel holds, without waiting (into memory that is
                     // not zero-filled first: only what arrives is read back).
-                    let mut piece = [std::mem::MaybeUninit::<u8>::uninit(); 16 * 1024];
+                    let mut piece = [std::mem::MaybeUninit::<u8>::uninit(); RECV_PIECE];
                     match rustix::net::recv(
                         socket_fd(&self.stream),
                         &mut piece,
                         rustix::net::RecvFlags::DONTWAIT,
                     ) {
                         Ok((([], _), _)) => return Ok(Some(Received::Closed)),
-                        Ok(((arrived, _), _)) => self.socket.get_mut().incoming.extend(&*arrived),
-                        Err(rustix::io::Errno::AGAIN) => return Ok(None),
+                        Ok(((arrived, _), _)) => {
+                            // Less than asked for: the kernel had no more. The next ask
+                            // waits for readiness, which answers at once if more came.
+                            self.drained.set(arrived.len() < RECV_PIECE);
+                            self.socket.get_mut().incoming.extend(&*arrived);
+                        }
+                        Err(rustix::io::Errno::AGAIN) => {
+                            self.drained.set(true);
+                            return Ok(None);
+                        }
                         Err(rustix::io::Errno::INTR) => {}
                         Err(e) => return Err(e.into()),
                     }
@@ -168,7 +189,17 @@ impl WebSocket {
         if !self.socket.get_ref().incoming.is_empty() {
             return Ok(());
         }
-        self.stream.readable(false).await
+        let ready = self.stream.readable(false).await;
+        // An error too is for the next `recv` to report.
+        self.readable_again();
+        ready
+    }
+
+    /// Says the socket became readable, for a caller that waits on it by its own means
+    /// (through [`AsFd`]) so its wait can outlive a turn: the next
+    /// [`WebSocket::try_receive`] asks the kernel again.
+    pub fn readable_again(&self) {
+        self.drained.set(false);
     }
 
     /// Queues a text message and sends everything queued.
@@ -197,10 +228,32 @@ impl WebSocket {
     /// Sends whatever tungstenite has queued (answers to pings, a close echo).
     pub async fn flush(&mut self) -> io::Result<()> {
         let _ = self.socket.flush();
-        let pending = std::mem::take(&mut self.socket.get_mut().outgoing);
-        if pending.is_empty() {
+        let outgoing = &mut self.socket.get_mut().outgoing;
+        if outgoing.is_empty() {
             return Ok(());
         }
+        // A message usually fits in the socket's send buffer: one non-blocking `send`,
+        // where the ring's write would cost a submission, a completion, a wake-up of
+        // this task and a timer. The ring takes only what the buffer had no room for.
+        let mut sent = 0;
+        while sent < outgoing.len() {
+            let flags = rustix::net::SendFlags::DONTWAIT | rustix::net::SendFlags::NOSIGNAL;
+            match rustix::net::send(socket_fd(&self.stream), &outgoing[sent..], flags) {
+                Ok(n) => sent += n,
+                Err(rustix::io::Errno::AGAIN) => break,
+                Err(rustix::io::Errno::INTR) => {}
+                Err(e) => {
+                    outgoing.clear();
+                    return Err(e.into());
+                }
+            }
+        }
+        if sent == outgoing.len() {
+            outgoing.clear();
+            return Ok(());
+        }
+        let mut pending = std::mem::take(outgoing);
+        pending.drain(..sent);
         // A client that stops reading for this long is gone: its connection (and what
         // it holds, such as a deleted session) is let go.
         let (written, buffer) =
@@ -221,8 +274,14 @@ impl WebSocket {
     }
 }
 
+impl AsFd for WebSocket {
+    fn as_fd(&self) -> BorrowedFd<'_> {
+        socket_fd(&self.stream)
+    }
+}
+
 /// The socket's descriptor for a non-blocking `recv` beside the runtime's own I/O.
-fn socket_fd(stream: &TcpStream) -> std::os::fd::BorrowedFd<'_> {
+fn socket_fd(stream: &TcpStream) -> BorrowedFd<'_> {
     // SAFETY: the descriptor belongs to `stream`, which outlives the borrow.
-    unsafe { std::os::fd::BorrowedFd::borrow_raw(stream.as_raw_fd()) }
+    unsafe { BorrowedFd::borrow_raw(stream.as_raw_fd()) }
 }

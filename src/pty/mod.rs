@@ -54,6 +54,11 @@ pub fn stall() -> Duration {
             .map_or(STALL, Duration::from_secs)
     })
 }
+/// A read of the master shorter than this most likely emptied it: a terminal hands out
+/// up to its line discipline's 4 KiB buffer per read, so a program writing faster than
+/// we read fills the reads, and one that wrote less is caught up with. Either way the
+/// readiness wait that follows a short read answers at once if more is there.
+const SHORT_READ: usize = 1024;
 /// What one log entry costs beyond its text (entry and allocation), counted against
 /// the log's size so a program writing a byte at a time cannot hold more memory.
 const LOG_EVENT_OVERHEAD: usize = 64;
@@ -189,10 +194,11 @@ impl Session {
     }
 
     /// Writes keystrokes to the terminal, waiting (on this worker's driver) while the
-    /// terminal's input queue is full.
-    pub async fn input(&self, data: &[u8]) -> io::Result<()> {
+    /// terminal's input queue is full, until `deadline` (then `TimedOut`). The deadline
+    /// arms a timer only if the queue is full: a keystroke that fits costs one `write`.
+    pub async fn input(&self, data: &[u8], deadline: Instant) -> io::Result<()> {
         self.touch();
-        let (_, written) = pipe::write_all(&self.master, data).await;
+        let (_, written) = pipe::write_all_until(&self.master, data, deadline).await;
         written
     }
 
@@ -433,6 +439,17 @@ async fn read_until_closed(
         }
         match rustix::io::read(&session.master, &mut *piece) {
             Ok(0) => break,
+            Ok(n) if n < SHORT_READ => {
+                // The terminal had no more than this (an echo, a prompt): the readiness
+                // wait below answers at once if more came meanwhile, and a keystroke's
+                // echo costs one `read` instead of two.
+                gathered.push_str(&text.decode(&piece[..n]));
+                append(session, std::mem::take(&mut gathered));
+                reads_without_waiting = 0;
+                if ready.readable().await.is_err() {
+                    break;
+                }
+            }
             Ok(n) => {
                 gathered.push_str(&text.decode(&piece[..n]));
                 if gathered.len() >= piece.len() {

@@ -805,6 +805,37 @@ print("ok")
     run_sdk_script(script, &server);
 }
 
+/// Messages that reach the responses socket in one read are each answered: the second
+/// one waits inside the WebSocket, not in the kernel, so waiting for readiness before
+/// looking would leave it unanswered until the client sent something else.
+#[test]
+fn the_responses_socket_answers_messages_that_came_in_one_read() {
+    let upstream = serve_upstream();
+    let home = TempDir::new("agents-home");
+    let server = agents_server(&upstream, &home, &[]);
+    let stream = std::net::TcpStream::connect(server.addr).unwrap();
+    stream
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    let url = format!("ws://{}/v1/responses", server.addr);
+    let (mut ws, _) = tungstenite::client(url.as_str(), stream).unwrap();
+    let mut both = Vec::new();
+    for kind in ["response.nope", "response.nope.again"] {
+        let text = json!({"type": kind}).to_string();
+        let mask = [0x11u8, 0x22, 0x33, 0x44];
+        both.extend([0x81, 0x80 | text.len() as u8]);
+        both.extend(mask);
+        both.extend(text.bytes().zip(mask.iter().cycle()).map(|(b, m)| b ^ m));
+    }
+    ws.get_mut().write_all(&both).unwrap();
+    for _ in 0..2 {
+        let message = ws.read().expect("an error event for each message");
+        let event: Value = serde_json::from_str(message.to_text().unwrap()).unwrap();
+        assert_eq!(event["type"], "error", "{event}");
+        assert_eq!(event["error"]["param"], "type", "{event}");
+    }
+}
+
 /// Every object and event of every phase-1 route, validated by the pinned `openai` SDK's
 /// own pydantic models (`tests/fixtures/openai_phase1_models.py`): a field that SDK
 /// requires and this server leaves out fails here.

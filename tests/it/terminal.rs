@@ -797,7 +797,46 @@ fn a_stalled_reader_is_closed_and_the_others_go_on(driver: &'static str) {
     assert_eq!(closed_with(&mut stalled), 4008);
 }
 
+/// A client frame as a client sends it: text, final, masked.
+fn masked_text_frame(text: &str) -> Vec<u8> {
+    let payload = text.as_bytes();
+    assert!(payload.len() < 126, "a short frame");
+    let mask = [0x37, 0xfa, 0x21, 0x3d];
+    let mut frame = vec![0x81, 0x80 | payload.len() as u8];
+    frame.extend_from_slice(&mask);
+    frame.extend(payload.iter().zip(mask.iter().cycle()).map(|(b, m)| b ^ m));
+    frame
+}
+
+/// The server reads the kernel again only after the socket is seen readable, and takes
+/// several messages from one read: three frames in one write are all applied with
+/// nothing sent after them, and a frame that arrives in two writes 300 ms apart is
+/// applied once whole.
+fn frames_in_one_write_and_a_frame_in_two(driver: &'static str) {
+    use std::io::Write;
+    let server = Server::start(driver);
+    let id = new_session(&server);
+    let mut ws = connect(&server, &id);
+    next_event(&mut ws);
+    let mut three = Vec::new();
+    for part in ["echo one-", "two-", "three$((6*7))\n"] {
+        let message = json!({"type": "input", "data": part}).to_string();
+        three.extend(masked_text_frame(&message));
+    }
+    ws.get_mut().write_all(&three).unwrap();
+    read_output_until(&mut ws, "one-two-three42");
+
+    let split =
+        masked_text_frame(&json!({"type": "input", "data": "echo split-$((6*7))\n"}).to_string());
+    let (head, tail) = split.split_at(split.len() / 2);
+    ws.get_mut().write_all(head).unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    ws.get_mut().write_all(tail).unwrap();
+    read_output_until(&mut ws, "split-42");
+}
+
 on_both_drivers!(
+    frames_in_one_write_and_a_frame_in_two,
     a_slow_reader_loses_no_output,
     a_stalled_reader_is_closed_and_the_others_go_on,
     the_socket_needs_the_terminal_scope,

@@ -575,14 +575,16 @@ mod socket {
             if let Some(message) = self.held.pop_front() {
                 return Some(message);
             }
+            // What the socket already holds first: frames that came in one read wait
+            // inside the WebSocket, where a readiness wait would not see them.
             loop {
-                if self.socket.readable().await.is_err() {
-                    return None;
-                }
                 match self.socket.try_receive() {
                     Ok(Some(message)) => return Some(message),
                     Ok(None) => {}
                     Err(_) => return None,
+                }
+                if self.socket.readable().await.is_err() {
+                    return None;
                 }
             }
         }
@@ -612,10 +614,6 @@ mod socket {
 
         async fn gone(&mut self) {
             loop {
-                if self.socket.readable().await.is_err() {
-                    self.closed = true;
-                    return;
-                }
                 match self.socket.try_receive() {
                     Ok(Some(Received::Closed)) | Err(_) => {
                         self.closed = true;
@@ -623,6 +621,10 @@ mod socket {
                     }
                     Ok(Some(message)) => self.held.push_back(message),
                     Ok(None) => {}
+                }
+                if self.socket.readable().await.is_err() {
+                    self.closed = true;
+                    return;
                 }
             }
         }

@@ -10,6 +10,7 @@
 //! attached (the log keeps the newest 1 MiB while nobody is attached) is announced with
 //! `event: dropped`.
 
+use std::os::fd::AsFd;
 use std::sync::Arc;
 
 use monoio::net::TcpStream;
@@ -19,6 +20,7 @@ use crate::api::{Group, Param};
 use crate::app::{Endpoint, Upgraded};
 use crate::http::websocket::{Received, WebSocket};
 use crate::pty::Session;
+use crate::runtime::ready::Readiness;
 
 /// About the most output one `output` message carries (a single log entry may be a
 /// little larger, up to one read of the terminal).
@@ -97,9 +99,25 @@ async fn serve(upgraded: Upgraded, stream: TcpStream, leftover: Vec<u8>) {
     // From the oldest output kept: a client that reconnects gets what it missed. While
     // attached, the terminal is read no faster than this socket takes its output.
     let following = session.follow();
+    // The wait for the client's next message lives across turns: output that wakes the
+    // loop leaves it armed, where a wait made per turn was cancelled and made again for
+    // every echo.
+    let arrivals = match Readiness::new(ws.as_fd()) {
+        Ok(arrivals) => arrivals,
+        Err(error) => {
+            let _ = ws.close(CLOSE_INTERNAL, &error.to_string()).await;
+            return;
+        }
+    };
+    let mut arrival = std::pin::pin!(arrivals.readable());
+    let mut arrival_pending = true;
     let mut cursor = 0u64;
     let mut first_page = true;
     loop {
+        if !arrival_pending {
+            arrival.set(arrivals.readable());
+            arrival_pending = true;
+        }
         let seen = session.changed.version();
         if following.evicted() {
             let reason = format!(
@@ -184,7 +202,13 @@ async fn serve(upgraded: Upgraded, stream: TcpStream, leftover: Vec<u8>) {
             return;
         }
         monoio::select! {
-            ready = ws.readable() => if ready.is_err() { return },
+            ready = &mut arrival, if arrival_pending => {
+                if ready.is_err() {
+                    return;
+                }
+                arrival_pending = false;
+                ws.readable_again();
+            }
             _ = session.changed.changed(seen) => {}
             _ = upgraded.reloaded(policy_seen) => {}
         }
@@ -194,24 +218,53 @@ async fn serve(upgraded: Upgraded, stream: TcpStream, leftover: Vec<u8>) {
 /// Writes keystrokes, giving up after [`INPUT_WAIT`] when the terminal's input queue
 /// stays full; `Err` is the `error` message to send back.
 async fn give_input(session: &Session, data: &[u8]) -> Result<(), Value> {
-    match monoio::time::timeout(INPUT_WAIT, session.input(data)).await {
-        Ok(Ok(())) => Ok(()),
-        Ok(Err(e)) => Err(
-            json!({"type": "error", "message": format!("the terminal did not take the input: {e}")}),
-        ),
-        Err(_) => Err(
+    let deadline = std::time::Instant::now() + INPUT_WAIT;
+    match session.input(data, deadline).await {
+        Ok(()) => Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::TimedOut => Err(
             json!({"type": "error", "message": "the terminal's input queue stayed full (the program is not reading); some input was not delivered"}),
+        ),
+        Err(e) => Err(
+            json!({"type": "error", "message": format!("the terminal did not take the input: {e}")}),
         ),
     }
 }
 
+/// The `output` message, written without building a JSON object first.
+#[derive(serde::Serialize)]
+struct Output<'a> {
+    #[serde(rename = "type")]
+    kind: &'static str,
+    data: &'a str,
+}
+
 async fn send_output(ws: &mut WebSocket, data: String) -> std::io::Result<()> {
-    ws.send_text(json!({"type": "output", "data": data}).to_string())
-        .await
+    let message = Output {
+        kind: "output",
+        data: &data,
+    };
+    let text = serde_json::to_string(&message).map_err(std::io::Error::other)?;
+    ws.send_text(text).await
+}
+
+/// The message a keystroke comes in, read in place. Anything else (or anything odd:
+/// a duplicate key, a `data` that is not a string) goes the general way, which words
+/// the errors.
+#[derive(serde::Deserialize)]
+struct Input<'a> {
+    #[serde(rename = "type", borrow)]
+    kind: std::borrow::Cow<'a, str>,
+    #[serde(borrow)]
+    data: std::borrow::Cow<'a, str>,
 }
 
 /// Applies one client message; `Err` is an `error` message to send back.
 async fn handle(session: &Session, text: &str) -> Result<(), Value> {
+    if let Ok(input) = serde_json::from_str::<Input>(text) {
+        if input.kind == "input" {
+            return give_input(session, input.data.as_bytes()).await;
+        }
+    }
     let error = |message: String| json!({"type": "error", "message": message});
     let message: Value =
         serde_json::from_str(text).map_err(|e| error(format!("messages are JSON objects: {e}")))?;

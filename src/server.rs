@@ -195,13 +195,6 @@ impl Server {
         if let Some((uid, gid)) = self.config.child_user {
             crate::process::spawn::set_child_user(uid, gid)?;
         }
-        // Also before any thread: the guardian is forked. As a container's PID 1 the
-        // kernel ends every process of the namespace when the server dies.
-        if std::process::id() != 1 {
-            if let Err(e) = crate::process::guardian::start() {
-                crate::log!("warning: cannot start the guardian ({e}); children will outlive a server that is killed");
-            }
-        }
         raise_open_file_limit();
         mark_inherited_descriptors_cloexec();
         let choice = match self.config.io_driver {

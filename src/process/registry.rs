@@ -44,6 +44,7 @@ impl ChildRegistry {
     /// group id is its pid. While it runs, the orphan reaper leaves every zombie alone,
     /// so it can never take the exit status of a child that is not registered yet.
     pub fn spawn_registered(&self, spawn: impl FnOnce() -> io::Result<i32>) -> io::Result<i32> {
+        guardian::ensure_started();
         self.lock().spawning += 1;
         let spawned = spawn();
         let mut state = self.lock();
@@ -61,6 +62,7 @@ impl ChildRegistry {
 
     /// Records a child started by other means (tests).
     pub fn register(&self, pgid: i32) {
+        guardian::ensure_started();
         self.lock().groups.insert(pgid);
         guardian::watch(pgid);
     }

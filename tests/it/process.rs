@@ -667,6 +667,47 @@ fn children_do_not_outlive_a_killed_server(driver: &'static str) {
     assert_all_end(&all, "server killed");
 }
 
+/// The server's child processes named `name` (by `/proc/<pid>/stat`).
+fn children_named(parent: u32, name: &str) -> Vec<i64> {
+    let mut found = Vec::new();
+    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(pid) = entry.file_name().to_string_lossy().parse::<i64>() else {
+            continue;
+        };
+        let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+            continue;
+        };
+        let Some((head, rest)) = stat.rsplit_once(')') else {
+            continue;
+        };
+        let comm = head.split_once('(').map_or("", |(_, c)| c);
+        let ppid = rest
+            .split_whitespace()
+            .nth(1)
+            .and_then(|p| p.parse::<u32>().ok());
+        if comm == name && ppid == Some(parent) {
+            found.push(pid);
+        }
+    }
+    found
+}
+
+/// The guardian is forked with the first child, not at start: a server that starts
+/// no process has none, and the first process brings exactly one, which stays.
+fn the_guardian_comes_with_the_first_child(driver: &'static str) {
+    let server = Server::start(driver);
+    let pid = server.child.id();
+    assert_eq!(server.get("/health").status, 200);
+    assert_eq!(children_named(pid, "abx-guardian"), Vec::<i64>::new());
+    let reply = server.post_value("/shell", json!({"command": "true"}));
+    assert_eq!(reply.status, 200, "{}", reply.text());
+    let guardians = children_named(pid, "abx-guardian");
+    assert_eq!(guardians.len(), 1, "{guardians:?}");
+    let reply = server.post_value("/shell", json!({"command": "true"}));
+    assert_eq!(reply.status, 200, "{}", reply.text());
+    assert_eq!(children_named(pid, "abx-guardian"), guardians);
+}
+
 fn at_most_a_hundred_processes(driver: &'static str) {
     let server = Server::start(driver);
     let pids: Vec<i64> = (0..100)
@@ -1155,6 +1196,7 @@ fn a_large_shell_output_costs_less_than_three_times_its_size(driver: &'static st
 }
 
 on_both_drivers!(
+    the_guardian_comes_with_the_first_child,
     as_pid_1_orphans_are_reaped,
     open_streams_cost_no_threads,
     shell_runs_commands_as_the_contract_says,

@@ -156,8 +156,8 @@ impl Server {
 
     /// Binds, prints the startup lines, and serves until SIGTERM/SIGINT.
     pub fn run(self) -> Result<(), String> {
-        // Before any thread exists, so every thread inherits the blocked mask and only the
-        // signal thread sees SIGTERM/SIGINT.
+        // Before any thread exists, so every thread inherits the blocked mask and only
+        // `handle_signals`, on this thread at the end, sees SIGTERM/SIGINT.
         shutdown::block_termination_signals();
         // Secrets leave the environment before anything can copy it (the guardian's
         // fork, a child), and the process's memory is closed to its own user.
@@ -302,7 +302,7 @@ impl Server {
         }
         crate::log::stdout_line(format_args!("listening on {bound}"));
         let factory = Arc::new(service_factory(state.clone(), shutdown.clone(), slots));
-        let workers = runtime::start_workers(per_worker, driver, shutdown.clone(), pool, factory)
+        runtime::start_workers(per_worker, driver, shutdown.clone(), pool, factory)
             .map_err(|e| format!("cannot start worker threads: {e}"))?;
         // Groups' background work that calls routes in-process starts now, with the
         // app state whole.
@@ -316,11 +316,11 @@ impl Server {
         runtime::memory::spawn_trimmer(shutdown.clone());
         let children_state = state.clone();
         let reload_state = state.clone();
-        shutdown::spawn_signal_thread(
+        shutdown::handle_signals(
             shutdown,
             state.config.shutdown_grace,
             Box::new(move || {
-                // A reload must never take the signal thread (and so shutdown) with it.
+                // A reload must never take the signal handling (and so shutdown) with it.
                 let reloaded = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
                     reload_state.reload_policy()
                 }));
@@ -346,11 +346,6 @@ impl Server {
                 }
             }),
         )
-        .map_err(|e| format!("cannot start the signal thread: {e}"))?;
-        for worker in workers {
-            let _ = worker.join();
-        }
-        Ok(())
     }
 }
 

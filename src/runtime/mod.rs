@@ -91,19 +91,19 @@ pub fn bind_all(addr: SocketAddr, workers: usize) -> io::Result<(Vec<StdListener
 pub type WorkerListeners = Vec<(usize, StdListener)>;
 
 /// Starts one worker thread per entry of `listeners`. Each worker calls `make_service`
-/// once per listener slot, on its own thread, and serves that listener with it.
+/// once per listener slot, on its own thread, and serves that listener with it until
+/// the process exits.
 pub fn start_workers<S, F>(
     listeners: Vec<WorkerListeners>,
     driver: IoDriver,
     shutdown: Arc<Shutdown>,
     pool: BlockingPool,
     make_service: Arc<F>,
-) -> io::Result<Vec<std::thread::JoinHandle<()>>>
+) -> io::Result<()>
 where
     S: Service,
     F: Fn(usize) -> S + Send + Sync + 'static,
 {
-    let mut handles = Vec::new();
     for (index, sockets) in listeners.into_iter().enumerate() {
         for (_, listener) in &sockets {
             shutdown.track_listener(listener.as_fd().try_clone_to_owned()?);
@@ -111,12 +111,22 @@ where
         let shutdown = shutdown.clone();
         let pool = pool.clone();
         let make_service = make_service.clone();
-        let handle = std::thread::Builder::new()
+        std::thread::Builder::new()
             .name(format!("abx-worker-{index}"))
-            .spawn(move || run_worker(sockets, driver, shutdown, pool, make_service))?;
-        handles.push(handle);
+            .spawn(move || {
+                let run = || run_worker(sockets, driver, shutdown, pool, make_service);
+                // A worker serves until the process exits. One that ends anyway (a panic
+                // outside every handler) takes the server down rather than leave its
+                // listener unserved.
+                let why = match std::panic::catch_unwind(std::panic::AssertUnwindSafe(run)) {
+                    Ok(()) => "its runtime returned",
+                    Err(_) => "it panicked",
+                };
+                crate::log!("worker {index} stopped ({why}); exiting");
+                std::process::exit(1);
+            })?;
     }
-    Ok(handles)
+    Ok(())
 }
 
 thread_local! {
@@ -161,7 +171,7 @@ fn run_worker<S, F>(
             monoio::spawn(accept_loop(listener, service, shutdown.clone(), driver));
         }
         monoio::spawn(crate::http::chunks::release_unused());
-        // Connections already accepted keep being served until the signal thread exits
+        // Connections already accepted keep being served until the main thread, handling a signal, exits
         // the process; this future never returns so the runtime keeps polling them.
         std::future::pending::<()>().await;
     };

@@ -64,7 +64,7 @@ impl Shutdown {
 }
 
 /// Blocks SIGTERM, SIGINT and SIGHUP in the calling thread (and so in every thread it
-/// spawns later) so that only the dedicated signal thread receives them.
+/// spawns later) so that they wait for [`handle_signals`].
 pub fn block_termination_signals() {
     let _ = handled_signals().thread_block();
 }
@@ -77,41 +77,38 @@ fn handled_signals() -> SigSet {
     set
 }
 
-/// Starts the thread that handles the server's signals: SIGHUP runs `on_hangup` (the
-/// policy reload) and waits again; SIGTERM/SIGINT stop accepting, give in-flight
-/// requests up to `grace`, run `before_exit` (which ends the children) and exit 0.
-pub fn spawn_signal_thread(
+/// Handles the server's signals on the calling thread (the main thread, once the
+/// workers run: a thread of its own would cost start-up a thread's creation), and
+/// never returns: SIGHUP runs `on_hangup` (the policy reload) and waits again;
+/// SIGTERM/SIGINT stop accepting, give in-flight requests up to `grace`, run
+/// `before_exit` (which ends the children) and exit 0.
+pub fn handle_signals(
     shutdown: Arc<Shutdown>,
     grace: Duration,
-    on_hangup: Box<dyn Fn() + Send>,
-    before_exit: Box<dyn FnOnce() + Send>,
-) -> std::io::Result<()> {
-    std::thread::Builder::new()
-        .name("abx-signals".into())
-        .spawn(move || {
-            let set = handled_signals();
-            let signal = loop {
-                match set.wait() {
-                    Ok(Signal::SIGHUP) => on_hangup(),
-                    Ok(signal) => break signal,
-                    Err(_) => break Signal::SIGTERM,
-                }
-            };
-            crate::log!("{signal} received, shutting down");
-            shutdown.begin();
-            let deadline = Instant::now() + grace;
-            while shutdown.in_flight() > 0 && Instant::now() < deadline {
-                std::thread::sleep(Duration::from_millis(10));
-            }
-            let left = shutdown.in_flight();
-            if left > 0 {
-                crate::log!("{left} request(s) still running after the grace period; exiting");
-            }
-            before_exit();
-            crate::log!("stopped");
-            std::process::exit(0);
-        })
-        .map(drop)
+    on_hangup: Box<dyn Fn()>,
+    before_exit: Box<dyn FnOnce()>,
+) -> ! {
+    let set = handled_signals();
+    let signal = loop {
+        match set.wait() {
+            Ok(Signal::SIGHUP) => on_hangup(),
+            Ok(signal) => break signal,
+            Err(_) => break Signal::SIGTERM,
+        }
+    };
+    crate::log!("{signal} received, shutting down");
+    shutdown.begin();
+    let deadline = Instant::now() + grace;
+    while shutdown.in_flight() > 0 && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let left = shutdown.in_flight();
+    if left > 0 {
+        crate::log!("{left} request(s) still running after the grace period; exiting");
+    }
+    before_exit();
+    crate::log!("stopped");
+    std::process::exit(0);
 }
 
 /// Per-worker notice that the server is draining, for streams that would otherwise

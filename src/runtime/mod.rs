@@ -171,8 +171,9 @@ fn run_worker<S, F>(
             monoio::spawn(accept_loop(listener, service, shutdown.clone(), driver));
         }
         monoio::spawn(crate::http::chunks::release_unused());
-        // Connections already accepted keep being served until the main thread, handling a signal, exits
-        // the process; this future never returns so the runtime keeps polling them.
+        // Connections already accepted keep being served until the main thread, handling
+        // a signal, exits the process; this future never returns so the runtime keeps
+        // polling them.
         std::future::pending::<()>().await;
     };
     if let Err(e) = block_on(driver, pool, serve) {

@@ -78,7 +78,8 @@ impl Drop for Pending {
 }
 
 /// The pid and temporary directory of the running Chromium, for the shutdown path,
-/// which runs on the main thread (the signal handler) while the actor may be mid-operation.
+/// which runs on the main thread (it handles signals) while the actor may be
+/// mid-operation.
 type Live = Arc<Mutex<Option<(i32, PathBuf)>>>;
 
 /// The handle routes use; shared by every worker.

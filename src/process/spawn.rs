@@ -1,8 +1,8 @@
 //! The one `posix_spawn` of the server: the only unsafe code on the way to a child.
 //!
 //! Why not `std::process::Command`: the server blocks SIGTERM and SIGINT in every thread
-//! (only the main thread's `sigwait` takes them), and a child inherits that mask, so a child
-//! started through std ignored the contract's SIGTERM and SIGINT (measured: `SigBlk:
+//! (only the main thread's `sigwait` takes them), and a child inherits that mask, so a
+//! child started through std ignored the contract's SIGTERM and SIGINT (measured: `SigBlk:
 //! 0000000000004002` in the child). std offers no way to reset the mask without
 //! `pre_exec`, and `pre_exec` turns the spawn into a full `fork`, which copies the
 //! server's page tables. glibc's `posix_spawn` does all of it in the cheap `vfork`-style

@@ -9,7 +9,9 @@ use std::time::Duration;
 
 use serde_json::{json, Value};
 
-use crate::support::{pin, read_event, status_kib, tools, Launch, Server, TempDir};
+use crate::support::{
+    masked_text_frame, pin, read_event, status_kib, tools, Launch, Server, TempDir,
+};
 use crate::upstream::{codex_config, serve_upstream, Upstream};
 
 /// A server with the agents group on, whose CLIs talk to `upstream`.
@@ -821,11 +823,7 @@ fn the_responses_socket_answers_messages_that_came_in_one_read() {
     let (mut ws, _) = tungstenite::client(url.as_str(), stream).unwrap();
     let mut both = Vec::new();
     for kind in ["response.nope", "response.nope.again"] {
-        let text = json!({"type": kind}).to_string();
-        let mask = [0x11u8, 0x22, 0x33, 0x44];
-        both.extend([0x81, 0x80 | text.len() as u8]);
-        both.extend(mask);
-        both.extend(text.bytes().zip(mask.iter().cycle()).map(|(b, m)| b ^ m));
+        both.extend(masked_text_frame(&json!({"type": kind}).to_string()));
     }
     ws.get_mut().write_all(&both).unwrap();
     for _ in 0..2 {

@@ -763,3 +763,14 @@ pub fn answered_connection(server: &Server) -> (TcpStream, BufReader<TcpStream>)
     assert_eq!(read_reply(&mut reader).unwrap().status, 200);
     (stream, reader)
 }
+
+/// A client frame as a client sends it: text, final, masked.
+pub(crate) fn masked_text_frame(text: &str) -> Vec<u8> {
+    let payload = text.as_bytes();
+    assert!(payload.len() < 126, "a short frame");
+    let mask = [0x37, 0xfa, 0x21, 0x3d];
+    let mut frame = vec![0x81, 0x80 | payload.len() as u8];
+    frame.extend_from_slice(&mask);
+    frame.extend(payload.iter().zip(mask.iter().cycle()).map(|(b, m)| b ^ m));
+    frame
+}

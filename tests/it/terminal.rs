@@ -8,7 +8,7 @@ use serde_json::{json, Value};
 use tungstenite::{Message, WebSocket};
 
 use crate::on_both_drivers;
-use crate::support::{Launch, Server, TempDir};
+use crate::support::{masked_text_frame, Launch, Server, TempDir};
 
 type Socket = WebSocket<TcpStream>;
 
@@ -795,17 +795,6 @@ fn a_stalled_reader_is_closed_and_the_others_go_on(driver: &'static str) {
     let numbers = lines_until_done(&mut reader, false);
     assert_whole_sequence(&numbers, LAST);
     assert_eq!(closed_with(&mut stalled), 4008);
-}
-
-/// A client frame as a client sends it: text, final, masked.
-fn masked_text_frame(text: &str) -> Vec<u8> {
-    let payload = text.as_bytes();
-    assert!(payload.len() < 126, "a short frame");
-    let mask = [0x37, 0xfa, 0x21, 0x3d];
-    let mut frame = vec![0x81, 0x80 | payload.len() as u8];
-    frame.extend_from_slice(&mask);
-    frame.extend(payload.iter().zip(mask.iter().cycle()).map(|(b, m)| b ^ m));
-    frame
 }
 
 /// The server reads the kernel again only after the socket is seen readable, and takes

@@ -151,6 +151,14 @@ impl BaseDir {
         self.open()
     }
 
+    /// The base directory itself, opened readable: a write whose parent is the base
+    /// needs no `openat2` beneath it (one `open` instead of `open`, `openat2` and
+    /// `close`). `None` when that open fails (the base is missing, say): the caller
+    /// then takes the general path, which creates it and words the error. Blocking.
+    pub fn open_readable(&self) -> Option<OwnedFd> {
+        resolve::open_base_readable(&self.path).ok()
+    }
+
     /// Turns a resolution failure into the caller-facing error.
     pub fn open_error(&self, error: OpenError, caller: &CallerPath) -> FsError {
         match error {

@@ -65,6 +65,16 @@ pub fn open_base(base: &Path) -> io::Result<OwnedFd> {
     )?)
 }
 
+/// The base directory as a readable directory descriptor (the parent of a file written
+/// at the top of the base).
+pub fn open_base_readable(base: &Path) -> io::Result<OwnedFd> {
+    Ok(rustix::fs::open(
+        base,
+        OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,
+        Mode::empty(),
+    )?)
+}
+
 fn rel_arg(rel: &Path) -> &Path {
     if rel.as_os_str().is_empty() {
         Path::new(".")

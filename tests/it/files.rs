@@ -231,6 +231,63 @@ fn overwrite_keeps_permissions_and_is_atomic(driver: &'static str) {
     let reply = upload(&server, "d", b"x");
     assert_eq!(reply.status, 500);
     assert_eq!(reply.json()["type"], "IsADirectoryError");
+    // A mode the umask narrows at create time (group and others may write) is kept
+    // as well, small or streamed.
+    let shared = server.base_dir().join("shared.txt");
+    std::fs::write(&shared, b"old").unwrap();
+    std::fs::set_permissions(&shared, std::fs::Permissions::from_mode(0o666)).unwrap();
+    assert_eq!(upload(&server, "shared.txt", b"new").status, 200);
+    assert_eq!(std::fs::read(&shared).unwrap(), b"new");
+    let mode = std::fs::metadata(&shared).unwrap().permissions().mode();
+    assert_eq!(mode & 0o777, 0o666);
+    assert_eq!(
+        raw_upload(&server, "shared.txt", 300_000, |at| noise(65536, at)).status,
+        200
+    );
+    let mode = std::fs::metadata(&shared).unwrap().permissions().mode();
+    assert_eq!(mode & 0o777, 0o666);
+    // A new file gets the umask's mode, as Python's `open(path, "wb")` creates it.
+    assert_eq!(upload(&server, "fresh.txt", b"new").status, 200);
+    let mode = std::fs::metadata(server.base_dir().join("fresh.txt"))
+        .unwrap()
+        .permissions()
+        .mode();
+    assert_eq!(mode & 0o777, 0o666 & !current_umask());
+}
+
+/// This process's umask (which the server it starts inherits), read without changing it.
+fn current_umask() -> u32 {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap();
+    let line = status
+        .lines()
+        .find_map(|l| l.strip_prefix("Umask:"))
+        .unwrap();
+    u32::from_str_radix(line.trim(), 8).unwrap()
+}
+
+/// A file name near NAME_MAX (255 bytes) is written whole, small or streamed, at the top
+/// of the base or below it: the temporary name beside it is no longer than 100 bytes.
+fn names_near_the_limit_upload(driver: &'static str) {
+    let server = Server::start(driver);
+    let long = "n".repeat(250);
+    for path in [long.clone(), format!("sub/{long}")] {
+        let reply = upload(&server, &path, b"small");
+        assert_eq!(reply.status, 200, "{}", reply.text());
+        assert_eq!(
+            std::fs::read(server.base_dir().join(&path)).unwrap(),
+            b"small"
+        );
+        let data = noise(300_000, 3);
+        let reply = raw_upload(&server, &path, 300_000, |at| data[at as usize..].to_vec());
+        assert_eq!(reply.status, 200, "{}", reply.text());
+        assert_eq!(std::fs::read(server.base_dir().join(&path)).unwrap(), data);
+    }
+    let mut names: Vec<_> = std::fs::read_dir(server.base_dir())
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .collect();
+    names.sort();
+    assert_eq!(names, [long, "sub".to_string()]);
 }
 
 /// Sends a raw upload body of `len` bytes from `data_at` in pieces, returning the reply.
@@ -1913,6 +1970,7 @@ on_both_drivers!(
     seven_mib_through_json,
     upload_and_download_errors,
     overwrite_keeps_permissions_and_is_atomic,
+    names_near_the_limit_upload,
     raw_streaming_200_mib_in_constant_memory,
     json_downloads_stream_in_bounded_memory,
     json_uploads_stream_to_disk,

@@ -315,6 +315,13 @@ fn per_endpoint_knobs_are_enforced(driver: &'static str) {
         std::fs::read(server.base_dir().join("four.bin")).unwrap(),
         [0, 0, 0, 0]
     );
+    // The refused write's temporary file went with the refusal.
+    let left: Vec<_> = std::fs::read_dir(server.base_dir())
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .filter(|name| name.starts_with(".four.bin"))
+        .collect();
+    assert_eq!(left, Vec::<String>::new());
     let raw = server.request(
         "POST",
         "/files/upload-stream?path=notes.md",

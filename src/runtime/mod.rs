@@ -104,6 +104,8 @@ where
     S: Service,
     F: Fn(usize) -> S + Send + Sync + 'static,
 {
+    let workers = listeners.len();
+    let (armed, arming) = std::sync::mpsc::sync_channel(workers);
     for (index, sockets) in listeners.into_iter().enumerate() {
         for (_, listener) in &sockets {
             shutdown.track_listener(listener.as_fd().try_clone_to_owned()?);
@@ -111,10 +113,11 @@ where
         let shutdown = shutdown.clone();
         let pool = pool.clone();
         let make_service = make_service.clone();
+        let armed = armed.clone();
         std::thread::Builder::new()
             .name(format!("abx-worker-{index}"))
             .spawn(move || {
-                let run = || run_worker(sockets, driver, shutdown, pool, make_service);
+                let run = || run_worker(sockets, driver, shutdown, pool, make_service, armed);
                 // A worker serves until the process exits. One that ends anyway (a panic
                 // outside every handler) takes the server down rather than leave its
                 // listener unserved.
@@ -125,6 +128,18 @@ where
                 crate::log!("worker {index} stopped ({why}); exiting");
                 std::process::exit(1);
             })?;
+    }
+    // Threads the caller starts next (the groups' background work, the trimmer) would
+    // otherwise preempt a worker still setting up its ring: on a server pinned to one
+    // CPU, three thread starts put 0.25 ms on the way to the first answer
+    // (docs/benchmarks.md, "Memory, start and size"). A worker that never reports is
+    // not waited for past a second.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(1);
+    for _ in 0..workers {
+        let left = deadline.saturating_duration_since(std::time::Instant::now());
+        if arming.recv_timeout(left).is_err() {
+            break;
+        }
     }
     Ok(())
 }
@@ -161,6 +176,7 @@ fn run_worker<S, F>(
     shutdown: Arc<Shutdown>,
     pool: BlockingPool,
     make_service: Arc<F>,
+    armed: std::sync::mpsc::SyncSender<()>,
 ) where
     S: Service,
     F: Fn(usize) -> S + Send + Sync + 'static,
@@ -171,6 +187,11 @@ fn run_worker<S, F>(
             monoio::spawn(accept_loop(listener, service, shutdown.clone(), driver));
         }
         monoio::spawn(crate::http::chunks::release_unused());
+        // The accept loops ran once (monoio submits their operations between rounds):
+        // the listeners are armed.
+        yield_now().await;
+        let _ = armed.send(());
+        drop(armed);
         // Connections already accepted keep being served until the main thread, handling
         // a signal, exits the process; this future never returns so the runtime keeps
         // polling them.

@@ -554,6 +554,8 @@ pub struct Starting {
     /// The store's schedule may be read at once (reading a store opened on first use
     /// would create its file).
     pub read_schedule: bool,
+    /// Deliveries the last server left queued are sent (the store file exists).
+    pub resume_webhooks: bool,
 }
 
 /// Starts the scheduler once the server serves, when the agents group is on or its

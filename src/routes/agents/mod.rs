@@ -365,12 +365,12 @@ pub fn registrar() -> crate::app::Registrar {
             }
             announce_restart(opened.restarted);
             let agents = Arc::new(opened.agents);
-            // Deliveries the last server left queued go out now.
-            crate::agents::webhooks::outbox::resume(&agents);
             setup.provide(agents);
-            // Automations fire from the start: a schedule outlives the server.
+            // Automations fire from the start: a schedule outlives the server, and
+            // deliveries the last server left queued go out.
             setup.provide(Arc::new(automations::Starting {
                 read_schedule: true,
+                resume_webhooks: true,
             }));
         } else {
             // Off at startup (a policy may switch it on later): the store is opened by
@@ -384,16 +384,13 @@ pub fn registrar() -> crate::app::Registrar {
                 announce_restart(opened.restarted);
                 opened.agents.into_store()
             }));
-            // Deliveries the last server left queued go out now; that opens a store
-            // file that exists already, and only then (no file, nothing queued).
-            if kept {
-                crate::agents::webhooks::outbox::resume(&agents);
-            }
             setup.provide(agents);
-            // The schedule is read only from a store file that exists (reading opens
-            // the store); new automations reach the thread through its queue.
+            // The schedule is read, and deliveries the last server left queued go
+            // out, only from a store file that exists (reading opens the store); new
+            // automations reach the thread through its queue.
             setup.provide(Arc::new(automations::Starting {
                 read_schedule: kept,
+                resume_webhooks: kept,
             }));
         }
         setup.provide(Arc::new(cli::installer(setup.config)));
@@ -404,8 +401,19 @@ pub fn registrar() -> crate::app::Registrar {
     })
 }
 
-/// The group's background work, once the server serves: the automations thread.
+/// The group's background work, once the server serves: the webhooks' and the
+/// automations' threads. Started after the workers, so that creating them is not on
+/// the way to the first answer.
 pub fn started(state: &Arc<crate::app::AppState>) {
+    let groups = &state.services.groups;
+    if groups
+        .get::<automations::Starting>()
+        .is_some_and(|s| s.resume_webhooks)
+    {
+        if let Some(agents) = groups.get_arc::<Agents>() {
+            crate::agents::webhooks::outbox::resume(&agents);
+        }
+    }
     automations::start(state.clone());
 }
 

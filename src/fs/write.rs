@@ -422,8 +422,8 @@ pub async fn write_atomic(
 /// renamed, this saves the `linkat`, and the `fchmod` where the umask keeps the mode
 /// (docs/benchmarks.md, "Small uploads"). It keeps the same guarantees:
 /// - Readers see the old file or the new one, never a part: the rename is atomic.
-/// - Nothing is left behind on an error (the name is removed, if it is still this
-///   file), and a crash leaves at most a hidden `.<name>.abx-*` file, as the streamed
+/// - Nothing is left behind on an error or a panic (the name is removed, if it is
+///   still this file), and a crash leaves at most a hidden `.<name>.abx-*` file, as the streamed
 ///   path can between its `linkat` and its rename. The name lives for a `write` here.
 /// - The rename is by name, as the streamed path's rename of its link name is. Whoever
 ///   could put another file under that name can write the directory, and so could
@@ -452,6 +452,11 @@ fn write_small(
         // words the failure the way every other write does).
         Err(_) => return write_pending(target, caller, data, replace),
     };
+    let uncommitted = Uncommitted {
+        dir: &target.parent,
+        name: &temp,
+        file: &file,
+    };
     let written = (|| {
         write_all(&file, data)?;
         // The create applied the umask; restore what it took from a kept mode.
@@ -472,11 +477,26 @@ fn write_small(
         )?;
         Ok(())
     })();
-    if let Err(error) = written {
-        remove_if_ours(&target.parent, &temp, &file);
-        return Err(io(error));
+    // Renamed: the name is the target's now, not ours to remove.
+    if written.is_ok() {
+        std::mem::forget(uncommitted);
     }
+    written.map_err(io)?;
     Ok((data.len(), display))
+}
+
+/// [`write_small`]'s temporary name until the rename: any other way out (an error, a
+/// panic) removes it, if it is still this file.
+struct Uncommitted<'a> {
+    dir: &'a OwnedFd,
+    name: &'a OsStr,
+    file: &'a OwnedFd,
+}
+
+impl Drop for Uncommitted<'_> {
+    fn drop(&mut self) {
+        remove_if_ours(self.dir, self.name, self.file);
+    }
 }
 
 /// [`write_small`] through an anonymous temporary file, as a streamed upload commits.

@@ -156,7 +156,7 @@ impl BaseDir {
     /// `close`). `None` when that open fails (the base is missing, say): the caller
     /// then takes the general path, which creates it and words the error. Blocking.
     pub fn open_readable(&self) -> Option<OwnedFd> {
-        resolve::open_base_readable(&self.path).ok()
+        resolve::open_base_as(&self.path, OFlags::RDONLY).ok()
     }
 
     /// Turns a resolution failure into the caller-facing error.

@@ -58,19 +58,15 @@ pub fn is_missing(e: &io::Error) -> bool {
 /// Opens the base directory itself. Opened per request, so a base directory created (or
 /// recreated) after startup is picked up.
 pub fn open_base(base: &Path) -> io::Result<OwnedFd> {
-    Ok(rustix::fs::open(
-        base,
-        OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC,
-        Mode::empty(),
-    )?)
+    open_base_as(base, OFlags::PATH)
 }
 
-/// The base directory as a readable directory descriptor (the parent of a file written
-/// at the top of the base).
-pub fn open_base_readable(base: &Path) -> io::Result<OwnedFd> {
+/// [`open_base`] with another access mode: `RDONLY` for a real descriptor to create and
+/// rename files in (the parent of a file written at the top of the base).
+pub fn open_base_as(base: &Path, access: OFlags) -> io::Result<OwnedFd> {
     Ok(rustix::fs::open(
         base,
-        OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,
+        access | OFlags::DIRECTORY | OFlags::CLOEXEC,
         Mode::empty(),
     )?)
 }

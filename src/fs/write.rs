@@ -713,6 +713,143 @@ impl Upload {
     }
 }
 
+/// A streamed write that starts out in memory: while its bytes stay within
+/// [`SMALL_WRITE_BYTES`] they are held, and a write that ends there is created, filled
+/// and renamed by one pool task ([`write_small`]) instead of an [`Upload`]'s two pool
+/// tasks and an io_uring write. Past that it becomes an [`Upload`] and streams.
+///
+/// A route opens it held when the request announces a small body (its
+/// `Content-Length`), so a large upload still creates its temporary file, and meets a
+/// bad target, before reading the body; a held write meets the same refusals, worded
+/// the same, at its commit or when it outgrows memory.
+pub struct SmallFirst {
+    state: Held,
+    replace: bool,
+}
+
+enum Held {
+    /// Bytes in memory and where they go; nothing exists on disk yet.
+    Memory {
+        base: BaseDir,
+        caller: CallerPath,
+        driver: IoDriver,
+        bytes: Vec<u8>,
+    },
+    Streaming(Upload),
+    Spent,
+}
+
+impl SmallFirst {
+    /// Holds the first bytes in memory when `expected` (the body's announced size) is
+    /// small; otherwise creates the temporary file now, as [`Upload::open`] does.
+    pub async fn open(
+        base: &BaseDir,
+        caller: CallerPath,
+        driver: IoDriver,
+        expected: Option<u64>,
+    ) -> Result<SmallFirst, FsError> {
+        let state = match expected {
+            Some(len) if len <= SMALL_WRITE_BYTES as u64 => Held::Memory {
+                base: base.clone(),
+                caller,
+                driver,
+                bytes: Vec::new(),
+            },
+            _ => Held::Streaming(Upload::open(base, caller, driver).await?),
+        };
+        Ok(SmallFirst {
+            state,
+            replace: true,
+        })
+    }
+
+    /// The commit will refuse (EEXIST) rather than replace a file at the target.
+    pub fn keep_existing(&mut self) {
+        self.replace = false;
+        if let Held::Streaming(upload) = &mut self.state {
+            upload.keep_existing();
+        }
+    }
+
+    /// Appends one piece; returns a buffer for the next.
+    pub async fn write(&mut self, mut piece: Vec<u8>) -> Result<Vec<u8>, FsError> {
+        if let Held::Memory { bytes, .. } = &mut self.state {
+            if bytes.len() + piece.len() <= SMALL_WRITE_BYTES {
+                if bytes.is_empty() {
+                    std::mem::swap(bytes, &mut piece);
+                } else {
+                    bytes.extend_from_slice(&piece);
+                }
+                piece.clear();
+                return Ok(piece);
+            }
+            self.stream().await?;
+        }
+        match &mut self.state {
+            Held::Streaming(upload) => upload.write(piece).await,
+            _ => Err(FsError::io(
+                io::Error::other("upload already finished"),
+                String::new(),
+            )),
+        }
+    }
+
+    /// Moves held bytes to a temporary file beside the target (which creates the
+    /// target's parents and meets what refuses the target), so that several files can
+    /// be made ready before any of them is committed.
+    pub async fn stream(&mut self) -> Result<(), FsError> {
+        let Held::Memory { .. } = self.state else {
+            return Ok(());
+        };
+        let Held::Memory {
+            base,
+            caller,
+            driver,
+            bytes,
+        } = std::mem::replace(&mut self.state, Held::Spent)
+        else {
+            unreachable!("matched above");
+        };
+        let mut upload = Upload::open(&base, caller, driver).await?;
+        if !self.replace {
+            upload.keep_existing();
+        }
+        if !bytes.is_empty() {
+            if let Err(e) = upload.write(bytes).await {
+                upload.abort().await;
+                return Err(e);
+            }
+        }
+        self.state = Held::Streaming(upload);
+        Ok(())
+    }
+
+    /// Makes the data visible under the target name; returns the byte count and the
+    /// path written (a symlink at the path is written through).
+    pub async fn commit(mut self) -> Result<(usize, String), FsError> {
+        match std::mem::replace(&mut self.state, Held::Spent) {
+            Held::Memory {
+                base,
+                caller,
+                driver,
+                bytes,
+            } => write_atomic(&base, caller, bytes, driver, self.replace).await,
+            Held::Streaming(upload) => upload.commit().await,
+            Held::Spent => Err(FsError::io(
+                io::Error::other("upload already finished"),
+                String::new(),
+            )),
+        }
+    }
+
+    /// Removes the temporary file, if one was created.
+    pub async fn abort(mut self) {
+        if let Held::Streaming(upload) = std::mem::replace(&mut self.state, Held::Spent) {
+            upload.abort().await;
+        }
+    }
+}
+
 /// Whether this thread must use named temporary files: tests set it to exercise what
 /// file systems without O_TMPFILE get.
 #[cfg(not(test))]

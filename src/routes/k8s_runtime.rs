@@ -17,13 +17,13 @@ use crate::app::endpoint::HandlerFuture;
 use crate::app::{handler, sink_handler, Call, Endpoint, RawSink};
 use crate::fs::read::open_file;
 use crate::fs::resolve;
-use crate::fs::write::Upload;
+use crate::fs::write::SmallFirst;
 use crate::fs::{BaseDir, CallerPath, FsError};
 use crate::http::multipart::{self, Event, Scanner};
 use crate::http::{LocalFuture, Response};
 use crate::routes::shared::{
-    check_extension, command_refusal, confine_followed, fs_error, refused_overwrite, run_program,
-    working_dir, ProgramRun,
+    check_extension, command_refusal, confine_followed, fs_error, holdable_body_length,
+    refused_overwrite, run_program, working_dir, ProgramRun,
 };
 use crate::runtime::{blocking, AsyncFile, FileStream};
 
@@ -307,7 +307,7 @@ async fn open_upload(call: Call) -> Result<Box<dyn RawSink>, ApiError> {
 struct MultipartUpload {
     scanner: Scanner,
     call: Call,
-    upload: Option<Upload>,
+    upload: Option<SmallFirst>,
     /// The part being read is the file part.
     in_file: bool,
     /// The filename, as the client sent it.
@@ -329,9 +329,12 @@ impl MultipartUpload {
                 let caller = confine_followed(&self.call, &filename).await?;
                 check_extension(&self.call, &caller)?;
                 let services = self.call.services();
-                let mut upload = Upload::open(&services.base, caller, services.driver)
-                    .await
-                    .map_err(fs_error)?;
+                // No part is larger than the body.
+                let expected = holdable_body_length(&self.call);
+                let mut upload =
+                    SmallFirst::open(&services.base, caller, services.driver, expected)
+                        .await
+                        .map_err(fs_error)?;
                 if self.call.decision().knob_bool("overwrite") == Some(false) {
                     upload.keep_existing();
                 }

@@ -112,6 +112,21 @@ pub(crate) async fn confine_followed(
     Ok(caller)
 }
 
+/// The body size up to which a raw upload may be held in memory and written in one
+/// step (`fs::write::SmallFirst`): the announced `Content-Length` (the connection reads
+/// no more), unless the client sent `Expect: 100-continue` and so asked to hear of a
+/// target that cannot be written before it sends the body. `None` for a chunked body.
+pub(crate) fn holdable_body_length(call: &Call) -> Option<u64> {
+    if call
+        .header("expect")
+        .is_some_and(|e| e.trim().eq_ignore_ascii_case("100-continue"))
+    {
+        return None;
+    }
+    call.header("content-length")
+        .and_then(|value| value.trim().parse().ok())
+}
+
 /// A variable the server keeps secret (an identity's `token_env`) set for a child: 403
 /// `env_var_not_allowed`, as the reference refuses it (the child's environment never
 /// holds the secret, and a caller may not plant a value under its name either).

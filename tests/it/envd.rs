@@ -830,8 +830,74 @@ out['read'] = [total, digest.hexdigest() == hashlib.sha256(data).hexdigest()]
     );
 }
 
+/// `POST /files` holds a small body's files in memory and writes each in one step at
+/// the end: a gzip body that inflates past what is held moves to a temporary file, a
+/// multipart body whose second target cannot be written changes no file, and a small
+/// body is refused as a large one is.
+fn small_uploads_write_like_streamed_ones(driver: &'static str) {
+    let home = TempDir::new("envdhome");
+    let server = envd_server(driver, &home);
+    let base = server.base_dir().to_str().unwrap().to_string();
+    std::fs::create_dir(server.base_dir().join("adir")).unwrap();
+    let out = sdk(
+        &server,
+        &base,
+        "import gzip, httpx\nfrom e2b import Sandbox\nsb = Sandbox.create()",
+        r#"
+url = os.environ['E2B_SANDBOX_URL'] + '/files'
+inflated = bytes(range(256)) * 800
+r = httpx.post(url, params={'path': base + '/z.bin'}, content=gzip.compress(inflated),
+               headers={'Content-Type': 'application/octet-stream', 'Content-Encoding': 'gzip'})
+out['gzip'] = [r.status_code, len(gzip.compress(inflated)) < 65536, sb.files.read(base + '/z.bin', format='bytes') == inflated]
+r = httpx.post(url, files=[('file', (base + '/first.txt', b'first')), ('file', (base + '/adir', b'x'))])
+out['second_refused'] = [r.status_code, sb.files.exists(base + '/first.txt')]
+small = httpx.post(url, files={'file': (base + '/adir', b'x')})
+large = httpx.post(url, files={'file': (base + '/adir', b'x' * 300000)})
+out['refusals'] = [small.status_code, small.text, large.status_code, large.text]
+r = httpx.post(url, files={'file': (base + '/s.txt', b'small body')})
+out['small'] = [r.status_code, r.json()[0]['name'], sb.files.read(base + '/s.txt')]
+r = httpx.post(url, params={'path': base + '/r.txt'}, content=b'raw small', headers={'Content-Type': 'application/octet-stream'})
+out['raw'] = [r.status_code, sb.files.read(base + '/r.txt')]
+r = httpx.post(url, params={'path': base + '/g.txt'}, content=gzip.compress(b'gz' * 1000),
+               headers={'Content-Type': 'application/octet-stream', 'Content-Encoding': 'gzip'})
+out['small_gzip'] = [r.status_code, sb.files.read(base + '/g.txt') == 'gz' * 1000]
+r = httpx.post(url, files=[('file', (base + '/m/one.txt', b'one')), ('file', (base + '/m/two.txt', b'two' * 30000))])
+out['two'] = [r.status_code, [f['name'] for f in r.json()], sb.files.read(base + '/m/one.txt'), len(sb.files.read(base + '/m/two.txt'))]
+"#,
+    );
+    assert_eq!(out["gzip"], serde_json::json!([200, true, true]));
+    assert!(out["second_refused"][0].as_u64().unwrap() >= 400, "{out}");
+    assert_eq!(out["second_refused"][1], false, "{out}");
+    assert!(out["refusals"][0].as_u64().unwrap() >= 400, "{out}");
+    assert_eq!(out["refusals"][0], out["refusals"][2], "{out}");
+    assert_eq!(out["refusals"][1], out["refusals"][3], "{out}");
+    assert_eq!(
+        out["small"],
+        serde_json::json!([200, "s.txt", "small body"])
+    );
+    assert_eq!(out["raw"], serde_json::json!([200, "raw small"]));
+    assert_eq!(out["small_gzip"], serde_json::json!([200, true]));
+    assert_eq!(
+        out["two"],
+        serde_json::json!([200, ["one.txt", "two.txt"], "one", 90000])
+    );
+    let mut names: Vec<String> = std::fs::read_dir(server.base_dir())
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .collect();
+    names.sort();
+    assert_eq!(names, ["adir", "g.txt", "m", "r.txt", "s.txt", "z.bin"]);
+    let mut names: Vec<String> = std::fs::read_dir(server.base_dir().join("m"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .collect();
+    names.sort();
+    assert_eq!(names, ["one.txt", "two.txt"]);
+}
+
 on_both_drivers!(
     large_files_stream_in_bounded_memory,
+    small_uploads_write_like_streamed_ones,
     protobuf_streams_tags_and_keepalives,
     an_openai_agents_sandbox_agent_changes_the_workspace,
     signed_urls_open_one_file_for_one_operation,

@@ -290,6 +290,85 @@ fn names_near_the_limit_upload(driver: &'static str) {
     assert_eq!(names, [long, "sub".to_string()]);
 }
 
+/// A raw body that announces a small length is held in memory and written in one step
+/// at its end (`fs::write::SmallFirst`): it lands, answers, refuses and leaves nothing
+/// behind exactly as a streamed body does.
+fn small_raw_uploads_answer_as_streamed_ones(driver: &'static str) {
+    let server = Server::start(driver);
+    let base = server.base_dir();
+    // Missing parents are made; the answer names the same path as a streamed one's.
+    let small = raw_upload(&server, "new/dir/a.bin", 5, |_| b"hello".to_vec());
+    assert_eq!(small.status, 200, "{}", small.text());
+    assert_eq!(small.json()["bytes"], 5);
+    assert_eq!(std::fs::read(base.join("new/dir/a.bin")).unwrap(), b"hello");
+    let data = noise(300_000, 5);
+    let streamed = raw_upload(&server, "new/dir/a.bin", 300_000, |at| {
+        data[at as usize..].to_vec()
+    });
+    assert_eq!(streamed.status, 200, "{}", streamed.text());
+    assert_eq!(small.json()["path"], streamed.json()["path"]);
+    assert_eq!(std::fs::read(base.join("new/dir/a.bin")).unwrap(), data);
+    // At the top of the base, the largest body that is held, and one byte more.
+    for len in [65_536u64, 65_537] {
+        let data = noise(len as usize, len);
+        let reply = raw_upload(&server, "edge.bin", len, |at| data[at as usize..].to_vec());
+        assert_eq!(reply.json()["bytes"], len, "{}", reply.text());
+        assert_eq!(std::fs::read(base.join("edge.bin")).unwrap(), data);
+    }
+    // Written through a symlink at the path, as the streamed path writes.
+    std::os::unix::fs::symlink("new/dir/a.bin", base.join("link")).unwrap();
+    let reply = raw_upload(&server, "link", 3, |_| b"via".to_vec());
+    assert_eq!(reply.status, 200, "{}", reply.text());
+    assert_eq!(std::fs::read(base.join("new/dir/a.bin")).unwrap(), b"via");
+    assert!(std::fs::symlink_metadata(base.join("link"))
+        .unwrap()
+        .file_type()
+        .is_symlink());
+    // Refusals: the same status and body, small or streamed.
+    std::fs::create_dir(base.join("d")).unwrap();
+    std::fs::write(base.join("f"), b"file").unwrap();
+    std::os::unix::fs::symlink("/etc", base.join("out")).unwrap();
+    for path in ["d", "f/x.bin", "/etc/x.bin", "out/x.bin", "../x.bin"] {
+        let small = raw_upload(&server, path, 10, |_| vec![7; 10]);
+        let streamed = raw_upload(&server, path, 300_000, |at| noise(65_536, at));
+        assert!(small.status >= 400, "{path}: {}", small.text());
+        assert_eq!(
+            (small.status, small.json()),
+            (streamed.status, streamed.json()),
+            "{path}"
+        );
+    }
+    assert_eq!(std::fs::read(base.join("f")).unwrap(), b"file");
+    // With `Expect: 100-continue` a target that cannot be written is answered before
+    // the body is invited, small or not.
+    for len in [10, 300_000] {
+        let mut stream = server.connect();
+        let head = format!("POST /files/upload-stream?path=d HTTP/1.1\r\nHost: t\r\nContent-Type: application/octet-stream\r\nContent-Length: {len}\r\nExpect: 100-continue\r\n\r\n");
+        stream.write_all(head.as_bytes()).unwrap();
+        let reply = read_reply(&mut BufReader::new(stream)).unwrap();
+        assert_eq!(reply.status, 500, "{len}: {}", reply.text());
+        assert_eq!(reply.json()["type"], "IsADirectoryError");
+    }
+    // A small body cut short writes nothing: the old content stays whole.
+    let mut stream = server.connect();
+    stream.write_all(b"POST /files/upload-stream?path=new/dir/a.bin HTTP/1.1\r\nHost: t\r\nContent-Type: application/octet-stream\r\nContent-Length: 1000\r\n\r\n").unwrap();
+    stream.write_all(&[b'x'; 500]).unwrap();
+    stream.shutdown(std::net::Shutdown::Write).unwrap();
+    assert!(closes_within(&mut stream, Duration::from_secs(10)));
+    assert_eq!(std::fs::read(base.join("new/dir/a.bin")).unwrap(), b"via");
+    // No temporary name anywhere.
+    let mut names = Vec::new();
+    for dir in [base.to_path_buf(), base.join("new/dir")] {
+        names.extend(
+            std::fs::read_dir(dir)
+                .unwrap()
+                .map(|e| e.unwrap().file_name().into_string().unwrap()),
+        );
+    }
+    names.sort();
+    assert_eq!(names, ["a.bin", "d", "edge.bin", "f", "link", "new", "out"]);
+}
+
 /// Sends a raw upload body of `len` bytes from `data_at` in pieces, returning the reply.
 fn raw_upload(
     server: &Server,
@@ -1960,6 +2039,7 @@ fn watch_past_its_cap_reports_no_false_deletions(driver: &'static str) {
 }
 
 on_both_drivers!(
+    small_raw_uploads_answer_as_streamed_ones,
     open_watches_hold_no_pool_threads,
     archive_never_carries_a_link_swapped_outside,
     archive_skips_entries_that_vanish_mid_build,

@@ -10,10 +10,12 @@ use crate::api::ApiError;
 use crate::app::endpoint::HandlerFuture;
 use crate::app::{Call, RawSink};
 use crate::envd::users::Account;
-use crate::fs::write::Upload;
+use crate::fs::write::{SmallFirst, Upload};
 use crate::http::multipart::{self, Event, Scanner};
 use crate::http::{LocalFuture, Response};
-use crate::routes::shared::{check_extension, confine_followed, fs_error, raw_bytes};
+use crate::routes::shared::{
+    check_extension, confine_followed, fs_error, holdable_body_length, raw_bytes,
+};
 
 use super::user;
 
@@ -250,7 +252,8 @@ pub async fn open_upload(call: Call) -> Result<Box<dyn RawSink>, ApiError> {
         let caller = confine_followed(&call, &user::rooted(&call, &account, &target)).await?;
         check_extension(&call, &caller)?;
         let services = call.services();
-        let upload = Upload::open(&services.base, caller, services.driver)
+        let expected = holdable_body_length(&call);
+        let upload = SmallFirst::open(&services.base, caller, services.driver, expected)
             .await
             .map_err(fs_error)?;
         Mode::Raw {
@@ -274,7 +277,7 @@ enum Mode {
     Multipart(Scanner),
     Raw {
         gunzip: Option<Box<flate2::write::GzDecoder<Vec<u8>>>>,
-        upload: Option<Upload>,
+        upload: Option<SmallFirst>,
     },
 }
 
@@ -285,9 +288,9 @@ struct FilesUpload {
     mode: Mode,
     query_path: Option<String>,
     /// The multipart part being written.
-    current: Option<Upload>,
+    current: Option<SmallFirst>,
     /// Files whose bytes all arrived, committed when the body ends.
-    done: Vec<Upload>,
+    done: Vec<SmallFirst>,
     written: u64,
     limit: u64,
 }
@@ -320,7 +323,9 @@ impl FilesUpload {
                 let caller = confine_followed(&self.call, &rooted).await?;
                 check_extension(&self.call, &caller)?;
                 let services = self.call.services();
-                let upload = Upload::open(&services.base, caller, services.driver)
+                // No part is larger than the body.
+                let expected = holdable_body_length(&self.call);
+                let upload = SmallFirst::open(&services.base, caller, services.driver, expected)
                     .await
                     .map_err(fs_error)?;
                 self.current = Some(upload);
@@ -419,16 +424,36 @@ impl RawSink for FilesUpload {
                     uploads.push(upload);
                 }
             }
-            let mut written = Vec::new();
-            let mut uploads = uploads.into_iter();
-            while let Some(upload) = uploads.next() {
-                let shown = upload.display();
-                if let Err(e) = upload.commit().await {
-                    for rest in uploads {
-                        rest.abort().await;
+            // Every file is beside its target before the first is committed, so a
+            // target that cannot be written refuses the body before any file changes
+            // (a lone file is written from memory when it is small).
+            if uploads.len() > 1 {
+                let mut failed = None;
+                for upload in &mut uploads {
+                    if let Err(e) = upload.stream().await {
+                        failed = Some(e);
+                        break;
+                    }
+                }
+                if let Some(e) = failed {
+                    for upload in uploads {
+                        upload.abort().await;
                     }
                     return Err(fs_error(e));
                 }
+            }
+            let mut written = Vec::new();
+            let mut uploads = uploads.into_iter();
+            while let Some(upload) = uploads.next() {
+                let shown = match upload.commit().await {
+                    Ok((_, shown)) => shown,
+                    Err(e) => {
+                        for rest in uploads {
+                            rest.abort().await;
+                        }
+                        return Err(fs_error(e));
+                    }
+                };
                 if user::hands_over(&this.account) {
                     let base = &this.call.services().base;
                     let caller = base.confine(&shown).map_err(fs_error)?;

@@ -16,11 +16,12 @@ use crate::app::state::parse_json;
 use crate::app::{Call, RawSink};
 use crate::fs::read::{open_file, Opened};
 use crate::fs::upload_body::{UploadBodyError, UploadScanner};
-use crate::fs::write::{write_atomic, Upload};
+use crate::fs::write::{write_atomic, SmallFirst, Upload};
 use crate::fs::FsError;
 use crate::http::{LocalFuture, Response, JSON_CONTENT_TYPE};
 use crate::routes::shared::{
-    check_extension, confine_followed, fs_error, over_policy_limit, raw_bytes, refused_overwrite,
+    check_extension, confine_followed, fs_error, holdable_body_length, over_policy_limit,
+    raw_bytes, refused_overwrite,
 };
 use crate::runtime::{blocking, AsyncFile, Base64FileStream};
 
@@ -312,7 +313,8 @@ pub async fn open_raw_upload(call: Call) -> Result<Box<dyn RawSink>, ApiError> {
     let caller = confine_followed(&call, &input).await?;
     check_extension(&call, &caller)?;
     let services = call.services();
-    let mut upload = Upload::open(&services.base, caller, services.driver)
+    let expected = holdable_body_length(&call);
+    let mut upload = SmallFirst::open(&services.base, caller, services.driver, expected)
         .await
         .map_err(fs_error)?;
     let overwrite = call.decision().knob_bool("overwrite") != Some(false);
@@ -323,7 +325,7 @@ pub async fn open_raw_upload(call: Call) -> Result<Box<dyn RawSink>, ApiError> {
 }
 
 /// The upload, and whether the policy lets it replace a file.
-struct RawUpload(Upload, bool);
+struct RawUpload(SmallFirst, bool);
 
 impl RawSink for RawUpload {
     fn write(&mut self, piece: Vec<u8>) -> LocalFuture<'_, Result<Vec<u8>, ApiError>> {

@@ -727,6 +727,7 @@ pub struct SmallFirst {
     replace: bool,
 }
 
+/// Where a [`SmallFirst`]'s bytes are.
 enum Held {
     /// Bytes in memory and where they go; nothing exists on disk yet.
     Memory {
@@ -735,7 +736,9 @@ enum Held {
         driver: IoDriver,
         bytes: Vec<u8>,
     },
+    /// Past what is held: a temporary file beside the target.
     Streaming(Upload),
+    /// Committed, or failed while moving to a temporary file.
     Spent,
 }
 
@@ -783,7 +786,7 @@ impl SmallFirst {
                 piece.clear();
                 return Ok(piece);
             }
-            self.stream().await?;
+            self.spill().await?;
         }
         match &mut self.state {
             Held::Streaming(upload) => upload.write(piece).await,
@@ -797,7 +800,7 @@ impl SmallFirst {
     /// Moves held bytes to a temporary file beside the target (which creates the
     /// target's parents and meets what refuses the target), so that several files can
     /// be made ready before any of them is committed.
-    pub async fn stream(&mut self) -> Result<(), FsError> {
+    pub async fn spill(&mut self) -> Result<(), FsError> {
         let Held::Memory { .. } = self.state else {
             return Ok(());
         };

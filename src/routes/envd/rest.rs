@@ -430,7 +430,7 @@ impl RawSink for FilesUpload {
             if uploads.len() > 1 {
                 let mut failed = None;
                 for upload in &mut uploads {
-                    if let Err(e) = upload.stream().await {
+                    if let Err(e) = upload.spill().await {
                         failed = Some(e);
                         break;
                     }

@@ -790,10 +790,7 @@ impl SmallFirst {
         }
         match &mut self.state {
             Held::Streaming(upload) => upload.write(piece).await,
-            _ => Err(FsError::io(
-                io::Error::other("upload already finished"),
-                String::new(),
-            )),
+            _ => Err(finished()),
         }
     }
 
@@ -801,17 +798,16 @@ impl SmallFirst {
     /// target's parents and meets what refuses the target), so that several files can
     /// be made ready before any of them is committed.
     pub async fn spill(&mut self) -> Result<(), FsError> {
-        let Held::Memory { .. } = self.state else {
-            return Ok(());
-        };
+        let state = std::mem::replace(&mut self.state, Held::Spent);
         let Held::Memory {
             base,
             caller,
             driver,
             bytes,
-        } = std::mem::replace(&mut self.state, Held::Spent)
+        } = state
         else {
-            unreachable!("matched above");
+            self.state = state;
+            return Ok(());
         };
         let mut upload = Upload::open(&base, caller, driver).await?;
         if !self.replace {
@@ -838,10 +834,7 @@ impl SmallFirst {
                 bytes,
             } => write_atomic(&base, caller, bytes, driver, self.replace).await,
             Held::Streaming(upload) => upload.commit().await,
-            Held::Spent => Err(FsError::io(
-                io::Error::other("upload already finished"),
-                String::new(),
-            )),
+            Held::Spent => Err(finished()),
         }
     }
 
@@ -851,6 +844,11 @@ impl SmallFirst {
             upload.abort().await;
         }
     }
+}
+
+/// A write to a [`SmallFirst`] that was committed, or failed on its way to disk.
+fn finished() -> FsError {
+    FsError::io(io::Error::other("upload already finished"), String::new())
 }
 
 /// Whether this thread must use named temporary files: tests set it to exercise what

@@ -115,12 +115,13 @@ pub(crate) async fn confine_followed(
 /// The body size up to which a raw upload may be held in memory and written in one
 /// step (`fs::write::SmallFirst`): the announced `Content-Length` (the connection reads
 /// no more), unless the client sent `Expect: 100-continue` and so asked to hear of a
-/// target that cannot be written before it sends the body. `None` for a chunked body.
+/// target that cannot be written before it sends the body. `None` for a chunked body
+/// (whatever length it also claims).
 pub(crate) fn holdable_body_length(call: &Call) -> Option<u64> {
-    if call
+    let asks_first = call
         .header("expect")
-        .is_some_and(|e| e.trim().eq_ignore_ascii_case("100-continue"))
-    {
+        .is_some_and(|e| e.trim().eq_ignore_ascii_case("100-continue"));
+    if asks_first || call.header("transfer-encoding").is_some() {
         return None;
     }
     call.header("content-length")

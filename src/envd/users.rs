@@ -59,9 +59,65 @@ fn parse(passwd: &str) -> Vec<Account> {
         .collect()
 }
 
+/// Where the accounts are.
+const PASSWD: &str = "/etc/passwd";
+/// The largest `/etc/passwd` [`passwd_cached`] reads on a worker; a larger one is read on
+/// the pool.
+const CACHED_PASSWD_BYTES: u64 = 256 * 1024;
+
+/// `/etc/passwd` from the kernel's caches only: opened with `RESOLVE_CACHED` and read with
+/// `RWF_NOWAIT`, so it never waits for a disk and may run on a worker (every envd call
+/// resolves its account, and a trip to the blocking pool for it cost more than the rest
+/// of a small write). Read afresh on every call: an account added a moment ago is there.
+/// `None`: some of it was not cached, it changed size while read, or it could not be
+/// opened; [`resolve`] on the pool decides as it always did.
+pub fn passwd_cached() -> Option<String> {
+    cached_text(PASSWD, CACHED_PASSWD_BYTES)
+}
+
+/// The text of the regular file at `path` if it is at most `limit` bytes and the kernel
+/// can open and read it from its caches alone (see [`passwd_cached`]).
+fn cached_text(path: &str, limit: u64) -> Option<String> {
+    let fd = rustix::fs::openat2(
+        rustix::fs::CWD,
+        path,
+        rustix::fs::OFlags::RDONLY | rustix::fs::OFlags::CLOEXEC | rustix::fs::OFlags::NONBLOCK,
+        rustix::fs::Mode::empty(),
+        rustix::fs::ResolveFlags::CACHED,
+    )
+    .ok()?;
+    let stat = rustix::fs::fstat(&fd).ok()?;
+    let size = stat.st_size as u64;
+    if rustix::fs::FileType::from_raw_mode(stat.st_mode) != rustix::fs::FileType::RegularFile
+        || size > limit
+    {
+        return None;
+    }
+    // One byte of slack shows whether the file grew since fstat.
+    let data =
+        crate::runtime::AsyncFile::read_cached(std::os::fd::AsFd::as_fd(&fd), size as usize)?;
+    if data.len() as u64 != size {
+        return None;
+    }
+    String::from_utf8(data).ok()
+}
+
 /// The account a call runs as (see the module). Blocking: reads `/etc/passwd`.
 pub fn resolve(asked: Option<&str>, default: Option<&str>) -> Result<Account, UserError> {
-    let accounts = parse(&std::fs::read_to_string("/etc/passwd").unwrap_or_default());
+    resolve_in(
+        &std::fs::read_to_string(PASSWD).unwrap_or_default(),
+        asked,
+        default,
+    )
+}
+
+/// [`resolve`] against `passwd`, the text of `/etc/passwd`.
+pub fn resolve_in(
+    passwd: &str,
+    asked: Option<&str>,
+    default: Option<&str>,
+) -> Result<Account, UserError> {
+    let accounts = parse(passwd);
     let euid = rustix::process::geteuid().as_raw();
     let own = || {
         accounts
@@ -144,6 +200,54 @@ mod tests {
         assert_eq!(basic_user("basic cm9vdDpzZWNyZXQ="), Some("root".into()));
         assert_eq!(basic_user("Bearer token"), None);
         assert_eq!(basic_user("Basic !!!"), None);
+    }
+
+    #[test]
+    fn cached_reads_give_the_file_or_nothing() {
+        let dir = std::env::temp_dir().join(format!("abx-users-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let file = dir.join("passwd");
+        let text = "root:x:0:0:root:/root:/bin/bash\nuser:x:1000:1000::/home/user:/bin/sh\n";
+        std::fs::write(&file, text).unwrap();
+        let path = file.to_str().unwrap();
+        // Just written, so in the caches: read on the spot.
+        assert_eq!(cached_text(path, 1024).as_deref(), Some(text));
+        // Over the limit, a directory, or missing: left to the pool.
+        assert_eq!(cached_text(path, text.len() as u64 - 1), None);
+        assert_eq!(cached_text(dir.to_str().unwrap(), 1024), None);
+        assert_eq!(cached_text(dir.join("none").to_str().unwrap(), 1024), None);
+        // The machine's own file: the same text either way.
+        if let Some(cached) = passwd_cached() {
+            assert_eq!(cached, std::fs::read_to_string(PASSWD).unwrap());
+        }
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn accounts_resolve_against_the_text_given() {
+        let euid = rustix::process::geteuid().as_raw();
+        let egid = rustix::process::getegid().as_raw();
+        let passwd = format!("me:x:{euid}:{egid}::/home/me:/bin/sh\n");
+        let me = Account {
+            name: "me".into(),
+            uid: euid,
+            gid: egid,
+            home: PathBuf::from("/home/me"),
+        };
+        if crate::process::spawn::child_user().is_none() {
+            assert_eq!(resolve_in(&passwd, Some("me"), None), Ok(me.clone()));
+            // The default applies when the call names no one (or names an empty user).
+            assert_eq!(resolve_in(&passwd, None, Some("me")), Ok(me.clone()));
+            assert_eq!(resolve_in(&passwd, Some(""), Some("me")), Ok(me));
+        }
+        assert_eq!(
+            resolve_in(&passwd, Some("root-of-nothing"), Some("me")),
+            Err(UserError::Unknown("root-of-nothing".into()))
+        );
+        assert_eq!(
+            resolve_in("", None, Some("gone")),
+            Err(UserError::Unknown("gone".into()))
+        );
     }
 
     #[test]

@@ -22,16 +22,21 @@ pub async fn account_named(call: &Call, named: Option<String>) -> Result<Account
                 .map(str::to_string)
         });
     let default = call.config().envd_default_user.clone();
-    crate::runtime::blocking(move || users::resolve(asked.as_deref(), default.as_deref()))
-        .await
-        .map_err(|e| ApiError::internal("OSError", e.to_string()))?
-        .map_err(|e| {
-            let status = match e {
-                UserError::Unknown(_) => 400,
-                UserError::NeedsRoot(_) | UserError::Confined { .. } => 403,
-            };
-            ApiError::new(status, "PermissionError", e.to_string())
-        })
+    let resolved = match users::passwd_cached() {
+        Some(passwd) => users::resolve_in(&passwd, asked.as_deref(), default.as_deref()),
+        None => {
+            crate::runtime::blocking(move || users::resolve(asked.as_deref(), default.as_deref()))
+                .await
+                .map_err(|e| ApiError::internal("OSError", e.to_string()))?
+        }
+    };
+    resolved.map_err(|e| {
+        let status = match e {
+            UserError::Unknown(_) => 400,
+            UserError::NeedsRoot(_) | UserError::Confined { .. } => 403,
+        };
+        ApiError::new(status, "PermissionError", e.to_string())
+    })
 }
 
 /// The caller's path as the file routes take it: a relative one resolves against the

@@ -249,6 +249,8 @@ impl BodyStream for FileStream {
 /// The most raw bytes per base64 piece: a multiple of 3, so pieces encode without padding
 /// and concatenate into one valid encoding (256 KiB of base64 out per piece).
 const BASE64_PIECE: usize = 3 * 64 * 1024;
+/// Three pages: the smallest piece that is both whole base64 quanta and whole pages.
+const ALIGNED_QUANTUM: usize = 3 * 4096;
 
 /// A file region as standard base64 between a `prefix` and a `suffix` (the value of a
 /// JSON string field, with the object around it), as a body of known length. Each
@@ -304,13 +306,35 @@ impl BodyStream for Base64FileStream {
                 // same two buffers back and forth): a reallocation per piece showed as
                 // page faults in the profile.
                 let suffix = self.suffix.as_ref().map_or(0, Vec::len);
-                let room = buf.capacity().saturating_sub(buf.len() + suffix) / 4 * 3;
-                let piece = if room < 3 {
-                    BASE64_PIECE
+                let free = buf.capacity().saturating_sub(buf.len());
+                let left = (self.end - self.pos) as usize;
+                let want = if base64_simd::STANDARD.encoded_length(left) + suffix <= free {
+                    // The last piece, with the suffix after it.
+                    left
                 } else {
-                    room.min(BASE64_PIECE)
+                    // A middle piece: whole pages of the file, so that every read after
+                    // the first starts on a page boundary (a piece shortened by the
+                    // prefix or the suffix shifted every later read off it).
+                    let room = (free / 4 * 3).min(BASE64_PIECE);
+                    let aligned = room / ALIGNED_QUANTUM * ALIGNED_QUANTUM;
+                    let piece = if aligned > 0 {
+                        aligned
+                    } else if room >= 3 {
+                        room / 3 * 3
+                    } else {
+                        BASE64_PIECE
+                    };
+                    if piece < left {
+                        piece
+                    } else {
+                        // The rest does not fit beside the suffix: all of it but its last
+                        // quantum now, that quantum with the suffix next time.
+                        match (left - 1) / 3 * 3 {
+                            0 => left,
+                            most => most,
+                        }
+                    }
                 };
-                let want = ((self.end - self.pos) as usize).min(piece);
                 let mut raw = std::mem::take(&mut self.raw);
                 if raw.capacity() < BASE64_PIECE {
                     raw = crate::http::chunks::take();
@@ -324,10 +348,12 @@ impl BodyStream for Base64FileStream {
                     return Err(io::Error::from(io::ErrorKind::UnexpectedEof));
                 }
                 let encoded = base64_simd::STANDARD.encoded_length(want);
-                // No slack beyond the suffix: `room` was measured to fit exactly this, and
-                // growing the buffer here meant a realloc and fresh pages per piece (6 %
-                // of a 1 MiB download's time went to those page faults).
-                buf.reserve(encoded + suffix);
+                // No slack: the piece was chosen to fit what is free (with the suffix only
+                // after the last piece), and growing the buffer here meant a realloc and
+                // fresh pages per piece (6 % of a 1 MiB download's time went to those page
+                // faults).
+                let last = self.pos + want as u64 >= self.end;
+                buf.reserve(encoded + if last { suffix } else { 0 });
                 let start = buf.len();
                 let written = base64_simd::STANDARD
                     .encode(

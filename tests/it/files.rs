@@ -502,9 +502,13 @@ fn raw_streaming_200_mib_in_constant_memory(driver: &'static str) {
 fn json_downloads_stream_in_bounded_memory(driver: &'static str) {
     let server = Server::start(driver);
     let peak = PeakRss::watch(&server);
-    // Sizes around the base64 piece (196,608 raw bytes), the small-file path and zero.
+    // Sizes around the base64 piece (196,608 raw bytes), the small-file path and zero,
+    // and around the page-aligned first piece (184,320 bytes: the prefix leaves no room
+    // for 196,608) and the end of the second (380,928), where the rest may or may not
+    // fit beside the suffix.
     for len in [
-        0usize, 1, 2, 3, 65_535, 65_536, 196_607, 196_608, 196_609, 1_000_001,
+        0usize, 1, 2, 3, 65_535, 65_536, 184_319, 184_320, 184_321, 196_607, 196_608, 196_609,
+        380_900, 380_927, 380_928, 380_929, 1_000_001,
     ] {
         let data = noise(len, len as u64 + 7);
         std::fs::write(server.base_dir().join("d.bin"), &data).unwrap();

@@ -352,8 +352,7 @@ impl BodyStream for Base64FileStream {
                 // after the last piece), and growing the buffer here meant a realloc and
                 // fresh pages per piece (6 % of a 1 MiB download's time went to those page
                 // faults).
-                let last = self.pos + want as u64 >= self.end;
-                buf.reserve(encoded + if last { suffix } else { 0 });
+                buf.reserve(encoded + if want == left { suffix } else { 0 });
                 let start = buf.len();
                 let written = base64_simd::STANDARD
                     .encode(

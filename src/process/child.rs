@@ -106,7 +106,7 @@ impl Child {
             ));
         };
         let registry_for_pool = registry.clone();
-        let started = monoio::spawn_blocking(move || -> io::Result<Started> {
+        let started = crate::runtime::blocking(move || -> io::Result<Started> {
             let path_var = spec
                 .env
                 .iter()

@@ -8,6 +8,7 @@
 //! io-wq thread (tmpfs does not do non-blocking I/O), a context switch per piece that
 //! measured 15-20 % of a JSON upload's throughput (`docs/architecture.md`).
 
+use std::any::Any;
 use std::io;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::sync::Arc;
@@ -65,7 +66,7 @@ impl AsyncFile {
                     _ => buf.clear(),
                 }
                 let file = file.clone();
-                let joined = monoio::spawn_blocking(move || {
+                let joined = blocking(move || {
                     use std::os::unix::fs::FileExt;
                     let capacity = buf.capacity();
                     buf.resize(capacity, 0);
@@ -170,7 +171,7 @@ impl AsyncFile {
             AsyncFile::Uring(file) => file.write_all_at(buf, pos).await,
             AsyncFile::Pool(file) => {
                 let file = file.clone();
-                let joined = monoio::spawn_blocking(move || {
+                let joined = blocking(move || {
                     use std::os::unix::fs::FileExt;
                     (file.write_all_at(&buf, pos), buf)
                 })
@@ -188,9 +189,22 @@ impl AsyncFile {
 
 /// Runs a short blocking call (open, getdents, fork) on the blocking pool and awaits it
 /// without blocking the worker. The error is the pool dropping the task (it panicked).
+///
+/// Every call goes through one task type: the closure and its result are boxed, so the
+/// pool's task machinery (poll, join, drop, about 2 KB of code per type) is compiled once,
+/// not once per call site (85 of them); the two boxes cost nothing beside a thread hand-off.
 pub async fn blocking<T: Send + 'static>(
     work: impl FnOnce() -> T + Send + 'static,
 ) -> io::Result<T> {
+    let out = blocking_erased(Box::new(move || Box::new(work()) as Box<dyn Any + Send>)).await?;
+    Ok(*out
+        .downcast::<T>()
+        .expect("the erased task returns what its closure returned"))
+}
+
+type ErasedWork = Box<dyn FnOnce() -> Box<dyn Any + Send> + Send>;
+
+async fn blocking_erased(work: ErasedWork) -> io::Result<Box<dyn Any + Send>> {
     monoio::spawn_blocking(work)
         .await
         .map_err(|_| io::Error::other("blocking task was cancelled (it panicked)"))

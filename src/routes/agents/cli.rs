@@ -40,7 +40,7 @@ pub enum Found {
 /// The CLI on the children's `PATH` and the version it reports, if there is one.
 async fn on_path(call: &Call, runtime: Runtime) -> Option<(PathBuf, String)> {
     let env = call.services().environment.snapshot();
-    let path = monoio::spawn_blocking(move || runtime.find_cli(&env))
+    let path = crate::runtime::blocking(move || runtime.find_cli(&env))
         .await
         .ok()
         .flatten()?;
@@ -59,7 +59,7 @@ pub async fn version_of(call: &Call, program: &std::path::Path) -> Option<String
 /// The managed install of `runtime`, when it is complete (a stat, on the pool).
 async fn managed(installer: &Arc<Installer>, runtime: Runtime) -> Option<Located> {
     let installer = installer.clone();
-    monoio::spawn_blocking(move || installer.managed(runtime))
+    crate::runtime::blocking(move || installer.managed(runtime))
         .await
         .ok()
         .flatten()

@@ -432,7 +432,7 @@ async fn navigate(call: Call) -> Result<Response, ApiError> {
         Ok(Verdict::Allowed) => {}
         Ok(Verdict::Resolve { host, port }) => {
             let lookup_host = host.clone();
-            let lookup = monoio::spawn_blocking(move || {
+            let lookup = crate::runtime::blocking(move || {
                 let addresses = (lookup_host.as_str(), port)
                     .to_socket_addrs()
                     .map(|addrs| addrs.map(|a| a.ip()).collect::<Vec<_>>());

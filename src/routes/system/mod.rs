@@ -90,7 +90,7 @@ pub fn endpoints() -> Vec<Endpoint> {
 async fn off_the_loop<T: Send + 'static>(
     work: impl FnOnce() -> std::io::Result<T> + Send + 'static,
 ) -> Result<T, ApiError> {
-    monoio::spawn_blocking(work)
+    crate::runtime::blocking(work)
         .await
         .unwrap_or_else(|_| Err(std::io::Error::other("the blocking task was cancelled")))
         .map_err(|e| crate::api::errno::os_error(&e, None))

@@ -123,7 +123,7 @@ async fn kill_off_the_loop(sessions: Vec<Arc<Session>>) {
     if sessions.is_empty() {
         return;
     }
-    let _ = monoio::spawn_blocking(move || {
+    let _ = crate::runtime::blocking(move || {
         for session in sessions {
             session.kill();
         }

@@ -9,7 +9,6 @@ WORKDIR /src
 # The dependencies first, in a layer of their own: every target the manifest declares is
 # a placeholder here, so a change to src/ rebuilds only the crate below.
 COPY Cargo.toml Cargo.lock build.rs ./
-COPY core/Cargo.toml ./core/
 RUN mkdir -p src/bin benches tests/it \
  && echo 'fn main() {}' > src/main.rs \
  && touch src/lib.rs \

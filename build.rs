@@ -3,7 +3,7 @@
 //!
 //! A position-independent binary carries one relocation per pointer in its data (vtables,
 //! tables of `&str`): 9,204 of them, a 225 KB `.rela.dyn` that the loader reads at every
-//! start. Packed, the table is under 3 KB: the stripped binary is 212 KB smaller and the
+//! start. Packed, the table is under 3 KB: the stripped binary is 217 KB smaller and the
 //! first answer comes 18 page faults sooner (docs/benchmarks.md, "Eleventh session").
 //!
 //! Only glibc 2.36 and later load a packed binary (it then requires the

@@ -1,11 +1,10 @@
 //! The crate's modules use each other without a cycle (issue #23 item 7): modules in a
 //! cycle are one unit that can only be read, tested and changed together.
 //!
-//! The reference is cargo-modules (`cargo modules dependencies -p agent-sandbox-core --lib
-//! [--cfg-test] --no-externs --no-sysroot --no-fns --no-traits --no-types --no-owns`, then
-//! the strongly connected components of its "uses" edges). CI does not have it, so this
-//! rebuilds that graph from the sources, with and without `cfg(test)`, as cargo-modules
-//! builds it:
+//! The reference is cargo-modules (`cargo modules dependencies --lib [--cfg-test]
+//! --no-externs --no-sysroot --no-fns --no-traits --no-types --no-owns`, then the strongly
+//! connected components of its "uses" edges). CI does not have it, so this rebuilds that
+//! graph from the sources, with and without `cfg(test)`, as cargo-modules builds it:
 //!
 //! - the modules are the files reached from `src/lib.rs` by `mod name;` (every `.rs` file
 //!   under `src/` but `main.rs` and `bin/` must be one) and inline `mod name { .. }`;
@@ -1130,7 +1129,7 @@ fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
 }
 
 fn src_dir() -> PathBuf {
-    crate::testing::repo_root().join("src")
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("src")
 }
 
 #[test]

@@ -215,7 +215,10 @@ mod tests {
     use super::*;
 
     fn read(fixture: &str) -> Vec<AgentEvent> {
-        let path = crate::testing::repo_root().join(format!("tests/fixtures/claude/{fixture}"));
+        let path = format!(
+            "{}/tests/fixtures/claude/{fixture}",
+            env!("CARGO_MANIFEST_DIR")
+        );
         let mut reader = ClaudeLines::default();
         std::fs::read_to_string(path)
             .unwrap()

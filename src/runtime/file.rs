@@ -191,8 +191,9 @@ impl AsyncFile {
 /// without blocking the worker. The error is the pool dropping the task (it panicked).
 ///
 /// Every call goes through one task type: the closure and its result are boxed, so the
-/// pool's task machinery (poll, join, drop, about 2 KB of code per type) is compiled once,
-/// not once per call site (85 of them); the two boxes cost nothing beside a thread hand-off.
+/// pool's task machinery (poll, join, drop, with each closure inlined into its poll) is
+/// compiled once, not once per call site: 508 KB of the binary over 85 call sites. The
+/// two boxes are two small allocations beside a thread hand-off.
 pub async fn blocking<T: Send + 'static>(
     work: impl FnOnce() -> T + Send + 'static,
 ) -> io::Result<T> {

@@ -7,11 +7,13 @@
 FROM rust:1.95.0-bookworm AS build
 WORKDIR /src
 # The dependencies first, in a layer of their own: every target the manifest declares is
-# a placeholder here, so a change to src/ rebuilds only the crate below.
+# a placeholder here, so a change to src/ rebuilds only the server's own packages below.
 COPY Cargo.toml Cargo.lock build.rs ./
+COPY core/Cargo.toml ./core/
+COPY engine/Cargo.toml ./engine/
 RUN mkdir -p src/bin benches tests/it \
  && echo 'fn main() {}' > src/main.rs \
- && touch src/lib.rs \
+ && touch src/lib.rs src/engine.rs \
  && echo 'fn main() {}' > src/bin/embed-example.rs \
  && echo 'fn main() {}' > benches/hot_paths.rs \
  && touch tests/it/main.rs \
@@ -22,7 +24,7 @@ COPY benches ./benches
 COPY tests ./tests
 # The placeholders' build stamps are newer than the copied sources; touch makes the
 # crate itself rebuild.
-RUN touch src/main.rs src/lib.rs \
+RUN touch src/main.rs src/lib.rs src/engine.rs \
  && cargo build --release --locked --bin agent-sandbox \
  && strip target/release/agent-sandbox
 

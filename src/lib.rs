@@ -6,32 +6,28 @@
 //! named commands ([`Command`], [`CommandArg`], [`ArgType`], [`CommandError`]) and the
 //! server-sent events channel ([`sse`]). Everything else is internal.
 
+// The engine's layers (src/engine.rs), under the names the server's code uses for them.
+#[doc(hidden)]
+pub use agent_sandbox_engine::log;
+use agent_sandbox_engine::{api, fs, http, process, pty, runtime, timefmt};
+
 mod agents;
-mod api;
 mod app;
 mod bridge;
 mod browser;
 mod commands;
 pub mod config;
 mod envd;
-mod fs;
 mod git;
-mod http;
-#[doc(hidden)]
-pub mod log;
 mod mcp;
 #[cfg(test)]
 mod module_graph;
-mod process;
-mod pty;
 mod pytext;
 mod routes;
-mod runtime;
 mod server;
 mod system;
 #[cfg(test)]
 mod testing;
-mod timefmt;
 
 pub use api::{ApiError, Group, Method, Param};
 pub use app::{handler, Call, Endpoint};

@@ -29,6 +29,14 @@ use crate::runtime::IoDriver;
 /// refused by a sandbox's seccomp profile).
 const DRIVER: IoDriver = IoDriver::Epoll;
 
+/// The repository's root: the library is the `core/` package of the workspace, so its
+/// manifest directory is one below it; fixtures, `scripts/` and `.tools/` live at the root.
+pub fn repo_root() -> &'static Path {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("core/ has a parent")
+}
+
 /// Runs `future` on a worker's runtime (timers, the blocking pool).
 pub fn run<F: Future>(future: F) -> F::Output {
     let pool = BlockingPool::new(4, Duration::from_secs(5));

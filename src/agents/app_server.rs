@@ -873,14 +873,13 @@ pub(crate) mod tests {
     use super::*;
     use crate::agents::runtime::Runtime;
     use crate::testing::run;
-    use std::path::Path;
 
     /// `PATH` with the pinned tools first (`scripts/tools --path`, which installs them
     /// when missing), as the integration tests have it.
     pub(crate) fn tools_path() -> String {
         static PATH: std::sync::OnceLock<String> = std::sync::OnceLock::new();
         PATH.get_or_init(|| {
-            let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+            let root = crate::testing::repo_root();
             let output = std::process::Command::new(root.join("scripts/tools"))
                 .arg("--path")
                 .output()

@@ -2394,8 +2394,7 @@ mod tests {
                 }
             }
         }
-        let python =
-            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join(".tools/venv/bin/python3");
+        let python = crate::testing::repo_root().join(".tools/venv/bin/python3");
         assert!(
             python.exists(),
             "{} is missing: run scripts/tools, which installs the pinned openai SDK into .tools/venv",

@@ -105,7 +105,7 @@ impl Envelopes {
 
     /// The next whole envelope, `Ok(None)` until one has arrived; `Err` for a message
     /// over the limit or a compressed one.
-    pub fn next(&mut self) -> Result<Option<Envelope>, String> {
+    pub fn next_envelope(&mut self) -> Result<Option<Envelope>, String> {
         if self.pending.len() < 5 {
             return Ok(None);
         }
@@ -199,7 +199,7 @@ mod tests {
         let mut seen = Vec::new();
         for byte in &body {
             envelopes.push(std::slice::from_ref(byte));
-            while let Some(envelope) = envelopes.next().unwrap() {
+            while let Some(envelope) = envelopes.next_envelope().unwrap() {
                 seen.push(envelope);
             }
         }
@@ -217,12 +217,15 @@ mod tests {
         let mut envelopes = Envelopes::new(4);
         envelopes.push(&envelope(0, b"12345"));
         assert!(envelopes
-            .next()
+            .next_envelope()
             .unwrap_err()
             .contains("over the limit of 4 bytes"));
         let mut envelopes = Envelopes::new(64);
         envelopes.push(&envelope(FLAG_COMPRESSED, b"x"));
-        assert!(envelopes.next().unwrap_err().contains("uncompressed"));
+        assert!(envelopes
+            .next_envelope()
+            .unwrap_err()
+            .contains("uncompressed"));
     }
 
     #[test]

@@ -138,9 +138,17 @@ mod tests {
         assert!(followers.is_empty());
     }
 
+    /// Runs `future` on an epoll worker runtime, as the server's unit tests do
+    /// (`testing::run` is the server package's, above this one).
+    fn run<F: std::future::Future>(future: F) -> F::Output {
+        let pool = crate::runtime::blocking::BlockingPool::new(2, Duration::from_secs(5));
+        crate::runtime::block_on(crate::runtime::IoDriver::Epoll, pool, future)
+            .expect("a monoio runtime")
+    }
+
     #[test]
     fn a_reader_that_takes_nothing_is_cut_off_and_the_wait_ends() {
-        crate::testing::run(async {
+        run(async {
             let followers = Followers::default();
             let stuck = followers.attach(0);
             let cut = std::cell::Cell::new(0);

@@ -537,3 +537,39 @@ fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
     // Nothing here can leave the data inconsistent on a panic.
     mutex.lock().unwrap_or_else(|e| e.into_inner())
 }
+
+/// The terminal socket's `output` message for `data`, `{"type":"output","data":...}`,
+/// written without building a JSON object first. It escapes every byte a program prints,
+/// so it lives here, in the engine built for speed, not in the size-built routes above
+/// (docs/architecture.md, "Packages").
+pub fn output_message(data: &str) -> String {
+    #[derive(serde::Serialize)]
+    struct Output<'a> {
+        #[serde(rename = "type")]
+        kind: &'static str,
+        data: &'a str,
+    }
+    let message = Output {
+        kind: "output",
+        data,
+    };
+    // A struct of two strings always serialises.
+    serde_json::to_string(&message).unwrap_or_default()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::output_message;
+
+    #[test]
+    fn output_message_escapes_what_a_terminal_prints() {
+        let printed = "\x1b[1mbold\x1b[0m \"quoted\" back\\slash\r\n\u{7f}é\u{0}";
+        let message: serde_json::Value =
+            serde_json::from_str(&output_message(printed)).expect("valid JSON");
+        assert_eq!(
+            message,
+            serde_json::json!({"type": "output", "data": printed})
+        );
+        assert_eq!(output_message("a"), r#"{"type":"output","data":"a"}"#);
+    }
+}

@@ -145,6 +145,7 @@ mod local_drain {
     }
 
     /// Resolves once this worker drains.
+    #[derive(Default)]
     pub struct Drained {
         slot: Option<usize>,
     }

@@ -215,10 +215,7 @@ mod tests {
     use super::*;
 
     fn read(fixture: &str) -> Vec<AgentEvent> {
-        let path = format!(
-            "{}/tests/fixtures/claude/{fixture}",
-            env!("CARGO_MANIFEST_DIR")
-        );
+        let path = crate::testing::repo_root().join(format!("tests/fixtures/claude/{fixture}"));
         let mut reader = ClaudeLines::default();
         std::fs::read_to_string(path)
             .unwrap()

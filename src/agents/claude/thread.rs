@@ -650,10 +650,7 @@ mod tests {
     /// The captured session replayed: our input lines (`<<< `) become the requests that
     /// wrote them, the CLI's lines are read; returns every notification in order.
     fn replay() -> (ClaudeThread, Vec<(String, Value)>) {
-        let path = format!(
-            "{}/tests/fixtures/claude/session.jsonl",
-            env!("CARGO_MANIFEST_DIR")
-        );
+        let path = crate::testing::repo_root().join("tests/fixtures/claude/session.jsonl");
         let text = std::fs::read_to_string(path).unwrap();
         let mut thread = ClaudeThread::new("T", "/work", None);
         let mut notes = Vec::new();

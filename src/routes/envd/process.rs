@@ -452,7 +452,7 @@ impl RawSink for StreamInput {
         Box::pin(async move {
             self.envelopes.push(&piece);
             loop {
-                let envelope = match self.envelopes.next() {
+                let envelope = match self.envelopes.next_envelope() {
                     Ok(Some(envelope)) => envelope,
                     Ok(None) => break,
                     Err(why) => return Err(error(Code::InvalidArgument, why)),

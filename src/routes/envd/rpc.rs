@@ -64,7 +64,7 @@ pub fn request<M: prost::Message + Default + FromJson>(
     let message = if streaming {
         let mut envelopes = Envelopes::new(MAX_MESSAGE);
         envelopes.push(&body);
-        match envelopes.next() {
+        match envelopes.next_envelope() {
             Ok(Some(envelope)) => envelope.message,
             Ok(None) => {
                 return Err(error(

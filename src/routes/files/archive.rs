@@ -7,7 +7,7 @@ use crate::app::Call;
 use crate::fs::archive::{self, Format, Limits};
 use crate::http::{Response, JSON_CONTENT_TYPE};
 use crate::routes::shared::fs_error;
-use crate::runtime::blocking;
+use crate::runtime::{base64_between, blocking};
 
 pub const MAX_FILES: usize = 10_000;
 pub const MAX_BYTES: u64 = 100 * 1024 * 1024;
@@ -60,21 +60,12 @@ pub async fn archive(call: Call) -> Result<Response, ApiError> {
     };
     let body = blocking(move || -> Result<Vec<u8>, ApiError> {
         let data = archive::build(&base, &inputs, format, limits, hidden).map_err(fs_error)?;
-        let encoded_len = base64_simd::STANDARD.encoded_length(data.len());
-        let mut out = Vec::with_capacity(encoded_len + 64);
-        out.extend_from_slice(b"{\"content_base64\":\"");
-        let start = out.len();
-        out.resize(start + encoded_len, 0);
-        let _ =
-            base64_simd::STANDARD.encode(&data, base64_simd::Out::from_slice(&mut out[start..]));
-        out.extend_from_slice(
-            format!(
-                "\",\"format\":\"{}\",\"bytes\":{}}}",
-                format.name(),
-                data.len()
-            )
-            .as_bytes(),
+        let suffix = format!(
+            "\",\"format\":\"{}\",\"bytes\":{}}}",
+            format.name(),
+            data.len()
         );
+        let out = base64_between(b"{\"content_base64\":\"", &data, suffix.as_bytes());
         Ok(out)
     })
     .await

@@ -230,21 +230,8 @@ async fn give_input(session: &Session, data: &[u8]) -> Result<(), Value> {
     }
 }
 
-/// The `output` message, written without building a JSON object first.
-#[derive(serde::Serialize)]
-struct Output<'a> {
-    #[serde(rename = "type")]
-    kind: &'static str,
-    data: &'a str,
-}
-
 async fn send_output(ws: &mut WebSocket, data: String) -> std::io::Result<()> {
-    let message = Output {
-        kind: "output",
-        data: &data,
-    };
-    let text = serde_json::to_string(&message).map_err(std::io::Error::other)?;
-    ws.send_text(text).await
+    ws.send_text(crate::pty::output_message(&data)).await
 }
 
 /// The message a keystroke comes in, read in place. Anything else (or anything odd:

@@ -844,6 +844,7 @@ impl Graph {
                 let parent = graph.modules[&module].file.clone();
                 let mut dir = match parent.file_name().and_then(|n| n.to_str()) {
                     Some("mod.rs" | "lib.rs") => parent.parent().unwrap().to_path_buf(),
+                    _ if parent == src.join(ENGINE_ROOT) => src.to_path_buf(),
                     _ => parent.with_extension(""),
                 };
                 let declared_in = module_of_file(src, &parent);
@@ -1066,6 +1067,9 @@ fn modules(targets: Vec<Target>) -> impl Iterator<Item = String> {
 
 /// The module a file declares, by its path under `src/`.
 fn module_of_file(src: &Path, file: &Path) -> String {
+    if file == src.join(ENGINE_ROOT) {
+        return String::new();
+    }
     let rel = file.strip_prefix(src).unwrap().with_extension("");
     let mut parts: Vec<String> = rel
         .iter()

@@ -282,22 +282,20 @@ pub struct Base64FileStream {
     length: u64,
 }
 
-/// `prefix`, then `data` in base64, then `suffix`, in one buffer sized once: a JSON answer
-/// whose string is the base64 of a file read whole (a small download, an archive). It
-/// encodes every byte, so it lives in the engine, built for speed, beside the streamed
+/// Appends the base64 of `data` to `out`, growing it once to hold that and `room_after`
+/// bytes more (what the caller writes after it): a JSON answer whose string is the base64
+/// of a file read whole (a small download, an archive), written in place. It encodes every
+/// byte, so it lives in the engine, built for speed, beside the streamed
 /// [`Base64FileStream`] (docs/architecture.md, "Packages").
-pub fn base64_between(prefix: &[u8], data: &[u8], suffix: &[u8]) -> Vec<u8> {
+pub fn push_base64(out: &mut Vec<u8>, data: &[u8], room_after: usize) {
     let encoded_len = base64_simd::STANDARD.encoded_length(data.len());
-    let mut out = Vec::with_capacity(prefix.len() + encoded_len + suffix.len());
-    out.extend_from_slice(prefix);
+    out.reserve(encoded_len + room_after);
     let start = out.len();
     out.resize(start + encoded_len, 0);
     let written = base64_simd::STANDARD
         .encode(data, base64_simd::Out::from_slice(&mut out[start..]))
         .len();
     debug_assert_eq!(written, encoded_len);
-    out.extend_from_slice(suffix);
-    out
 }
 
 impl Base64FileStream {

@@ -29,7 +29,7 @@ use blocking::BlockingPool;
 use shutdown::Shutdown;
 
 pub use driver::{choose_driver, DriverChoice, IoDriver};
-pub use file::{base64_between, blocking, AsyncFile, Base64FileStream, FileStream};
+pub use file::{blocking, push_base64, AsyncFile, Base64FileStream, FileStream};
 
 /// Binds `addr` with `SO_REUSEPORT` (and `SO_REUSEADDR`), non-blocking, ready for monoio.
 pub fn bind_reuseport(addr: SocketAddr) -> io::Result<StdListener> {

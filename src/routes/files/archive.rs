@@ -7,7 +7,7 @@ use crate::app::Call;
 use crate::fs::archive::{self, Format, Limits};
 use crate::http::{Response, JSON_CONTENT_TYPE};
 use crate::routes::shared::fs_error;
-use crate::runtime::{base64_between, blocking};
+use crate::runtime::{blocking, push_base64};
 
 pub const MAX_FILES: usize = 10_000;
 pub const MAX_BYTES: u64 = 100 * 1024 * 1024;
@@ -65,7 +65,9 @@ pub async fn archive(call: Call) -> Result<Response, ApiError> {
             format.name(),
             data.len()
         );
-        let out = base64_between(b"{\"content_base64\":\"", &data, suffix.as_bytes());
+        let mut out = b"{\"content_base64\":\"".to_vec();
+        push_base64(&mut out, &data, suffix.len());
+        out.extend_from_slice(suffix.as_bytes());
         Ok(out)
     })
     .await

@@ -23,7 +23,7 @@ use crate::routes::shared::{
     check_extension, confine_followed, fs_error, holdable_body_length, over_policy_limit,
     raw_bytes, refused_overwrite,
 };
-use crate::runtime::{base64_between, blocking, AsyncFile, Base64FileStream};
+use crate::runtime::{blocking, push_base64, AsyncFile, Base64FileStream};
 
 /// Bodies and payloads above this are parsed, decoded and encoded on the blocking pool,
 /// so one large transfer does not stall the other connections of its worker.
@@ -352,19 +352,20 @@ impl RawSink for RawUpload {
 /// Builds `{"path": ..., "content_base64": ..., ["bytes": n]}` with the base64 written
 /// straight into the response buffer (no intermediate string, no JSON escaping pass).
 fn download_body(shown: &str, data: &[u8], with_bytes: bool) -> Vec<u8> {
-    let mut prefix = Vec::with_capacity(shown.len() + 40);
-    prefix.extend_from_slice(b"{\"path\":");
+    let mut out = Vec::with_capacity(shown.len() + 40);
+    out.extend_from_slice(b"{\"path\":");
     // A string always serialises.
-    let _ = serde_json::to_writer(&mut prefix, shown);
-    prefix.extend_from_slice(b",\"content_base64\":\"");
-    let mut suffix = Vec::with_capacity(32);
-    suffix.push(b'"');
+    let _ = serde_json::to_writer(&mut out, shown);
+    out.extend_from_slice(b",\"content_base64\":\"");
+    // `"`, `,"bytes":`, up to 20 digits, `}`.
+    push_base64(&mut out, data, 32);
+    out.push(b'"');
     if with_bytes {
-        suffix.extend_from_slice(b",\"bytes\":");
-        suffix.extend_from_slice(itoa::Buffer::new().format(data.len()).as_bytes());
+        out.extend_from_slice(b",\"bytes\":");
+        out.extend_from_slice(itoa::Buffer::new().format(data.len()).as_bytes());
     }
-    suffix.push(b'}');
-    base64_between(&prefix, data, &suffix)
+    out.push(b'}');
+    out
 }
 
 fn file_too_large(message: String) -> ApiError {

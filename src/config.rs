@@ -579,10 +579,18 @@ fn usage() -> String {
          \x20      agent-sandbox --check-policy FILE   (print the effective per-endpoint table; exit 2 on an error)\n\n\
          Every setting, with its flag (flag beats environment beats default):\n",
     );
+    // Columns as wide as their longest cell, so a long flag never runs into its variable.
+    let flag_width = SETTINGS
+        .iter()
+        .filter_map(|s| s.flag)
+        .map(|f| f.len() + 4)
+        .max()
+        .unwrap_or(0);
+    let var_width = SETTINGS.iter().map(|s| s.var.len() + 2).max().unwrap_or(0);
     for setting in SETTINGS {
         let flag = setting.flag.map(|f| format!("--{f}")).unwrap_or_default();
         text.push_str(&format!(
-            "  {flag:<16}{:<28}{}\n",
+            "  {flag:<flag_width$}{:<var_width$}{}\n",
             setting.var,
             setting.default.replace('`', "")
         ));
@@ -870,6 +878,15 @@ mod tests {
         let help = usage();
         for setting in SETTINGS {
             assert!(help.contains(setting.var), "--help lacks {}", setting.var);
+            // The flag and its variable are separate words on the setting's line.
+            if let Some(flag) = setting.flag {
+                let flag = format!("--{flag}");
+                let line = help
+                    .lines()
+                    .find(|l| l.split_whitespace().next() == Some(flag.as_str()))
+                    .unwrap_or_else(|| panic!("--help lacks {flag}"));
+                assert_eq!(line.split_whitespace().nth(1), Some(setting.var), "{line}");
+            }
         }
     }
 

@@ -1,3 +1,5 @@
+//! Two link-time choices for the binaries' start.
+//!
 //! Packs the binaries' relative relocations (`-z pack-relative-relocs`, DT_RELR) when the
 //! C library they will load against can read them.
 //!
@@ -11,19 +13,29 @@
 //! whose glibc has it: `cargo run` works wherever it builds, and the Dockerfile builds and
 //! runs on the same bookworm glibc. Set `AGENT_SANDBOX_PORTABLE_RELOCS=1` to leave the
 //! relocations unpacked, for a binary built here that must run under an older glibc.
+//!
+//! Also links the unwinder (libgcc_eh) into the binaries instead of loading `libgcc_s.so.1` at
+//! every start: on a Linux GNU target, std asks for the shared library, whose loading and
+//! whose constructor (`__cpu_indicator_init`, a run of `cpuid` instructions, each one a trap
+//! to the hypervisor in a VM: 5 µs apiece on this one) took 0.08-0.4 ms of a 4-5 ms cold
+//! start (docs/benchmarks.md, "Thirteenth session"). Named here, before std's `-lgcc_s`, the
+//! archive provides the `_Unwind_*` functions and the linker (`--as-needed`) drops the
+//! shared library. Panics unwind as before: a handler's panic is still a 500.
 
 use std::process::Command;
 
 fn main() {
     println!("cargo:rerun-if-changed=build.rs");
     println!("cargo:rerun-if-env-changed=AGENT_SANDBOX_PORTABLE_RELOCS");
-    if std::env::var_os("AGENT_SANDBOX_PORTABLE_RELOCS").is_some_and(|v| v != "0") {
-        return;
-    }
-    let native = std::env::var("TARGET").ok() == std::env::var("HOST").ok();
     let gnu_linux = std::env::var("CARGO_CFG_TARGET_OS").as_deref() == Ok("linux")
         && std::env::var("CARGO_CFG_TARGET_ENV").as_deref() == Ok("gnu");
-    if native && gnu_linux && glibc_reads_relr() {
+    if gnu_linux {
+        // gcc's driver, which links, searches its own directory for libgcc_eh.a.
+        println!("cargo:rustc-link-lib=static:-bundle=gcc_eh");
+    }
+    let portable = std::env::var_os("AGENT_SANDBOX_PORTABLE_RELOCS").is_some_and(|v| v != "0");
+    let native = std::env::var("TARGET").ok() == std::env::var("HOST").ok();
+    if !portable && native && gnu_linux && glibc_reads_relr() {
         println!("cargo:rustc-link-arg-bins=-Wl,-z,pack-relative-relocs");
     }
 }

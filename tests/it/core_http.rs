@@ -1186,3 +1186,18 @@ on_both_drivers!(
     sigterm_finishes_in_flight_requests,
     workers_share_one_port,
 );
+
+/// The binaries carry their unwinder (build.rs): loading `libgcc_s.so.1` and running its
+/// constructor cost every cold start 0.08-0.4 ms here. A handler's panic still unwinds to
+/// a 500 (`handler_panic_is_500_and_the_connection_lives_on`, with the embedding example).
+#[test]
+#[cfg(all(target_os = "linux", target_env = "gnu"))]
+fn the_binaries_do_not_load_libgcc_s() {
+    for bin in [crate::support::MAIN_BIN, crate::support::EXAMPLE_BIN] {
+        let image = std::fs::read(bin).unwrap();
+        assert!(
+            !image.windows(8).any(|w| w == b"libgcc_s"),
+            "{bin} names libgcc_s: the build no longer links libgcc_eh in its place"
+        );
+    }
+}

@@ -422,6 +422,46 @@ fn cancel_and_upstream_failure() {
     assert_eq!(server.v1_get(&format!("/v1/responses/{id}")).0, 404);
 }
 
+/// A turn whose CLI goes quiet still sends a byte every 15 s: the OpenAI SDK's reader
+/// gives up on a stream after 600 s of silence (its default read timeout). The comment
+/// comes between events, which an SSE reader skips.
+#[test]
+fn a_quiet_streamed_turn_sends_keep_alive_comments() {
+    let upstream = serve_upstream();
+    let home = TempDir::new("agents-home");
+    let server = agents_server(&upstream, &home, &[]);
+    let mut stream = server.connect();
+    stream
+        .set_read_timeout(Some(Duration::from_secs(40)))
+        .unwrap();
+    let body = json!({"input": "SLOW thinking", "stream": true}).to_string();
+    write!(stream, "POST /v1/responses HTTP/1.1\r\nHost: t\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}", body.len()).unwrap();
+    let mut reader = BufReader::new(stream);
+    let started = std::time::Instant::now();
+    let mut seen = Vec::new();
+    loop {
+        let mut line = String::new();
+        assert!(
+            reader.read_line(&mut line).unwrap() > 0,
+            "stream ended: {seen:?}"
+        );
+        if line.starts_with(": keep-alive") {
+            break;
+        }
+        seen.push(line);
+    }
+    let waited = started.elapsed();
+    assert!(
+        seen.iter()
+            .any(|l| l.starts_with("event: response.created")),
+        "the comment came before the turn's first event: {seen:?}"
+    );
+    assert!(
+        waited >= Duration::from_secs(14),
+        "a comment after {waited:?}, not after 15 s of quiet"
+    );
+}
+
 #[test]
 fn conversations_continue_the_cli_session_and_belong_to_their_caller() {
     let upstream = serve_upstream();

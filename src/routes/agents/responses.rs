@@ -5,6 +5,7 @@
 use serde_json::{json, Map, Value};
 
 use super::resource::{Named, Op, Resource};
+use super::session_live::KEEPALIVE;
 use super::{agents_of, args, cannot, cli, default_runtime, path_value};
 use crate::agents::install::{Located, Progress};
 use crate::agents::objects::label;
@@ -263,18 +264,46 @@ async fn create(call: Call) -> Result<Response, ApiError> {
         return Ok(Response::ok(&run.whole().await));
     }
     let (tx, rx) = sse::channel(64);
+    let (ended, keep_alive) = futures_channel::oneshot::channel::<()>();
+    monoio::spawn(keep_alive_until(tx.clone(), keep_alive));
     match begin(&call, turn).await? {
         Begun::Running(run) => {
-            monoio::spawn(async move { run.stream(&mut Events(tx)).await });
+            monoio::spawn(async move {
+                run.stream(&mut Events(tx)).await;
+                drop(ended);
+            });
         }
         Begun::Installing(installing) => {
             let (turn, watch) = *installing;
             monoio::spawn(async move {
-                stream_after_install(&call, turn, watch, &mut Events(tx)).await
+                stream_after_install(&call, turn, watch, &mut Events(tx)).await;
+                drop(ended);
             });
         }
     }
     Ok(sse::response(rx))
+}
+
+/// A `: keep-alive` comment on a streamed turn every [`KEEPALIVE`] until the turn's
+/// writer is done (`ended` fires when its sender drops) or the client leaves. A CLI can
+/// be silent for minutes (a long command, a provider it keeps retrying), and the OpenAI
+/// SDK's reader gives up on a stream after 600 s without a byte (its default read
+/// timeout). SSE readers skip comments.
+async fn keep_alive_until(
+    mut tx: sse::SseSender,
+    mut ended: futures_channel::oneshot::Receiver<()>,
+) {
+    loop {
+        monoio::select! {
+            _ = monoio::time::sleep(KEEPALIVE) => {
+                if tx.send_raw(b": keep-alive\n\n".to_vec()).await.is_err() {
+                    return;
+                }
+            }
+            _ = &mut ended => return,
+            _ = tx.closed() => return,
+        }
+    }
 }
 
 /// A turn's request read and prepared (its conversation held), and whether it asked

@@ -225,6 +225,32 @@ impl WebSocket {
         self.flush().await
     }
 
+    /// Sends what tungstenite has queued (a pong, a close echo) as far as the socket's
+    /// buffer takes it now, keeping the rest for the next [`WebSocket::flush`]. For a
+    /// caller that waits for the client between messages (or beside a turn that may
+    /// cancel it): nothing here awaits, so nothing is cut half-sent, and a ping is
+    /// answered while nothing else is being said. A client's keep-alive (the OpenAI
+    /// SDK's `websockets` pings every 20 s and gives up 20 s later) needs that.
+    pub fn send_queued(&mut self) -> io::Result<()> {
+        let _ = self.socket.flush();
+        let outgoing = &mut self.socket.get_mut().outgoing;
+        let mut sent = 0;
+        while sent < outgoing.len() {
+            let flags = rustix::net::SendFlags::DONTWAIT | rustix::net::SendFlags::NOSIGNAL;
+            match rustix::net::send(socket_fd(&self.stream), &outgoing[sent..], flags) {
+                Ok(n) => sent += n,
+                Err(rustix::io::Errno::AGAIN) => break,
+                Err(rustix::io::Errno::INTR) => {}
+                Err(e) => {
+                    outgoing.clear();
+                    return Err(e.into());
+                }
+            }
+        }
+        outgoing.drain(..sent);
+        Ok(())
+    }
+
     /// Sends whatever tungstenite has queued (answers to pings, a close echo).
     pub async fn flush(&mut self) -> io::Result<()> {
         let _ = self.socket.flush();

@@ -874,6 +874,55 @@ fn the_responses_socket_answers_messages_that_came_in_one_read() {
     }
 }
 
+/// The Responses WebSocket answers a client's ping at once: between turns, and while a
+/// turn is quiet. The OpenAI SDK's `websockets` pings every 20 s and closes the socket
+/// when no pong comes within 20 s; a pong held back until the next event lost idle
+/// sockets and long turns.
+#[test]
+fn the_responses_socket_answers_pings_between_and_during_turns() {
+    use tungstenite::Message;
+    let upstream = serve_upstream();
+    let home = TempDir::new("agents-home");
+    let server = agents_server(&upstream, &home, &[]);
+    let stream = std::net::TcpStream::connect(server.addr).unwrap();
+    stream
+        .set_read_timeout(Some(Duration::from_secs(5)))
+        .unwrap();
+    let url = format!("ws://{}/v1/responses", server.addr);
+    let (mut ws, _) = tungstenite::client(url.as_str(), stream).unwrap();
+    let mut pong_for = |ws: &mut tungstenite::WebSocket<std::net::TcpStream>, tag: &str| {
+        ws.send(Message::Ping(tag.as_bytes().to_vec().into()))
+            .unwrap();
+        loop {
+            match ws
+                .read()
+                .unwrap_or_else(|e| panic!("no pong for '{tag}': {e}"))
+            {
+                Message::Pong(payload) => {
+                    assert_eq!(&payload[..], tag.as_bytes());
+                    return;
+                }
+                Message::Text(_) => {}
+                other => panic!("{other:?}"),
+            }
+        }
+    };
+    pong_for(&mut ws, "idle");
+    let create = json!({"type": "response.create", "input": "SLOW thinking"});
+    ws.send(Message::text(create.to_string())).unwrap();
+    loop {
+        let message = ws.read().unwrap();
+        let event: Value = serde_json::from_str(message.to_text().unwrap()).unwrap();
+        assert_ne!(event["type"], "error", "{event}");
+        if event["type"] == "response.created" {
+            break;
+        }
+    }
+    // The stub holds the turn for a minute, without a word after its first.
+    std::thread::sleep(Duration::from_secs(2));
+    pong_for(&mut ws, "busy");
+}
+
 /// Every object and event of every phase-1 route, validated by the pinned `openai` SDK's
 /// own pydantic models (`tests/fixtures/openai_phase1_models.py`): a field that SDK
 /// requires and this server leaves out fails here.

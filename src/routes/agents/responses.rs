@@ -612,7 +612,8 @@ mod socket {
                     Ok(None) => {}
                     Err(_) => return None,
                 }
-                if self.socket.readable().await.is_err() {
+                // A ping read above is answered now, not with the next turn's events.
+                if self.socket.send_queued().is_err() || self.socket.readable().await.is_err() {
                     return None;
                 }
             }
@@ -651,7 +652,8 @@ mod socket {
                     Ok(Some(message)) => self.held.push_back(message),
                     Ok(None) => {}
                 }
-                if self.socket.readable().await.is_err() {
+                // A ping during a quiet turn is answered now (cancel-safe: no await).
+                if self.socket.send_queued().is_err() || self.socket.readable().await.is_err() {
                     self.closed = true;
                     return;
                 }

@@ -890,7 +890,7 @@ fn the_responses_socket_answers_pings_between_and_during_turns() {
         .unwrap();
     let url = format!("ws://{}/v1/responses", server.addr);
     let (mut ws, _) = tungstenite::client(url.as_str(), stream).unwrap();
-    let mut pong_for = |ws: &mut tungstenite::WebSocket<std::net::TcpStream>, tag: &str| {
+    let pong_for = |ws: &mut tungstenite::WebSocket<std::net::TcpStream>, tag: &str| {
         ws.send(Message::Ping(tag.as_bytes().to_vec().into()))
             .unwrap();
         loop {

@@ -310,6 +310,49 @@ fn a_reload_changes_the_tools_and_says_so(driver: &'static str) {
     );
 }
 
+/// The session's stream, quiet while no policy changes, carries a comment after 15 s:
+/// the pinned Python SDK reads it with a 300 s timeout and gives it up after two.
+#[test]
+fn a_quiet_session_stream_gets_keep_alive_comments() {
+    use std::io::Write;
+    let server = Launch::new("uring").start();
+    let reply = mcp_post(
+        &server,
+        &[],
+        json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {"protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}}}),
+    );
+    assert_eq!(reply.status, 200, "{}", reply.text());
+    let session = reply
+        .header("mcp-session-id")
+        .expect("a session id")
+        .to_string();
+    let mut stream = server.connect();
+    stream
+        .set_read_timeout(Some(std::time::Duration::from_secs(30)))
+        .unwrap();
+    write!(stream, "GET /mcp HTTP/1.1\r\nHost: t\r\nAccept: text/event-stream\r\nMcp-Session-Id: {session}\r\nMCP-Protocol-Version: 2025-06-18\r\n\r\n").unwrap();
+    let mut reader = BufReader::new(stream);
+    let started = std::time::Instant::now();
+    let mut seen = Vec::new();
+    loop {
+        let mut line = String::new();
+        assert!(
+            reader.read_line(&mut line).unwrap() > 0,
+            "stream ended: {seen:?}"
+        );
+        if line.starts_with(": keep-alive") {
+            break;
+        }
+        seen.push(line);
+    }
+    assert!(seen[0].contains(" 200 "), "{seen:?}");
+    let waited = started.elapsed();
+    assert!(
+        waited >= std::time::Duration::from_secs(14),
+        "a comment after {waited:?}, not after 15 s of quiet"
+    );
+}
+
 /// One identity opening session after session ends only its own oldest: another
 /// identity's session lives on (the bound is per identity, `limits.max_sessions`).
 fn sessions_are_bounded_per_identity(driver: &'static str) {

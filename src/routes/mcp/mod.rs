@@ -16,6 +16,9 @@ use crate::api::{ApiError, BodyMode, Group, Listener, Method, ParamIn};
 use crate::app::client::{InProcess, Request};
 use crate::app::{handler, Call, Endpoint};
 use crate::http::sse::{self, channel, SseSender};
+
+/// How long the session's stream may stay silent before a `: keep-alive` comment.
+const KEEPALIVE: std::time::Duration = std::time::Duration::from_secs(15);
 use crate::http::Response;
 use crate::mcp::{self, Message};
 
@@ -503,6 +506,7 @@ async fn events(call: Call) -> Result<Response, ApiError> {
     let owner = call.identity.id.clone();
     let mut revision = call.catalog().policy.revision.clone();
     monoio::spawn(async move {
+        let mut quiet_since = std::time::Instant::now();
         loop {
             monoio::select! {
                 _ = tx.closed() => return,
@@ -511,6 +515,16 @@ async fn events(call: Call) -> Result<Response, ApiError> {
             if mcp::session(&session, &owner).is_none() {
                 return;
             }
+            // The stream says something only when a policy changes. The pinned Python
+            // SDK (mcp 2.3.0) reads it with a 300 s timeout and stops reopening it after
+            // two failures: ten quiet minutes, and the client would hear of no later
+            // change. A comment every [`KEEPALIVE`] of quiet keeps it (and proxies) open.
+            if quiet_since.elapsed() >= KEEPALIVE {
+                if tx.send_raw(b": keep-alive\n\n".to_vec()).await.is_err() {
+                    return;
+                }
+                quiet_since = std::time::Instant::now();
+            }
             let now = state.catalog().policy.revision.clone();
             if now != revision {
                 revision = now;
@@ -518,6 +532,7 @@ async fn events(call: Call) -> Result<Response, ApiError> {
                 if send(&mut tx, &note).await.is_err() {
                     return;
                 }
+                quiet_since = std::time::Instant::now();
             }
         }
     });

@@ -16,11 +16,11 @@ use crate::api::{ApiError, BodyMode, Group, Listener, Method, ParamIn};
 use crate::app::client::{InProcess, Request};
 use crate::app::{handler, Call, Endpoint};
 use crate::http::sse::{self, channel, SseSender};
+use crate::http::Response;
+use crate::mcp::{self, Message};
 
 /// How long the session's stream may stay silent before a `: keep-alive` comment.
 const KEEPALIVE: std::time::Duration = std::time::Duration::from_secs(15);
-use crate::http::Response;
-use crate::mcp::{self, Message};
 
 /// The largest route answer a tool call hands on.
 const ANSWER_LIMIT: usize = 16 * 1024 * 1024;

@@ -20,7 +20,9 @@
 //! to the hypervisor in a VM: 5 µs apiece on this one) took 0.08-0.4 ms of a 4-5 ms cold
 //! start (docs/benchmarks.md, "Thirteenth session"). Named here, before std's `-lgcc_s`, the
 //! archive provides the `_Unwind_*` functions and the linker (`--as-needed`) drops the
-//! shared library. Panics unwind as before: a handler's panic is still a 500.
+//! shared library. Panics unwind as before: a handler's panic is still a 500. A toolchain
+//! whose C compiler has no `libgcc_eh.a` (asked with `-print-file-name`) keeps the shared
+//! library rather than failing to link.
 
 use std::process::Command;
 
@@ -29,7 +31,7 @@ fn main() {
     println!("cargo:rerun-if-env-changed=AGENT_SANDBOX_PORTABLE_RELOCS");
     let gnu_linux = std::env::var("CARGO_CFG_TARGET_OS").as_deref() == Ok("linux")
         && std::env::var("CARGO_CFG_TARGET_ENV").as_deref() == Ok("gnu");
-    if gnu_linux {
+    if gnu_linux && libgcc_eh_found() {
         // gcc's driver, which links, searches its own directory for libgcc_eh.a.
         println!("cargo:rustc-link-lib=static:-bundle=gcc_eh");
     }
@@ -53,4 +55,23 @@ fn glibc_reads_relr() -> bool {
     let mut parts = version.split('.').map(|p| p.parse::<u32>().unwrap_or(0));
     let (major, minor) = (parts.next().unwrap_or(0), parts.next().unwrap_or(0));
     (major, minor) >= (2, 36)
+}
+
+/// Whether the C compiler that links (the target's configured linker, else `CC`, else
+/// `cc`) has `libgcc_eh.a`: `-print-file-name` prints its path, or the bare name when it
+/// has none.
+fn libgcc_eh_found() -> bool {
+    println!("cargo:rerun-if-env-changed=CC");
+    let compiler = std::env::var("RUSTC_LINKER")
+        .or_else(|_| std::env::var("CC"))
+        .unwrap_or_else(|_| "cc".into());
+    let Ok(output) = Command::new(compiler)
+        .arg("-print-file-name=libgcc_eh.a")
+        .output()
+    else {
+        return false;
+    };
+    let path = String::from_utf8_lossy(&output.stdout);
+    let path = std::path::Path::new(path.trim());
+    path.is_absolute() && path.exists()
 }

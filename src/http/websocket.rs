@@ -253,33 +253,15 @@ impl WebSocket {
 
     /// Sends whatever tungstenite has queued (answers to pings, a close echo).
     pub async fn flush(&mut self) -> io::Result<()> {
-        let _ = self.socket.flush();
+        // A message usually fits in the socket's send buffer: one non-blocking `send`,
+        // where the ring's write would cost a submission, a completion, a wake-up of
+        // this task and a timer. The ring takes only what the buffer had no room for.
+        self.send_queued()?;
         let outgoing = &mut self.socket.get_mut().outgoing;
         if outgoing.is_empty() {
             return Ok(());
         }
-        // A message usually fits in the socket's send buffer: one non-blocking `send`,
-        // where the ring's write would cost a submission, a completion, a wake-up of
-        // this task and a timer. The ring takes only what the buffer had no room for.
-        let mut sent = 0;
-        while sent < outgoing.len() {
-            let flags = rustix::net::SendFlags::DONTWAIT | rustix::net::SendFlags::NOSIGNAL;
-            match rustix::net::send(socket_fd(&self.stream), &outgoing[sent..], flags) {
-                Ok(n) => sent += n,
-                Err(rustix::io::Errno::AGAIN) => break,
-                Err(rustix::io::Errno::INTR) => {}
-                Err(e) => {
-                    outgoing.clear();
-                    return Err(e.into());
-                }
-            }
-        }
-        if sent == outgoing.len() {
-            outgoing.clear();
-            return Ok(());
-        }
-        let mut pending = std::mem::take(outgoing);
-        pending.drain(..sent);
+        let pending = std::mem::take(outgoing);
         // A client that stops reading for this long is gone: its connection (and what
         // it holds, such as a deleted session) is let go.
         let (written, buffer) =

@@ -436,21 +436,7 @@ fn a_quiet_streamed_turn_sends_keep_alive_comments() {
         .unwrap();
     let body = json!({"input": "SLOW thinking", "stream": true}).to_string();
     write!(stream, "POST /v1/responses HTTP/1.1\r\nHost: t\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}", body.len()).unwrap();
-    let mut reader = BufReader::new(stream);
-    let started = std::time::Instant::now();
-    let mut seen = Vec::new();
-    loop {
-        let mut line = String::new();
-        assert!(
-            reader.read_line(&mut line).unwrap() > 0,
-            "stream ended: {seen:?}"
-        );
-        if line.starts_with(": keep-alive") {
-            break;
-        }
-        seen.push(line);
-    }
-    let waited = started.elapsed();
+    let (seen, waited) = crate::support::lines_until_keep_alive(&mut BufReader::new(stream));
     assert!(
         seen.iter()
             .any(|l| l.starts_with("event: response.created")),

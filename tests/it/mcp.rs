@@ -331,22 +331,8 @@ fn a_quiet_session_stream_gets_keep_alive_comments() {
         .set_read_timeout(Some(std::time::Duration::from_secs(30)))
         .unwrap();
     write!(stream, "GET /mcp HTTP/1.1\r\nHost: t\r\nAccept: text/event-stream\r\nMcp-Session-Id: {session}\r\nMCP-Protocol-Version: 2025-06-18\r\n\r\n").unwrap();
-    let mut reader = BufReader::new(stream);
-    let started = std::time::Instant::now();
-    let mut seen = Vec::new();
-    loop {
-        let mut line = String::new();
-        assert!(
-            reader.read_line(&mut line).unwrap() > 0,
-            "stream ended: {seen:?}"
-        );
-        if line.starts_with(": keep-alive") {
-            break;
-        }
-        seen.push(line);
-    }
+    let (seen, waited) = crate::support::lines_until_keep_alive(&mut BufReader::new(stream));
     assert!(seen[0].contains(" 200 "), "{seen:?}");
-    let waited = started.elapsed();
     assert!(
         waited >= std::time::Duration::from_secs(14),
         "a comment after {waited:?}, not after 15 s of quiet"

@@ -720,6 +720,24 @@ pub fn read_event(reader: &mut impl BufRead) -> (String, Value) {
     }
 }
 
+/// Reads an event stream (its head included) up to the first `: keep-alive` comment: the
+/// lines before it and how long it took to come.
+pub fn lines_until_keep_alive(reader: &mut impl BufRead) -> (Vec<String>, Duration) {
+    let started = std::time::Instant::now();
+    let mut seen = Vec::new();
+    loop {
+        let mut line = String::new();
+        assert!(
+            reader.read_line(&mut line).unwrap() > 0,
+            "stream ended: {seen:?}"
+        );
+        if line.starts_with(": keep-alive") {
+            return (seen, started.elapsed());
+        }
+        seen.push(line);
+    }
+}
+
 /// Sends `request` (an HTTP/1.0 request, so the body ends when the stream does), checks
 /// for a 200 event stream and returns the reader positioned at the first event.
 pub fn open_event_stream(server: &Server, request: &[u8]) -> BufReader<TcpStream> {
